@@ -1,0 +1,50 @@
+"""Error hierarchy and exit codes.
+
+Library code raises these; only ``cli.main`` maps them to an exit code and a one-line message
+(``Error: ...`` plus ``Hint: ...``). Findings (exit 1) and failures (2, 3) never share a code.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FINDINGS = 1  # gate failed, or --strict found breaks/events/errors
+    BAD_INPUT = 2  # spec, override, factory, baseline, usage
+    ENVIRONMENT = 3  # process group, worker crash or timeout, unsupported torch
+
+
+class GbdoctorError(Exception):
+    """Base class: ``message`` names the problem, ``hint`` names the fix."""
+
+    exit_code: ExitCode = ExitCode.ENVIRONMENT
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class SpecError(GbdoctorError):
+    """The spec file, an override or a model factory is wrong."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class BaselineError(GbdoctorError):
+    """A baseline, plan or scan JSON file is missing or malformed."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class SetupError(GbdoctorError):
+    """The training setup (process group, sharding, workers) could not be built or run."""
+
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class CaptureError(GbdoctorError):
+    """The capture itself could not run (not a block that failed to trace: that is data)."""
+
+    exit_code = ExitCode.ENVIRONMENT

@@ -1,0 +1,1 @@
+"""Formatters: lay out records, compute nothing (counts come from ``summary``)."""
