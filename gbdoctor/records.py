@@ -236,3 +236,46 @@ class RawBreak:
     explanation: str = ""
     hints: tuple[str, ...] = ()
     context: str = ""
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+@dataclass(**_REC)
+class HookInfo:
+    module: str
+    kind: str
+    """forward_pre, forward, backward, backward_pre, optimizer_pre_step."""
+    installer: str
+    """fsdp, ep, load-balancing, user."""
+    name: str
+
+
+@dataclass(**_REC)
+class BlockSetup:
+    fqn: str
+    kind: str
+    moe: bool
+    ac_wrapped: tuple[str, ...]
+    """FQNs of the modules wrapped by activation checkpointing."""
+    compiled: tuple[str, ...]
+    fullgraph: tuple[str, ...]
+    sharded: tuple[str, ...]
+    """FQNs of FSDP2-managed modules in the block."""
+    hooks: tuple[HookInfo, ...]
+    params: int
+    """Parameters in the block (local shard sizes on this rank)."""
+
+
+@dataclass(**_REC)
+class SetupReport:
+    spec: str
+    model: str
+    torch_version: str
+    setup: SetupInfo
+    blocks: tuple[BlockSetup, ...]
+    other_sharded: tuple[str, ...]
+    """FSDP2-managed modules outside the blocks (embeddings, [norm, output], root)."""
+    other_hooks: tuple[HookInfo, ...]
+    """Hooks outside the blocks, including the optimizer's pre-step hook."""
+    schema_version: int = SCHEMA_VERSION

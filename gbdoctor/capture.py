@@ -1,0 +1,298 @@
+"""Capturing graph breaks: the only module that talks to Dynamo internals.
+
+``torch._dynamo.explain`` cannot be used as is: it calls the function directly (so it would
+trace a block *without* the FSDP/EP hooks that sit outside the compiled region in training, or
+with them inside when they are not), it resets Dynamo, it suppresses the user stacks of the
+``graph_breaks`` log, and it reports 0 graphs / -1 breaks for a break inside an AC region.
+So gbdoctor does what explain does internally, at the place where training compiles: every
+compiled region gets a graph-accumulating backend (graph and op counts, as explain's), and every
+break Dynamo logs is recorded from ``InstructionTranslatorBase.log_graph_break`` (gb_type,
+hop, real user stack) with the ``graph_breaks`` log stream as a fallback, plus
+``counters["graph_break"]`` as a cross-check for breaks that reach neither.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from gbdoctor import causes
+from gbdoctor.records import Location, RawBreak
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+FRAME_SKIP_GB_TYPE = "graph break in loop"
+
+
+def is_torch_file(path: str) -> bool:
+    return os.path.abspath(path).startswith(_TORCH_DIR)
+
+
+def torch_version() -> str:
+    return torch.__version__
+
+
+@dataclass
+class RawCapture:
+    """What one capture saw, before classification."""
+
+    graphs: dict[str, list[int]] = field(default_factory=dict)
+    """Region FQN -> op count of each graph Dynamo produced for it."""
+    entered: set[str] = field(default_factory=set)
+    """Regions that were called during the capture."""
+    breaks: list[tuple[RawBreak, str]] = field(default_factory=list)
+    """(break, region fqn) pairs, one per break Dynamo logged."""
+    frame_skips: list[tuple[RawBreak, str]] = field(default_factory=list)
+    counter_types: dict[str, int] = field(default_factory=dict)
+    """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
+    error: str | None = None
+    error_traceback: str | None = None
+
+
+class _LogRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+class CaptureSession:
+    """Recording backend + break interception for one scan (one process).
+
+    ``compile_fn`` is handed to ``setup.apply_setup`` so the setup compiles regions exactly
+    where training would, but with a backend that records instead of optimizing. Scans always
+    compile with ``fullgraph=False``: a break in a region planned as fullgraph is reported (it
+    would be an error in training) instead of stopping the scan.
+    """
+
+    def __init__(self) -> None:
+        self._current: RawCapture | None = None
+        self._region_stack: list[str] = []
+        self.locator: Any = None
+        """Callable(frames) -> (module fqn, component); set by the scanner per capture."""
+
+    # ------------------------------------------------------------------ compile side
+    def compile_fn(self, module: nn.Module, fqn: str, fullgraph: bool) -> nn.Module:
+        session = self
+
+        def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            if session._current is not None:
+                ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+                session._current.graphs.setdefault(fqn, []).append(ops)
+            return gm.forward
+
+        compiled = torch.compile(module, backend=recording_backend, fullgraph=False)
+
+        def enter(mod: nn.Module, args: Any) -> None:
+            if session._current is not None:
+                session._current.entered.add(fqn)
+            session._region_stack.append(fqn)
+
+        def leave(mod: nn.Module, args: Any, out: Any) -> None:
+            if session._region_stack:
+                session._region_stack.pop()
+
+        compiled.register_forward_pre_hook(enter)
+        compiled.register_forward_hook(leave, always_call=True)
+        return compiled
+
+    # ------------------------------------------------------------------ capture side
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[RawCapture]:
+        """Fresh Dynamo state; every break logged inside is recorded into the yielded object."""
+        import torch._dynamo
+        import torch._logging
+        from torch._dynamo import symbolic_convert
+        from torch._dynamo.utils import counters
+
+        result = RawCapture()
+        torch._dynamo.reset()
+        counters.clear()
+        original = symbolic_convert.InstructionTranslatorBase.log_graph_break
+        session = self
+
+        def intercept(tracer: Any, code_options: Any, reason: str, exc: Any) -> None:
+            if not getattr(exc, "logged", False):
+                try:
+                    session._record(result, reason, exc)
+                except Exception:  # noqa: BLE001 - never let bookkeeping break the traced code
+                    logging.getLogger(__name__).debug("could not record a break", exc_info=True)
+            return original(tracer, code_options, reason, exc)
+
+        handler = _LogRecords()
+        gb_logger = logging.getLogger(_GB_LOGGER)
+        old_propagate = gb_logger.propagate
+        torch._logging.set_logs(graph_breaks=True)
+        gb_logger.addHandler(handler)
+        gb_logger.propagate = False  # keep the user's stderr clean
+        symbolic_convert.InstructionTranslatorBase.log_graph_break = intercept
+        self._current = result
+        self._region_stack.clear()
+        try:
+            yield result
+        finally:
+            self._current = None
+            symbolic_convert.InstructionTranslatorBase.log_graph_break = original
+            gb_logger.removeHandler(handler)
+            gb_logger.propagate = old_propagate
+            torch._logging.set_logs()
+            for key, n in counters.get("graph_break", {}).items():
+                gb_type = causes.parse_reason(key).gb_type
+                result.counter_types[gb_type] = result.counter_types.get(gb_type, 0) + n
+            if not result.breaks and not result.frame_skips:
+                # Interception unavailable (other torch versions): fall back to the log text.
+                for message in handler.messages:
+                    self._record_from_log(result, message)
+            torch._dynamo.reset()
+
+    def _region(self) -> str:
+        return self._region_stack[-1] if self._region_stack else ""
+
+    def _raw(self, reason_text: str, frames: tuple[Location, ...], hop: str | None) -> RawBreak:
+        parsed = causes.parse_reason(reason_text)
+        module, component = self.locator(frames) if self.locator else ("", "model")
+        hop = hop or parsed.hop
+        return RawBreak(gb_type=parsed.gb_type, message=reason_text, frames=frames, module=module,
+                        component=component, in_checkpoint=bool(hop and "checkpoint" in hop), hop=hop,
+                        explanation=parsed.explanation, hints=parsed.hints, context=parsed.context)
+
+    def _record(self, result: RawCapture, reason: str, exc: Any) -> None:
+        stack = getattr(exc, "real_stack", None) or []
+        frames = tuple(Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack)
+        hop = getattr(exc, "_hop_name", None)
+        region = self._region()
+        parts = causes.split_compound_reason(reason)
+        if getattr(exc, "gb_type", "") == FRAME_SKIP_GB_TYPE or len(parts) > 1:
+            # "Failed to handle graph break gracefully ... another graph break occurred":
+            # the first part is the real break, the last one says the frame was skipped.
+            result.breaks.append((self._raw(parts[0], frames, hop), region))
+            result.frame_skips.append((self._raw(parts[-1], frames, hop), region))
+            return
+        result.breaks.append((self._raw(reason, frames, hop), region))
+
+    def _record_from_log(self, result: RawCapture, message: str) -> None:
+        parsed_log = causes.parse_graph_break_log(message)
+        if parsed_log is None:
+            return
+        reason, frames = parsed_log
+        parts = causes.split_compound_reason(reason)
+        result.breaks.append((self._raw(parts[0], frames, None), ""))
+        if len(parts) > 1:
+            result.frame_skips.append((self._raw(parts[-1], frames, None), ""))
+
+
+def run_block(outer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Forward and backward of one block, the way a training step drives it."""
+    out = outer(*args, **kwargs)
+    tensors = [t for t in _flatten(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if tensors:
+        loss = sum(t.float().square().mean() for t in tensors)
+        loss.backward()
+
+
+def _flatten(obj: Any) -> Iterator[Any]:
+    if isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _flatten(item)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            yield from _flatten(item)
+    else:
+        yield obj
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for a block that could not be traced at all."""
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    # Dynamo wraps the real exception; its first useful line is the gb_type or the cause.
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        first = f"{first} ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def error_traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc))
+
+
+@contextlib.contextmanager
+def eager_stance() -> Iterator[None]:
+    """Run compiled regions eagerly (warm-up steps that must not compile)."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+def collect_block_inputs(model: nn.Module, outers: dict[str, nn.Module]) -> tuple[dict[str, Any], Any]:
+    """Install pre-hooks that record each block's real (args, kwargs); returns (store, remover)."""
+    store: dict[str, Any] = {}
+    handles = []
+    for fqn, outer in outers.items():
+        def hook(mod: nn.Module, args: Any, kwargs: Any, fqn: str = fqn) -> None:
+            if fqn not in store:
+                store[fqn] = (_detach(args), _detach(kwargs))
+        handles.append(outer.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
+
+    def remove() -> None:
+        for h in handles:
+            h.remove()
+
+    return store, remove
+
+
+def _detach(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        copy = obj.detach().clone()
+        if obj.requires_grad and copy.is_floating_point():
+            copy.requires_grad_(True)
+        return copy
+    if isinstance(obj, tuple):
+        return tuple(_detach(x) for x in obj)
+    if isinstance(obj, list):
+        return [_detach(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _detach(v) for k, v in obj.items()}
+    return obj
+
+
+def fresh_inputs(saved: Any) -> Any:
+    """A new leaf copy of recorded inputs for one more replay (grads must not accumulate)."""
+    return _detach(saved)
+
+
+def reset_fsdp_state(model: nn.Module) -> None:
+    """Best effort after a block crashed mid-forward: put FSDP modules back to idle, resharded."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    except ImportError:  # pragma: no cover - other torch versions
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            state = module._get_fsdp_state()
+            state._training_state = TrainingState.IDLE
+            for group in [state._fsdp_param_group] if state._fsdp_param_group else []:
+                group._training_state = TrainingState.IDLE
+            with contextlib.suppress(Exception):
+                module.reshard()
+
+
+def strict_check(fn: Any) -> Any:
+    """Run ``fn`` with Dynamo's strict break check (``fullgraph=True`` alone is not one: it
+    silently enables scalar and dynamic-shape capture); returns the exception or None."""
+    import torch._dynamo
+
+    try:
+        with torch._dynamo.error_on_graph_break(True):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - returned to the caller as data
+        return exc
+    return None

@@ -1,0 +1,191 @@
+"""The ``gbdoctor`` command line: a thin typer app over the library API.
+
+Each command parses, calls the library, renders and returns an exit code. Errors from the
+library (``GbdoctorError``) become one line ``Error: ...`` plus ``Hint: ...`` on stderr and the
+documented exit code; ``--debug`` (or ``GBDOCTOR_DEBUG=1``) adds the traceback.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gbdoctor.errors import ExitCode, GbdoctorError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Find, explain, fix and gate torch.compile graph breaks under real training setups.")
+err_console = Console(stderr=True)
+
+SpecArg = Annotated[Path, typer.Argument(help="torchtitan v0.2.x TOML train config", show_default=False)]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override a spec key: section.key=value (repeatable)", show_default=False)]
+StrategyOpt = Annotated[Optional[str], typer.Option(
+    "--strategy", help="Compile strategy preset (default: the spec's [gbdoctor] strategy, else 'block')")]
+OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="Exit 1 when any break, event or error is found")]
+
+
+def _debug_enabled(debug: bool) -> bool:
+    return debug or os.environ.get("GBDOCTOR_DEBUG") == "1"
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map library errors to one line and an exit code (traceback only with --debug)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        debug = _debug_enabled(bool(kwargs.get("debug")))
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except GbdoctorError as exc:
+            if debug:
+                err_console.print(traceback.format_exc(), markup=False, highlight=False)
+                remote = getattr(exc, "remote_traceback", None)
+                if remote:
+                    err_console.print(remote, markup=False, highlight=False)
+            err_console.print(f"Error: {exc.message}", markup=False, highlight=False)
+            if exc.hint:
+                err_console.print(f"Hint: {exc.hint}", markup=False, highlight=False)
+            raise typer.Exit(int(exc.exit_code))
+        except KeyboardInterrupt:
+            err_console.print("Interrupted.")
+            raise typer.Exit(130)
+        except Exception as exc:  # noqa: BLE001 - last line of defence: no raw traceback
+            if debug:
+                err_console.print(traceback.format_exc(), markup=False, highlight=False)
+            first = (str(exc).strip().splitlines() or [""])[0]
+            err_console.print(f"Error: internal error: {type(exc).__name__}: {first}", markup=False, highlight=False)
+            err_console.print("Hint: rerun with --debug and report the traceback", markup=False, highlight=False)
+            raise typer.Exit(int(ExitCode.ENVIRONMENT))
+
+    return wrapper
+
+
+def _load(spec: Path, overrides: Optional[list[str]]) -> Any:
+    from gbdoctor.spec import load_spec
+
+    return load_spec(spec, overrides or ())
+
+
+def _emit(text: str, output: Optional[Path]) -> None:
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        err_console.print(f"wrote {output}")
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr driven by the library's (message, done, total) callback."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                  TimeElapsedColumn(), console=err_console, transient=True)
+        self._task: Any = None
+
+    def __enter__(self) -> "_ProgressBar":
+        self._progress.__enter__()
+        self._task = self._progress.add_task("starting", total=1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+
+    def __call__(self, message: str, done: int, total: int) -> None:
+        self._progress.update(self._task, description=message, completed=done, total=max(total, 1))
+
+
+@app.command()
+@handle_errors
+def scan(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    strategy: StrategyOpt = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Scan with a gbdoctor plan.json applied")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")] = "table",
+    output: OutputOpt = None,
+    strict: StrictOpt = False,
+    simulate: Annotated[bool, typer.Option("--simulate", help="Meta tensors + fake process group")] = False,
+    no_dedupe: Annotated[bool, typer.Option("--no-dedupe", help="Capture every layer, not one per kind")] = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Capture every graph break of every block under the spec's training setup."""
+    from gbdoctor.report import render
+    from gbdoctor.scan import scan as run_scan
+    from gbdoctor.summary import has_findings
+
+    loaded = _load(spec, (set_ or []) + (["gbdoctor.simulate=true"] if simulate else []))
+    chosen = _strategy(loaded, strategy, plan)
+    with _ProgressBar() as bar:
+        report = run_scan(loaded, strategy=chosen, dedupe=not no_dedupe, progress=bar)
+    _emit(render(report, format), output)
+    if strict and has_findings(report):
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+def _strategy(spec: Any, strategy: Optional[str], plan: Optional[Path]) -> Any:
+    if plan is not None:
+        if strategy is not None:
+            raise typer.BadParameter("--plan and --strategy are mutually exclusive")
+        from gbdoctor.plan import load_plan, plan_strategy
+
+        return plan_strategy(load_plan(plan), spec)
+    if strategy is not None:
+        from gbdoctor.setup.compile import STRATEGIES
+
+        if strategy not in STRATEGIES:
+            raise typer.BadParameter(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+    return strategy
+
+
+@app.command()
+@handle_errors
+def inspect(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    strategy: StrategyOpt = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
+    from gbdoctor.inspect_setup import inspect_spec
+    from gbdoctor.report.inspect import render_inspect
+
+    loaded = _load(spec, set_)
+    report = inspect_spec(loaded, strategy=_strategy(loaded, strategy, None))
+    _emit(render_inspect(report, format), output)
+
+
+@app.command()
+@handle_errors
+def causes(
+    cause_id: Annotated[Optional[str], typer.Argument(help="Explain one cause id")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    debug: DebugOpt = False,
+) -> None:
+    """List the cause ids gbdoctor classifies breaks into, or explain one."""
+    from gbdoctor.report.causes_table import render_causes
+
+    _emit(render_causes(cause_id, format), None)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

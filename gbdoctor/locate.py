@@ -1,0 +1,152 @@
+"""Map code locations to the model: which module a frame belongs to, who installed a hook.
+
+A break's user stack is a list of (file, line, function). To say *which module* broke and
+*which setup component* put that code there (an EP dispatch hook, an FSDP hook, the load
+balancer, a user's hook, or the model itself), frames are matched against the code objects of
+every module's ``forward`` and of every hook found on the modules.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+import torch.nn as nn
+
+from gbdoctor.records import Location
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
+_HOOK_DICTS = (("forward_pre", "_forward_pre_hooks"), ("forward", "_forward_hooks"),
+               ("backward", "_backward_hooks"), ("backward_pre", "_backward_pre_hooks"))
+_WRAPPER_ATTRS = ("_orig_mod", "_checkpoint_wrapped_module")
+
+
+def clean_fqn(name: str) -> str:
+    """Drop wrapper attributes (compile, checkpoint) from a module path."""
+    return ".".join(p for p in name.split(".") if p and p not in _WRAPPER_ATTRS)
+
+
+def is_torch_path(path: str) -> bool:
+    return os.path.abspath(path).startswith(_TORCH_DIR)
+
+
+@dataclass(frozen=True)
+class CodeSpan:
+    file: str
+    name: str
+    first: int
+    last: int
+
+    def contains(self, loc: Location) -> bool:
+        return (os.path.abspath(loc.file) == self.file and loc.function == self.name
+                and self.first <= loc.line <= self.last)
+
+
+def code_span(fn: Any) -> CodeSpan | None:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    lines = [ln for _, _, ln in code.co_lines() if ln is not None] or [code.co_firstlineno]
+    return CodeSpan(os.path.abspath(code.co_filename), code.co_name, code.co_firstlineno, max(lines))
+
+
+@dataclass(frozen=True)
+class FoundHook:
+    module: str
+    kind: str
+    installer: str
+    name: str
+
+
+def _hook_installer(fn: Any, known: dict[int, str]) -> str:
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    for candidate in (fn, target, getattr(target, "__func__", None)):
+        if candidate is not None and id(candidate) in known:
+            return known[id(candidate)]
+    span = code_span(fn)
+    module = getattr(target, "__module__", "") or ""
+    if "fsdp" in module or (span is not None and span.file.startswith(_FSDP_DIR)):
+        return "fsdp"
+    return "user"
+
+
+def _hook_name(fn: Any) -> str:
+    target = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    return getattr(target, "__qualname__", type(target).__name__)
+
+
+def find_hooks(model: nn.Module, installed: Iterable[Any]) -> list[FoundHook]:
+    """Every module hook in ``model`` with its installer (``installed``: setup's InstalledHook
+    records, whose ``fn`` identity marks gbdoctor's own EP/load-balancing hooks)."""
+    # Bound methods are recreated on attribute access, so EP hooks also match by __func__.
+    known: dict[int, str] = {}
+    for rec in installed:
+        known[id(rec.fn)] = rec.installer
+        if hasattr(rec.fn, "__func__"):
+            known[id(rec.fn.__func__)] = rec.installer
+    found = []
+    for name, module in model.named_modules():
+        for kind, attr in _HOOK_DICTS:
+            for fn in getattr(module, attr, {}).values():
+                installer = _hook_installer(fn, known)
+                found.append(FoundHook(module=clean_fqn(name), kind=kind, installer=installer,
+                                       name=_hook_name(fn)))
+    return found
+
+
+class Locator:
+    """Frames -> (module FQN, component) for one model as set up."""
+
+    def __init__(self, model: nn.Module, installed: Iterable[Any]) -> None:
+        self._spans: list[tuple[CodeSpan, str]] = []
+        seen: set[tuple[int, str]] = set()
+        for name, module in model.named_modules():
+            fqn = clean_fqn(name)
+            span = code_span(type(module).forward)
+            if span is not None and not is_torch_path(span.file) and (id(module), fqn) not in seen:
+                seen.add((id(module), fqn))
+                self._spans.append((span, fqn))
+        self._hooks: list[tuple[CodeSpan, str, str]] = []
+        installed = list(installed)
+        for rec in installed:
+            span = code_span(rec.fn)
+            if span is not None:
+                self._hooks.append((span, rec.module, rec.installer))
+        known = {id(r.fn): r.installer for r in installed}
+        for name, module in model.named_modules():
+            for _, attr in _HOOK_DICTS:
+                for fn in getattr(module, attr, {}).values():
+                    span = code_span(fn)
+                    if span is None or is_torch_path(span.file) or id(fn) in known:
+                        continue
+                    if not any(s == span for s, _, _ in self._hooks):
+                        self._hooks.append((span, clean_fqn(name), "user-hook"))
+
+    def __call__(self, frames: tuple[Location, ...]) -> tuple[str, str]:
+        component = "model" if any(not is_torch_path(f.file) for f in frames) else "torch"
+        module = ""
+        for frame in frames:  # outermost first: the last match is the innermost module
+            if os.path.abspath(frame.file).startswith(_FSDP_DIR):
+                component = "fsdp"
+            for span, owner, installer in self._hooks:
+                if span.contains(frame):
+                    module, component = owner, installer
+            candidates = [fqn for span, fqn in self._spans if span.contains(frame)]
+            if candidates:
+                # Several instances of one class share a forward: prefer the one inside the
+                # module matched so far, and the shallowest such (nearest descendant).
+                inside = [c for c in candidates if not module or c == module or c.startswith(module + ".")]
+                pool = inside or candidates
+                module = min(pool, key=lambda c: (c.count("."), c))
+        return module, component

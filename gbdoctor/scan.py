@@ -1,0 +1,319 @@
+"""``scan``: build the model and its training setup, capture every block kind, classify.
+
+Per rank: build -> set up (EP, AC, compile with recording backends, FSDP, optimizer) -> one
+eager training step (FSDP lazy init, load-balancing hook, and the real arguments every block
+receives) -> per distinct block kind, a fresh Dynamo capture of forward + backward through the
+block's real wrappers -> records. Multi-rank specs run this on N processes and merge.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import torch
+
+from gbdoctor import causes
+from gbdoctor.capture import (
+    CaptureSession,
+    RawCapture,
+    collect_block_inputs,
+    describe_error,
+    eager_stance,
+    error_traceback,
+    fresh_inputs,
+    reset_fsdp_state,
+    run_block,
+    torch_version,
+)
+from gbdoctor.errors import GbdoctorError, SetupError
+from gbdoctor.locate import Locator
+from gbdoctor.records import Break, BlockReport, Event, ScanReport, SetupInfo, Spec
+from gbdoctor.setup.apply import Setup, apply_setup, recipe_context
+from gbdoctor.setup.compile import STRATEGIES, Strategy
+from gbdoctor.setup.dist import build_meshes, resolve_device, run_ranks, single_process_group
+from gbdoctor.setup.train import synthetic_batch, train_step
+
+Progress = Callable[[str, int, int], None]
+"""(message, done, total) callback for progress bars."""
+
+
+@dataclass(frozen=True)
+class ScanJob:
+    """Everything a rank needs (picklable: sent to spawned ranks)."""
+
+    spec: Spec
+    strategy: Strategy
+    device: str
+    dedupe: bool = True
+
+
+def strategy_for(spec: Spec, name: str | None) -> Strategy:
+    return STRATEGIES[name or spec.gbdoctor.strategy]
+
+
+def scan(spec: Spec, *, strategy: Strategy | str | None = None, dedupe: bool = True,
+         progress: Progress | None = None) -> ScanReport:
+    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
+    if not isinstance(strategy, Strategy):
+        strategy = strategy_for(spec, strategy)
+    device = resolve_device(spec.gbdoctor.device)
+    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe)
+    world = spec.parallelism.world_size
+    if world == 1:
+        with single_process_group(device):
+            ranks = [scan_rank(job, progress)]
+    else:
+        if progress:
+            progress(f"capturing on {world} ranks", 0, 1)
+        ranks = run_ranks("gbdoctor.scan:scan_rank_entry", job, world_size=world,
+                          device_type=device, timeout_s=spec.gbdoctor.timeout_s)
+        if progress:
+            progress(f"captured on {world} ranks", 1, 1)
+    return merge_ranks(spec, job, ranks)
+
+
+def scan_rank_entry(job: ScanJob) -> tuple[tuple[BlockReport, ...], SetupInfo]:
+    return scan_rank(job, None)
+
+
+def build_and_setup(job: ScanJob, session: CaptureSession | None = None) -> tuple[Setup, Any]:
+    """Build the model on this rank's device and apply the training setup."""
+    from gbdoctor.models import build_model
+
+    spec = job.spec
+    torch.manual_seed(spec.training.seed)
+    meshes = build_meshes(spec.parallelism, job.device)
+    model = build_model(spec.model, device=meshes.device)
+    try:
+        setup = apply_setup(model, spec, meshes, strategy=job.strategy,
+                            compile_fn=session.compile_fn if session else None)
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise SetupError(f"could not apply the training setup: {exc}",
+                         hint="check the parallel degrees and the model's structure (--debug for details)") from exc
+    return setup, meshes
+
+
+def scan_rank(job: ScanJob, progress: Progress | None) -> tuple[tuple[BlockReport, ...], SetupInfo]:
+    """One rank's scan: per-block reports (same_as filled) and the setup description."""
+    import torch.distributed as dist
+
+    spec = job.spec
+    session = CaptureSession()
+    setup, meshes = build_and_setup(job, session)
+    from gbdoctor.models import vocab_size
+
+    vocab = vocab_size(setup.model)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tokens, labels = synthetic_batch(seed=spec.training.seed, step=0, vocab=vocab,
+                                     local_batch=spec.capture_batch_size, seq_len=spec.capture_seq_len,
+                                     rank=rank, world_size=world, device=meshes.device)
+    outers = {slot.fqn: slot.outer for slot in setup.blocks}
+    with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
+        store, remove = collect_block_inputs(setup.model, outers)
+        try:
+            with eager_stance():
+                train_step(setup, tokens, labels)
+        except GbdoctorError:
+            raise
+        except Exception as exc:
+            raise SetupError(f"the eager training step failed: {describe_error(exc)}",
+                             hint="the model or setup does not run even without compile; use --debug") from exc
+        finally:
+            remove()
+        session.locator = Locator(setup.model, setup.hooks)
+        groups = group_blocks(setup, store) if job.dedupe else [[s.fqn] for s in setup.blocks]
+        reps: dict[str, BlockReport] = {}
+        for i, members in enumerate(groups):
+            rep = members[0]
+            if progress:
+                progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
+            slot = next(s for s in setup.blocks if s.fqn == rep)
+            reps[rep] = capture_block(session, setup, slot, store.get(rep))
+        if progress:
+            progress("captured", len(groups), len(groups))
+    kinds = kind_labels(setup, groups)
+    reports = []
+    for members in groups:
+        base = reps[members[0]]
+        for fqn in members:
+            same_as = None if fqn == members[0] else members[0]
+            reports.append(replace(base, fqn=fqn, kind=kinds[members[0]], same_as=same_as))
+    reports.sort(key=lambda r: _layer_order(r.fqn))
+    return tuple(reports), setup_info(spec, job, setup)
+
+
+def _layer_order(fqn: str) -> tuple[int, str]:
+    tail = fqn.rsplit(".", 1)[-1]
+    return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
+
+
+def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
+    flags = tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags))
+    if setup.ac_enabled:
+        flags = tuple(sorted(flags + (("lru_cache", "False"),)))
+    return SetupInfo(strategy=job.strategy.name, device=job.device, world_size=spec.parallelism.world_size,
+                     ep_degree=spec.parallelism.expert_parallel_degree, dp_shard=spec.parallelism.dp_shard,
+                     ac_mode=spec.activation_checkpoint.mode, ac_option=spec.activation_checkpoint.selective_ac_option,
+                     fsdp=setup.fsdp, dynamo_config=flags, batch_size=spec.capture_batch_size,
+                     seq_len=spec.capture_seq_len)
+
+
+# ------------------------------------------------------------------------------ dedupe
+
+
+def _shape_sig(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return ("T", tuple(obj.shape), str(obj.dtype), obj.requires_grad)
+    if isinstance(obj, (tuple, list)):
+        return tuple(_shape_sig(x) for x in obj)
+    if isinstance(obj, dict):
+        return tuple(sorted((k, _shape_sig(v)) for k, v in obj.items()))
+    return type(obj).__name__
+
+
+def structure_signature(slot: Any, inputs: Any) -> str:
+    """Hash of everything that can change what Dynamo sees in a block: module classes and
+    names, local parameter shapes/dtypes, buffers, hooks, wrappers, compiled regions, inputs."""
+    items: list[Any] = [slot.kind, slot.ac_wrapped, tuple(r.split(".", 2)[-1] for r in slot.regions),
+                        tuple(r.split(".", 2)[-1] for r in slot.fullgraph_regions), _shape_sig(inputs)]
+    for name, module in slot.outer.named_modules():
+        params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters(recurse=False))
+        buffers = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers(recurse=False))
+        hooks = tuple(len(getattr(module, a, {})) for a in
+                      ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks"))
+        items.append((name, type(module).__qualname__, params, buffers, hooks))
+    return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
+
+
+def group_blocks(setup: Setup, store: dict[str, Any]) -> list[list[str]]:
+    """Blocks grouped by structural signature, in layer order; the first member is captured."""
+    groups: dict[str, list[str]] = {}
+    for slot in setup.blocks:
+        groups.setdefault(structure_signature(slot, store.get(slot.fqn)), []).append(slot.fqn)
+    return list(groups.values())
+
+
+def kind_labels(setup: Setup, groups: list[list[str]]) -> dict[str, str]:
+    """Representative fqn -> kind label; distinct structures sharing a label get ``#2``, ``#3``."""
+    by_fqn = {s.fqn: s for s in setup.blocks}
+    seen: dict[str, int] = {}
+    labels = {}
+    for members in groups:
+        base = by_fqn[members[0]].kind
+        seen[base] = seen.get(base, 0) + 1
+        labels[members[0]] = base if seen[base] == 1 else f"{base}#{seen[base]}"
+    return labels
+
+
+# ------------------------------------------------------------------------------ capture
+
+
+def capture_block(session: CaptureSession, setup: Setup, slot: Any, inputs: Any) -> BlockReport:
+    """Capture one block (forward + backward) and turn what Dynamo did into records."""
+    if inputs is None:
+        return BlockReport(fqn=slot.fqn, kind=slot.kind, error="the block was not called by the model's forward",
+                           regions=slot.regions, fullgraph_regions=slot.fullgraph_regions)
+    args, kwargs = fresh_inputs(inputs)
+    with session.capture() as raw:
+        try:
+            run_block(slot.outer, args, kwargs)
+        except Exception as exc:  # a block that cannot be traced is data, not a crash
+            raw.error = describe_error(exc)
+            raw.error_traceback = error_traceback(exc)
+            reset_fsdp_state(setup.model)
+    if setup.optimizer is not None:
+        setup.optimizer.zero_grad(set_to_none=True)
+    return block_report(slot, raw)
+
+
+def _ac_region(slot: Any, module: str) -> str:
+    """FQN of the AC region a module sits in (the block, or the wrapped child)."""
+    for sub in slot.ac_wrapped:
+        region = slot.fqn if sub == "" else f"{slot.fqn}.{sub}"
+        if module == region or module.startswith(region + ".") or sub == "":
+            return region
+    return module or slot.fqn
+
+
+def block_report(slot: Any, raw: RawCapture) -> BlockReport:
+    merged: dict[tuple[Any, ...], Break] = {}
+    events: dict[tuple[Any, ...], Event] = {}
+    for rb, region in raw.breaks:
+        location = causes.innermost_user_location(rb.frames)
+        brk = Break(cause=causes.classify(rb), gb_type=rb.gb_type, gb_id=causes.gb_id_for(rb.gb_type),
+                    location=location, module=rb.module or region or slot.fqn, in_checkpoint=rb.in_checkpoint,
+                    component=rb.component, region=region, explanation=rb.explanation, hints=rb.hints,
+                    context=rb.context)
+        key = (brk.cause, brk.gb_type, str(brk.location), brk.module, brk.in_checkpoint)
+        merged[key] = replace(merged[key], count=merged[key].count + 1) if key in merged else brk
+        if rb.in_checkpoint:
+            ac_region = _ac_region(slot, brk.module)
+            events[("region_eager", ac_region)] = Event(
+                kind="region_eager", module=ac_region, gb_type=rb.gb_type, location=location,
+                detail="a break inside the activation-checkpoint region sent the whole region to eager")
+    for rb, region in raw.frame_skips:
+        location = causes.innermost_user_location(rb.frames)
+        module = rb.module or region or slot.fqn
+        events[("frame_skipped", module, str(location))] = Event(
+            kind="frame_skipped", module=module, gb_type=rb.gb_type, location=location,
+            detail=rb.context or "Dynamo skipped the whole frame and ran it eagerly")
+    seen_types = {b.gb_type for b in merged.values()}
+    for gb_type, n in sorted(raw.counter_types.items()):
+        if gb_type not in seen_types:
+            # Only counters saw it (no stack): keep it, never drop a break.
+            rb = causes.raw_from_type(gb_type)
+            merged[(gb_type,)] = Break(cause=causes.classify(rb), gb_type=gb_type, gb_id=causes.gb_id_for(gb_type),
+                                       location=None, module=slot.fqn, in_checkpoint=False, component="torch",
+                                       region=slot.fqn, count=n)
+    for region in sorted(raw.entered):
+        if not raw.graphs.get(region) and not any(e.module.startswith(region) for e in events.values()) \
+                and not any(b.region == region for b in merged.values()) and raw.error is None:
+            events[("frame_skipped", region, "")] = Event(
+                kind="frame_skipped", module=region, detail="the compiled region ran without producing a graph")
+    graphs = [n for ops in raw.graphs.values() for n in ops]
+    breaks = tuple(sorted(merged.values(), key=_break_order))
+    return BlockReport(fqn=slot.fqn, kind=slot.kind, graph_count=len(graphs), op_count=sum(graphs),
+                       breaks=breaks, events=tuple(sorted(events.values(), key=_event_order)),
+                       error=raw.error, regions=slot.regions, fullgraph_regions=slot.fullgraph_regions)
+
+
+def _break_order(b: Break) -> tuple[Any, ...]:
+    loc = b.location
+    return (b.module, loc.file if loc else "", loc.line if loc else 0, b.gb_type, b.cause)
+
+
+def _event_order(e: Event) -> tuple[Any, ...]:
+    loc = e.location
+    return (e.kind, e.module, loc.file if loc else "", loc.line if loc else 0, e.gb_type)
+
+
+# ------------------------------------------------------------------------------ ranks
+
+
+def merge_ranks(spec: Spec, job: ScanJob, ranks: list[tuple[tuple[BlockReport, ...], SetupInfo]]) -> ScanReport:
+    """Rank 0's records, plus a ``rank_divergence`` event on every block where ranks disagree."""
+    blocks0, info = ranks[0]
+    merged = []
+    for i, block in enumerate(blocks0):
+        differing = [r for r, (blocks, _) in enumerate(ranks[1:], start=1) if _fingerprint(blocks[i]) != _fingerprint(block)]
+        if differing:
+            detail = "; ".join(f"rank {r}: {_fingerprint_text(ranks[r][0][i])}" for r in differing)
+            event = Event(kind="rank_divergence", module=block.fqn,
+                          detail=f"rank 0: {_fingerprint_text(block)}; {detail}")
+            block = replace(block, events=tuple(sorted(block.events + (event,), key=_event_order)))
+        merged.append(block)
+    notes = ()
+    if len(ranks) > 1:
+        notes = (f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",)
+    return ScanReport(spec=spec.path, model=f"{spec.model.name}/{spec.model.flavor}", torch_version=torch_version(),
+                      setup=info, blocks=tuple(merged), notes=notes)
+
+
+def _fingerprint(block: BlockReport) -> tuple[Any, ...]:
+    return (block.graph_count, tuple((b.cause, b.gb_type, str(b.location)) for b in block.breaks),
+            tuple((e.kind, e.module) for e in block.events), block.error)
+
+
+def _fingerprint_text(block: BlockReport) -> str:
+    return f"{block.graph_count} graph(s), {len(block.breaks)} break(s), {len(block.events)} event(s)"

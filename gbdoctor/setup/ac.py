@@ -1,0 +1,144 @@
+"""Activation checkpointing as torchtitan v0.2.2 applies it.
+
+``full`` wraps every block in a non-reentrant CheckpointWrapper; ``selective`` with an integer N
+wraps every Nth block (torchtitan's counter starts at 1, so with N=2 blocks 1, 3, 5 are
+wrapped); ``selective`` ``op`` wraps every block with the per-op SAC policy: save the outputs
+of the listed compute/communication ops, except every second matmul, and always recompute
+matmuls whose weight shape is a router gate's. ``split`` wraps each child of a block instead of
+the block (a plan action: a break in one child no longer sends the others to eager).
+"""
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    CheckpointWrapper,
+    checkpoint_wrapper,
+)
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+from gbdoctor.records import ACSpec
+
+
+def _op_sac_save_list() -> set[Any]:
+    """torchtitan v0.2.2's llama4/deepseek save list (ops that do not exist here are skipped)."""
+    names = [
+        ("aten", "mm"),
+        ("aten", "_scaled_dot_product_efficient_attention"),
+        ("aten", "_scaled_dot_product_flash_attention"),
+        ("aten", "_scaled_dot_product_cudnn_attention"),
+        ("aten", "_scaled_dot_product_attention_math"),
+        ("aten", "_scaled_dot_product_fused_attention_overrideable"),
+        ("_c10d_functional", "reduce_scatter_tensor"),
+        ("_c10d_functional", "all_to_all_single"),
+        ("aten", "max"),
+    ]
+    ops: set[Any] = set()
+    for ns, name in names:
+        packet = getattr(getattr(torch.ops, ns), name, None)
+        if packet is not None and hasattr(packet, "default"):
+            ops.add(packet.default)
+    for hop in ("flex_attention", "inductor_compiled_code"):
+        op = getattr(torch._higher_order_ops, hop, None)
+        if op is not None:
+            ops.add(op)
+    return ops
+
+
+def sac_context_fn(force_recompute_mm_shapes: set[tuple[int, ...]]) -> Any:
+    """The per-op SAC ``context_fn`` (a fresh policy with its own matmul counters per call)."""
+    save_ops = _op_sac_save_list()
+    mm = torch.ops.aten.mm.default
+
+    def policy(meta: dict[str, int], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        if (func == torch.ops.aten._to_copy.default and "cuda" in str(args[0].device)
+                and str(kwargs.get("device", "")) == "cpu"):
+            return CheckpointPolicy.MUST_SAVE  # device-to-host copies (EP split sizes)
+        key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
+        if func == mm:
+            if tuple(args[1].shape) in force_recompute_mm_shapes:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            meta[key] += 1
+        to_save = func in save_ops and not (func == mm and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if to_save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context_fn() -> Any:
+        meta: dict[str, int] = defaultdict(int)
+        return create_selective_checkpoint_contexts(functools.partial(policy, meta))
+
+    return context_fn
+
+
+def _router_gate_shapes(module: nn.Module, fqn_patterns: tuple[str, ...]) -> set[tuple[int, ...]]:
+    """RHS shapes (in_features, out_features) of Linears whose FQN contains a pattern."""
+    shapes: set[tuple[int, ...]] = set()
+    for name, sub in module.named_modules():
+        if isinstance(sub, nn.Linear) and any(p in name for p in fqn_patterns):
+            shapes.add((sub.in_features, sub.out_features))
+    return shapes
+
+
+def wrap(module: nn.Module, *, op_sac: bool, ac: ACSpec, gate_shapes: set[tuple[int, ...]]) -> nn.Module:
+    """One CheckpointWrapper (non-reentrant), with the SAC policy when ``op_sac``."""
+    kwargs: dict[str, Any] = dict(checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                  preserve_rng_state=ac.preserve_rng_state)
+    if op_sac:
+        kwargs["context_fn"] = sac_context_fn(gate_shapes)
+    return checkpoint_wrapper(module, **kwargs)
+
+
+def ac_label(ac: ACSpec) -> str:
+    """Short label of the wrapping: ``ac`` (full / layer-selective) or ``sac`` (per-op)."""
+    return "sac" if ac.mode == "selective" and ac.selective_ac_option == "op" else "ac"
+
+
+def is_wrapped(ac: ACSpec, index: int) -> bool:
+    """Whether block ``index`` (0-based) gets an AC wrapper under ``ac``.
+
+    torchtitan's layer-selective counter starts at 1, so with N=2 blocks 1, 3, 5 are wrapped.
+    """
+    if ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option == "op"):
+        return True
+    if ac.mode == "selective":
+        every = int(ac.selective_ac_option)
+        return every <= 0 or (index + 1) % every == 0
+    return False
+
+
+def apply_ac(blocks: list[tuple[str, nn.Module]], ac: ACSpec, *, split: set[str] = frozenset()
+             ) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+    """Wrap blocks per ``ac``; returns {block fqn: (new outer module, wrapped sub-FQNs)}.
+
+    ``split`` holds block FQNs to wrap per child instead of as a whole. Wrapped sub-FQNs are
+    relative to the block ("" means the block itself).
+    """
+    op_sac = ac.mode == "selective" and ac.selective_ac_option == "op"
+    out: dict[str, tuple[nn.Module, tuple[str, ...]]] = {}
+    for index, (fqn, block) in enumerate(blocks):
+        if not is_wrapped(ac, index):
+            out[fqn] = (block, ())
+            continue
+        gate_shapes = _router_gate_shapes(block, ac.per_op_sac_force_recompute_mm_shapes_by_fqns)
+        if fqn in split:
+            names = []
+            for name, child in list(block.named_children()):
+                if any(True for _ in child.parameters()):
+                    setattr(block, name, wrap(child, op_sac=op_sac, ac=ac, gate_shapes=gate_shapes))
+                    names.append(name)
+            out[fqn] = (block, tuple(names))
+        else:
+            out[fqn] = (wrap(block, op_sac=op_sac, ac=ac, gate_shapes=gate_shapes), ("",))
+    return out
+
+
+def is_checkpoint_wrapper(module: nn.Module) -> bool:
+    return isinstance(module, CheckpointWrapper)
+
+
+def unwrap_checkpoint(module: nn.Module) -> nn.Module:
+    return module._checkpoint_wrapped_module if isinstance(module, CheckpointWrapper) else module

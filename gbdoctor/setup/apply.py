@@ -1,0 +1,199 @@
+"""The one function that sets a model up the way training does, used by every command.
+
+Order (torchtitan v0.2.2's ``parallelize_*``): EP -> AC -> compile -> FSDP2 -> optimizer with
+the load-balancing pre-step hook. The Dynamo settings of the compile strategy are not applied
+here but returned, to be entered with ``recipe_context`` around the code that runs the model,
+so that they are restored afterwards.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.nn as nn
+
+from gbdoctor.records import Spec
+from gbdoctor.setup import ac as ac_mod
+from gbdoctor.setup.balance import load_balanced_moes, register_load_balancing
+from gbdoctor.setup.compile import STRATEGIES, CompileFn, Strategy, apply_compile, is_moe_block
+from gbdoctor.setup.ep import apply_ep
+from gbdoctor.setup.fsdp import apply_fsdp
+
+
+@dataclass
+class BlockSlot:
+    """One transformer block as set up."""
+
+    fqn: str
+    """``layers.3``."""
+    key: str
+    """Key in the ``layers`` container."""
+    block: nn.Module
+    """The model's own block module (inside every wrapper)."""
+    outer: nn.Module
+    """What the container now holds (FSDP-managed; maybe compiled and/or AC-wrapped)."""
+    is_moe: bool
+    kind: str
+    """Kind label before structural dedupe (``dense``, ``moe+sac``...)."""
+    ac_wrapped: tuple[str, ...] = ()
+    """Sub-FQNs (relative to the block) wrapped by AC; ``""`` means the whole block."""
+    regions: tuple[str, ...] = ()
+    fullgraph_regions: tuple[str, ...] = ()
+
+
+@dataclass
+class InstalledHook:
+    module: str
+    """Module FQN (or ``optimizer``)."""
+    kind: str
+    """forward_pre, forward, backward, optimizer_pre_step."""
+    installer: str
+    """ep, load-balancing (gbdoctor's setup); fsdp and user hooks are discovered by inspect."""
+    fn: Any
+
+
+@dataclass
+class Setup:
+    model: nn.Module
+    blocks: list[BlockSlot]
+    optimizer: torch.optim.Optimizer | None
+    strategy: Strategy
+    meshes: Any
+    hooks: list[InstalledHook] = field(default_factory=list)
+    fsdp: bool = True
+
+    @property
+    def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:
+        return self.strategy.flags
+
+    @property
+    def ac_enabled(self) -> bool:
+        return any(slot.ac_wrapped for slot in self.blocks)
+
+
+def block_slots(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
+    """(fqn, container key, block) for the model's ``layers`` container."""
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.ModuleDict):
+        return [(f"layers.{k}", k, b) for k, b in layers.items()]
+    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
+        return [(f"layers.{i}", str(i), b) for i, b in enumerate(layers)]
+    raise ValueError("the model has no `layers` ModuleDict/ModuleList of blocks")
+
+
+def _set_block(model: nn.Module, key: str, module: nn.Module) -> None:
+    layers = model.layers
+    if isinstance(layers, nn.ModuleDict):
+        layers[key] = module
+    else:
+        layers[int(key)] = module
+
+
+def _moe_modules(fqn: str, block: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules with an ``experts`` child (the MoE layer whose experts EP shards)."""
+    return [(f"{fqn}.{name}" if name else fqn, m) for name, m in block.named_modules()
+            if isinstance(getattr(m, "experts", None), nn.Module)]
+
+
+def default_compile_fn(backend: str) -> CompileFn:
+    def compile_region(module: nn.Module, fqn: str, fullgraph: bool) -> nn.Module:
+        return torch.compile(module, backend=backend, fullgraph=fullgraph)
+
+    return compile_region
+
+
+def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy | str,
+                compile_fn: CompileFn | None = None, backend: str | None = None,
+                fsdp: bool = True, lr: float = 8e-4) -> Setup:
+    """Set ``model`` up in place in torchtitan's order and return what was installed where."""
+    if isinstance(strategy, str):
+        strategy = STRATEGIES[strategy]
+    if compile_fn is None:
+        compile_fn = default_compile_fn(backend or spec.compile.backend)
+    ac = spec.activation_checkpoint
+    raw = block_slots(model)
+    hooks: list[InstalledHook] = []
+
+    # 1. EP: dispatch/combine hooks on moe.experts, experts sharded on dim 0.
+    experts: dict[str, nn.Module] = {}
+    if meshes is not None and meshes.ep is not None:
+        for fqn, _, block in raw:
+            moes = _moe_modules(fqn, block)
+            for moe_fqn, kind, fn in apply_ep(moes, meshes.ep):
+                hooks.append(InstalledHook(module=moe_fqn, kind=kind, installer="ep", fn=fn))
+            if moes:
+                experts[fqn] = moes[0][1].experts
+
+    # 2. AC, with kind labels known before wrapping (plans are keyed by them).
+    wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, i)}
+    kinds = []
+    for i, (fqn, _, block) in enumerate(raw):
+        base = "moe" if is_moe_block(block) else "dense"
+        kinds.append(base + (f"+{ac_mod.ac_label(ac)}" if i in wrapped_idx else ""))
+    recipes = [strategy.recipe_for(kind, is_moe_block(b)) for kind, (_, _, b) in zip(kinds, raw)]
+    split = {fqn for (fqn, _, _), r in zip(raw, recipes) if r.split_ac}
+    wrapped = ac_mod.apply_ac([(fqn, b) for fqn, _, b in raw], ac, split=split)
+
+    # 3. Compile per block (after AC, before FSDP: FSDP's block hooks stay outside).
+    slots: list[BlockSlot] = []
+    for (fqn, key, block), kind, recipe in zip(raw, kinds, recipes):
+        outer, ac_subs = wrapped[fqn]
+        outer, regions, fg = apply_compile(outer, fqn, recipe, is_moe_block(block), compile_fn)
+        _set_block(model, key, outer)
+        slots.append(BlockSlot(fqn=fqn, key=key, block=block, outer=outer, is_moe=is_moe_block(block),
+                               kind=kind, ac_wrapped=ac_subs, regions=regions, fullgraph_regions=fg))
+
+    # 4. FSDP2.
+    if fsdp and meshes is not None:
+        apply_fsdp(model, [(s.fqn, s.outer) for s in slots], experts, meshes,
+                   param_dtype=spec.training.mixed_precision_param,
+                   reduce_dtype=spec.training.mixed_precision_reduce,
+                   reshard_after_forward=spec.parallelism.fsdp_reshard_after_forward)
+
+    # 5. Optimizer with the expert-bias pre-step hook.
+    optimizer = None
+    if any(p.requires_grad for p in model.parameters()) and not _on_meta(model):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+        moes = load_balanced_moes(model)
+        if moes:
+            recomputed = [_recomputed(name, slots) for name, _ in moes]
+            group = meshes.dp_group if meshes is not None else None
+            fn = register_load_balancing(optimizer, moes, recomputed, group)
+            hooks.append(InstalledHook(module="optimizer", kind="optimizer_pre_step",
+                                       installer="load-balancing", fn=fn))
+    return Setup(model=model, blocks=slots, optimizer=optimizer, strategy=strategy, meshes=meshes,
+                 hooks=hooks, fsdp=fsdp and meshes is not None)
+
+
+def _on_meta(model: nn.Module) -> bool:
+    return any(p.is_meta for p in model.parameters())
+
+
+def _recomputed(moe_fqn: str, slots: list[BlockSlot]) -> bool:
+    """Whether eager AC recomputes this MoE's forward (torchtitan halves its counts then)."""
+    for slot in slots:
+        if moe_fqn == slot.fqn or moe_fqn.startswith(slot.fqn + "."):
+            rel = moe_fqn[len(slot.fqn) + 1:]
+            return any(sub == "" or rel == sub or rel.startswith(sub + ".") for sub in slot.ac_wrapped)
+    return False
+
+
+@contextlib.contextmanager
+def recipe_context(flags: tuple[tuple[str, Any], ...], *, ac_enabled: bool) -> Iterator[None]:
+    """Enter the strategy's Dynamo settings (restored on exit).
+
+    torchtitan also disables Dynamo's LRU cache whenever AC is on (SAC + recompiles).
+    """
+    import torch._dynamo
+
+    set_lru = torch._C._dynamo.eval_frame._set_lru_cache
+    with torch._dynamo.config.patch(**dict(flags)):
+        if ac_enabled:
+            set_lru(False)
+        try:
+            yield
+        finally:
+            if ac_enabled:
+                set_lru(True)

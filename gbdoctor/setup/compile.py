@@ -1,0 +1,135 @@
+"""Per-block compile strategies and the Dynamo settings each torchtitan era used.
+
+A strategy says, per block kind, which regions are compiled and with which ``fullgraph``:
+``block`` compiles the (possibly AC-wrapped) block whole; ``children`` compiles the block's
+children one by one and leaves the listed sub-modules (by default ``moe.experts``, which carries
+the EP and FSDP hooks) eager; ``none`` compiles nothing. The Dynamo settings are part of the
+recipe because they change what breaks (``capture_scalar_outputs`` turns EP's ``.tolist()`` from
+a break into a captured scalar).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch.nn as nn
+
+from gbdoctor.setup.ac import unwrap_checkpoint
+
+HEAD_FLAGS = (("capture_scalar_outputs", True), ("skip_fwd_side_effects_in_bwd_under_checkpoint", True))
+V022_FLAGS = (("capture_scalar_outputs", True),)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlockRecipe:
+    """How one block kind is compiled and wrapped."""
+
+    mode: str = "block"
+    """``none``, ``block`` or ``children``."""
+    fullgraph: bool = True
+    eager: tuple[str, ...] = ()
+    """Sub-FQNs (relative to the block) left eager in ``children`` mode; empty means the
+    strategy default (every sub-module named ``experts``)."""
+    split_ac: bool = False
+    """Wrap AC/SAC per child instead of around the whole block."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Strategy:
+    name: str
+    dense: BlockRecipe
+    moe: BlockRecipe
+    flags: tuple[tuple[str, Any], ...] = ()
+    summary: str = ""
+    per_kind: tuple[tuple[str, BlockRecipe], ...] = field(default=())
+    """Overrides by exact kind label (plans use these)."""
+
+    def recipe_for(self, kind: str, is_moe: bool) -> BlockRecipe:
+        for label, recipe in self.per_kind:
+            if label == kind:
+                return recipe
+        return self.moe if is_moe else self.dense
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in (
+        Strategy(name="none", dense=BlockRecipe(mode="none"), moe=BlockRecipe(mode="none"),
+                 summary="no compile (eager)"),
+        Strategy(name="block", dense=BlockRecipe(), moe=BlockRecipe(), flags=HEAD_FLAGS,
+                 summary="every block compiled whole with fullgraph=True (torchtitan main, 2026)"),
+        Strategy(name="block-nofullgraph", dense=BlockRecipe(fullgraph=False),
+                 moe=BlockRecipe(fullgraph=False), flags=V022_FLAGS,
+                 summary="every block compiled whole with fullgraph=False"),
+        Strategy(name="titan-v0.2.0", dense=BlockRecipe(), moe=BlockRecipe(fullgraph=False),
+                 summary="torchtitan v0.2.0: blocks whole, MoE blocks fullgraph=False, no scalar capture"),
+        Strategy(name="titan-v0.2.2", dense=BlockRecipe(), moe=BlockRecipe(mode="children"),
+                 flags=V022_FLAGS,
+                 summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph, experts eager"),
+        Strategy(name="children", dense=BlockRecipe(mode="children"), moe=BlockRecipe(mode="children"),
+                 flags=V022_FLAGS, summary="every block's children compiled fullgraph, experts eager"),
+    )
+}
+
+
+def is_moe_block(block: nn.Module) -> bool:
+    """Built-in blocks say so (``moe_enabled``); for others, any sub-module named ``experts``."""
+    flag = getattr(block, "moe_enabled", None)
+    if flag is not None:
+        return bool(flag)
+    return any(name.rsplit(".", 1)[-1] == "experts" for name, _ in block.named_modules())
+
+
+def default_eager(block: nn.Module) -> tuple[str, ...]:
+    return tuple(sorted(name for name, _ in block.named_modules() if name.rsplit(".", 1)[-1] == "experts"))
+
+
+CompileFn = Callable[[nn.Module, str, bool], nn.Module]
+"""(module, region fqn, fullgraph) -> the compiled stand-in (an OptimizedModule)."""
+
+
+def compile_children(parent: nn.Module, prefix: str, eager: tuple[str, ...], fullgraph: bool,
+                     compile_fn: CompileFn, region_prefix: str) -> list[str]:
+    """Compile every child of ``parent`` that contains no eager sub-module; recurse into those
+    that do. Returns the compiled regions' FQNs (relative to the block)."""
+    regions: list[str] = []
+    for name, child in list(parent.named_children()):
+        sub = f"{prefix}{name}"
+        if sub in eager:
+            continue
+        if any(e.startswith(sub + ".") for e in eager):
+            # An AC-wrapped child (split AC) is looked through: its own children get compiled
+            # inside the checkpoint region, as torchtitan v0.2.2 does under full AC.
+            regions += compile_children(unwrap_checkpoint(child), sub + ".", eager, fullgraph,
+                                        compile_fn, region_prefix)
+            continue
+        if not any(True for _ in child.parameters()) and not list(child.children()):
+            # Parameter-free leaves (activations, dropout) are not worth a compile boundary.
+            continue
+        setattr(parent, name, compile_fn(child, f"{region_prefix}.{sub}", fullgraph))
+        regions.append(sub)
+    return regions
+
+
+def apply_compile(outer: nn.Module, block_fqn: str, recipe: BlockRecipe, is_moe: bool,
+                  compile_fn: CompileFn) -> tuple[nn.Module, tuple[str, ...], tuple[str, ...]]:
+    """Compile one block per ``recipe``; returns (new outer module, regions, fullgraph regions).
+
+    ``outer`` is the block as AC left it (maybe a CheckpointWrapper): ``block`` mode compiles
+    that, as torchtitan does (compile after AC, before FSDP).
+    """
+    if recipe.mode == "none":
+        return outer, (), ()
+    if recipe.mode == "block":
+        compiled = compile_fn(outer, block_fqn, recipe.fullgraph)
+        regions = (block_fqn,)
+        return compiled, regions, regions if recipe.fullgraph else ()
+    if recipe.mode != "children":
+        raise ValueError(f"unknown compile mode {recipe.mode!r}")
+    inner = unwrap_checkpoint(outer)
+    eager = recipe.eager or default_eager(inner)
+    # A child that is itself a CheckpointWrapper (split AC) is compiled as compile(AC(child)),
+    # the same order torchtitan uses for whole blocks.
+    rel = compile_children(inner, "", eager, recipe.fullgraph, compile_fn, block_fqn)
+    regions = tuple(f"{block_fqn}.{r}" for r in rel)
+    return outer, regions, regions if recipe.fullgraph else ()

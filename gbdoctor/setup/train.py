@@ -1,0 +1,47 @@
+"""Synthetic data and one training step, shared by scan (warm-up), run and the tests.
+
+Every rank draws the same global batch from a seeded generator and keeps its own rows, so a
+world-size-1 run over the global batch sees exactly the data of an N-rank run. The loss is the
+token-summed cross entropy divided by the global token count (FSDP gradient division is off),
+which makes gradients independent of the number of ranks.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+
+def synthetic_batch(*, seed: int, step: int, vocab: int, local_batch: int, seq_len: int,
+                    rank: int, world_size: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens, labels) of this rank's rows of the global batch for ``step``."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    rows = torch.randint(0, vocab, (local_batch * world_size, seq_len + 1), generator=gen)
+    mine = rows[rank * local_batch:(rank + 1) * local_batch]
+    return mine[:, :-1].to(device), mine[:, 1:].to(device)
+
+
+def forward_loss(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor,
+                 world_size: int) -> torch.Tensor:
+    """Local token-summed cross entropy over the global token count."""
+    logits = model(tokens)
+    if isinstance(logits, (tuple, list)):
+        logits = logits[0]
+    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1), reduction="sum")
+    return loss_sum / (labels.numel() * world_size)
+
+
+def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """Forward, backward, optimizer step (with its pre-step hooks); returns the global loss."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    loss = forward_loss(setup.model, tokens, labels, world)
+    loss.backward()
+    if setup.optimizer is not None:
+        setup.optimizer.step()
+        setup.optimizer.zero_grad(set_to_none=True)
+    reported = loss.detach().clone()
+    if world > 1:
+        dist.all_reduce(reported, op=dist.ReduceOp.SUM)
+    return float(reported)
