@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
+import torch._dynamo
 import torch.nn as nn
 
 from gbdoctor import causes
@@ -27,7 +28,6 @@ from gbdoctor.records import Location, RawBreak
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
-FRAME_SKIP_GB_TYPE = "graph break in loop"
 
 
 def is_torch_file(path: str) -> bool:
@@ -82,12 +82,16 @@ class CaptureSession:
     # ------------------------------------------------------------------ compile side
     def compile_fn(self, module: nn.Module, fqn: str, fullgraph: bool) -> nn.Module:
         session = self
+        # aot_eager, not the graph's own forward: AOTAutograd functionalizes checkpoint regions
+        # and in-place buffer updates the way a real backend does, so backward behaves as in
+        # training (a plain eager replay of a checkpoint HOP double-applies in-place updates).
+        inner_backend = torch._dynamo.lookup_backend("aot_eager")
 
         def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
             if session._current is not None:
-                ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+                ops = count_ops(gm)
                 session._current.graphs.setdefault(fqn, []).append(ops)
-            return gm.forward
+            return inner_backend(gm, example_inputs)
 
         compiled = torch.compile(module, backend=recording_backend, fullgraph=False)
 
@@ -156,37 +160,42 @@ class CaptureSession:
     def _region(self) -> str:
         return self._region_stack[-1] if self._region_stack else ""
 
-    def _raw(self, reason_text: str, frames: tuple[Location, ...], hop: str | None) -> RawBreak:
-        parsed = causes.parse_reason(reason_text)
+    def _raw(self, reason: Any, message: str, frames: tuple[Location, ...], hop: str | None) -> RawBreak:
         module, component = self.locator(frames) if self.locator else ("", "model")
-        hop = hop or parsed.hop
-        return RawBreak(gb_type=parsed.gb_type, message=reason_text, frames=frames, module=module,
+        hop = hop or reason.hop
+        return RawBreak(gb_type=reason.gb_type, message=message, frames=frames, module=module,
                         component=component, in_checkpoint=bool(hop and "checkpoint" in hop), hop=hop,
-                        explanation=parsed.explanation, hints=parsed.hints, context=parsed.context)
+                        explanation=reason.explanation, hints=tuple(reason.hints), context=reason.context)
 
     def _record(self, result: RawCapture, reason: str, exc: Any) -> None:
         stack = getattr(exc, "real_stack", None) or []
         frames = tuple(Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack)
-        hop = getattr(exc, "_hop_name", None)
-        region = self._region()
-        parts = causes.split_compound_reason(reason)
-        if getattr(exc, "gb_type", "") == FRAME_SKIP_GB_TYPE or len(parts) > 1:
-            # "Failed to handle graph break gracefully ... another graph break occurred":
-            # the first part is the real break, the last one says the frame was skipped.
-            result.breaks.append((self._raw(parts[0], frames, hop), region))
-            result.frame_skips.append((self._raw(parts[-1], frames, hop), region))
-            return
-        result.breaks.append((self._raw(reason, frames, hop), region))
+        self._add(result, reason, frames, getattr(exc, "_hop_name", None), self._region())
+
+    def _add(self, result: RawCapture, reason: str, frames: tuple[Location, ...], hop: str | None,
+             region: str) -> None:
+        parts = causes.parse_reasons(reason)
+        # "Failed to handle graph break gracefully ... another graph break occurred": the first
+        # part is the real break, the last one says the whole frame was skipped (GB7000).
+        result.breaks.append((self._raw(parts[0], reason, frames, hop), region))
+        if len(parts) > 1:
+            result.frame_skips.append((self._raw(parts[-1], reason, frames, hop), region))
 
     def _record_from_log(self, result: RawCapture, message: str) -> None:
-        parsed_log = causes.parse_graph_break_log(message)
-        if parsed_log is None:
-            return
-        reason, frames = parsed_log
-        parts = causes.split_compound_reason(reason)
-        result.breaks.append((self._raw(parts[0], frames, None), ""))
-        if len(parts) > 1:
-            result.frame_skips.append((self._raw(parts[-1], frames, None), ""))
+        parsed = causes.parse_graph_break_log(message)
+        if parsed is not None:
+            reason, frames = parsed
+            self._add(result, reason, frames, None, "")
+
+
+def count_ops(gm: torch.fx.GraphModule) -> int:
+    """``call_function`` nodes, including those inside higher-order-op bodies (a checkpoint
+    region is one HOP node in the outer graph; its ops live in a nested GraphModule)."""
+    total = 0
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            total += sum(1 for n in sub.graph.nodes if n.op == "call_function")
+    return total
 
 
 def run_block(outer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

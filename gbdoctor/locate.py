@@ -34,6 +34,14 @@ def is_torch_path(path: str) -> bool:
     return os.path.abspath(path).startswith(_TORCH_DIR)
 
 
+def innermost_user_location(frames: tuple[Location, ...]) -> Location | None:
+    """The innermost frame outside torch (where a human would look), else the innermost."""
+    for frame in reversed(frames):
+        if not is_torch_path(frame.file):
+            return frame
+    return frames[-1] if frames else None
+
+
 @dataclass(frozen=True)
 class CodeSpan:
     file: str
@@ -42,8 +50,9 @@ class CodeSpan:
     last: int
 
     def contains(self, loc: Location) -> bool:
-        return (os.path.abspath(loc.file) == self.file and loc.function == self.name
-                and self.first <= loc.line <= self.last)
+        # Dynamo names the continuation after a break ``torch_dynamo_resume_in_<fn>_at_<line>``.
+        name_ok = loc.function == self.name or loc.function.startswith(f"torch_dynamo_resume_in_{self.name}_at_")
+        return name_ok and os.path.abspath(loc.file) == self.file and self.first <= loc.line <= self.last
 
 
 def code_span(fn: Any) -> CodeSpan | None:
@@ -139,9 +148,12 @@ class Locator:
         for frame in frames:  # outermost first: the last match is the innermost module
             if os.path.abspath(frame.file).startswith(_FSDP_DIR):
                 component = "fsdp"
-            for span, owner, installer in self._hooks:
-                if span.contains(frame):
-                    module, component = owner, installer
+            hooks = [(owner, installer) for span, owner, installer in self._hooks if span.contains(frame)]
+            if hooks:
+                # One hook function may serve many modules (every layer's experts): take the
+                # one inside the module matched so far.
+                inside = [h for h in hooks if not module or h[0] == module or h[0].startswith(module + ".")]
+                module, component = min(inside or hooks)
             candidates = [fqn for span, fqn in self._spans if span.contains(frame)]
             if candidates:
                 # Several instances of one class share a forward: prefer the one inside the

@@ -27,8 +27,8 @@ from gbdoctor.capture import (
     torch_version,
 )
 from gbdoctor.errors import GbdoctorError, SetupError
-from gbdoctor.locate import Locator
-from gbdoctor.records import Break, BlockReport, Event, ScanReport, SetupInfo, Spec
+from gbdoctor.locate import Locator, innermost_user_location
+from gbdoctor.records import Break, BlockReport, Event, RawBreak, ScanReport, SetupInfo, Spec
 from gbdoctor.setup.apply import Setup, apply_setup, recipe_context
 from gbdoctor.setup.compile import STRATEGIES, Strategy
 from gbdoctor.setup.dist import build_meshes, resolve_device, run_ranks, single_process_group
@@ -73,7 +73,7 @@ def scan(spec: Spec, *, strategy: Strategy | str | None = None, dedupe: bool = T
     return merge_ranks(spec, job, ranks)
 
 
-def scan_rank_entry(job: ScanJob) -> tuple[tuple[BlockReport, ...], SetupInfo]:
+def scan_rank_entry(job: ScanJob) -> RankScan:
     return scan_rank(job, None)
 
 
@@ -94,7 +94,10 @@ def build_and_setup(job: ScanJob, session: CaptureSession | None = None) -> tupl
     return setup, meshes
 
 
-def scan_rank(job: ScanJob, progress: Progress | None) -> tuple[tuple[BlockReport, ...], SetupInfo]:
+RankScan = tuple[tuple[BlockReport, ...], SetupInfo, tuple[str, ...]]
+
+
+def scan_rank(job: ScanJob, progress: Progress | None) -> RankScan:
     """One rank's scan: per-block reports (same_as filled) and the setup description."""
     import torch.distributed as dist
 
@@ -111,14 +114,9 @@ def scan_rank(job: ScanJob, progress: Progress | None) -> tuple[tuple[BlockRepor
     outers = {slot.fqn: slot.outer for slot in setup.blocks}
     with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
         store, remove = collect_block_inputs(setup.model, outers)
+        notes: list[str] = []
         try:
-            with eager_stance():
-                train_step(setup, tokens, labels)
-        except GbdoctorError:
-            raise
-        except Exception as exc:
-            raise SetupError(f"the eager training step failed: {describe_error(exc)}",
-                             hint="the model or setup does not run even without compile; use --debug") from exc
+            warm_up(setup, tokens, labels, notes)
         finally:
             remove()
         session.locator = Locator(setup.model, setup.hooks)
@@ -138,9 +136,53 @@ def scan_rank(job: ScanJob, progress: Progress | None) -> tuple[tuple[BlockRepor
         base = reps[members[0]]
         for fqn in members:
             same_as = None if fqn == members[0] else members[0]
-            reports.append(replace(base, fqn=fqn, kind=kinds[members[0]], same_as=same_as))
+            shared = rebase(base, members[0], fqn) if same_as else base
+            reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
     reports.sort(key=lambda r: _layer_order(r.fqn))
-    return tuple(reports), setup_info(spec, job, setup)
+    return tuple(reports), setup_info(spec, job, setup), tuple(notes)
+
+
+def _rebase_fqn(name: str, old: str, new: str) -> str:
+    return new + name[len(old):] if name == old or name.startswith(old + ".") else name
+
+
+def rebase(report: BlockReport, old: str, new: str) -> BlockReport:
+    """A representative's capture, re-addressed to another layer that shares it."""
+    re_fqn = lambda name: _rebase_fqn(name, old, new)  # noqa: E731
+    return replace(
+        report, fqn=new,
+        breaks=tuple(replace(b, module=re_fqn(b.module), region=re_fqn(b.region)) for b in report.breaks),
+        events=tuple(replace(e, module=re_fqn(e.module)) for e in report.events),
+        regions=tuple(re_fqn(r) for r in report.regions),
+        fullgraph_regions=tuple(re_fqn(r) for r in report.fullgraph_regions))
+
+
+def warm_up(setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]) -> None:
+    """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
+
+    If the eager step itself fails in backward (e.g. eager SAC around an FSDP-managed module),
+    that is reported as a note and the blocks are captured after a forward-only warm-up.
+    """
+    from gbdoctor.setup.train import forward_loss
+
+    try:
+        with eager_stance():
+            train_step(setup, tokens, labels)
+        return
+    except Exception as exc:  # noqa: BLE001 - reported, then retried without backward
+        first_error = describe_error(exc)
+    reset_fsdp_state(setup.model)
+    if setup.optimizer is not None:
+        setup.optimizer.zero_grad(set_to_none=True)
+    try:
+        with eager_stance():
+            forward_loss(setup.model, tokens, labels, 1)
+    except Exception as exc:
+        raise SetupError(f"the model does not run eagerly under this setup: {describe_error(exc)}",
+                         hint="fix the model or the setup first (run with --debug for the traceback)") from exc
+    reset_fsdp_state(setup.model)
+    notes.append(f"the eager training step fails under this setup ({first_error}); "
+                 "blocks were captured after a forward-only warm-up")
 
 
 def _layer_order(fqn: str) -> tuple[int, str]:
@@ -175,8 +217,9 @@ def _shape_sig(obj: Any) -> Any:
 def structure_signature(slot: Any, inputs: Any) -> str:
     """Hash of everything that can change what Dynamo sees in a block: module classes and
     names, local parameter shapes/dtypes, buffers, hooks, wrappers, compiled regions, inputs."""
-    items: list[Any] = [slot.kind, slot.ac_wrapped, tuple(r.split(".", 2)[-1] for r in slot.regions),
-                        tuple(r.split(".", 2)[-1] for r in slot.fullgraph_regions), _shape_sig(inputs)]
+    rel = lambda regions: tuple(r[len(slot.fqn):] for r in regions)  # noqa: E731
+    items: list[Any] = [slot.kind, slot.ac_wrapped, rel(slot.regions), rel(slot.fullgraph_regions),
+                        _shape_sig(inputs)]
     for name, module in slot.outer.named_modules():
         params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in module.named_parameters(recurse=False))
         buffers = tuple((n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers(recurse=False))
@@ -240,7 +283,7 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
     merged: dict[tuple[Any, ...], Break] = {}
     events: dict[tuple[Any, ...], Event] = {}
     for rb, region in raw.breaks:
-        location = causes.innermost_user_location(rb.frames)
+        location = innermost_user_location(rb.frames)
         brk = Break(cause=causes.classify(rb), gb_type=rb.gb_type, gb_id=causes.gb_id_for(rb.gb_type),
                     location=location, module=rb.module or region or slot.fqn, in_checkpoint=rb.in_checkpoint,
                     component=rb.component, region=region, explanation=rb.explanation, hints=rb.hints,
@@ -253,7 +296,7 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
                 kind="region_eager", module=ac_region, gb_type=rb.gb_type, location=location,
                 detail="a break inside the activation-checkpoint region sent the whole region to eager")
     for rb, region in raw.frame_skips:
-        location = causes.innermost_user_location(rb.frames)
+        location = innermost_user_location(rb.frames)
         module = rb.module or region or slot.fqn
         events[("frame_skipped", module, str(location))] = Event(
             kind="frame_skipped", module=module, gb_type=rb.gb_type, location=location,
@@ -262,7 +305,7 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
     for gb_type, n in sorted(raw.counter_types.items()):
         if gb_type not in seen_types:
             # Only counters saw it (no stack): keep it, never drop a break.
-            rb = causes.raw_from_type(gb_type)
+            rb = RawBreak(gb_type=gb_type, message=gb_type, component="torch")
             merged[(gb_type,)] = Break(cause=causes.classify(rb), gb_type=gb_type, gb_id=causes.gb_id_for(gb_type),
                                        location=None, module=slot.fqn, in_checkpoint=False, component="torch",
                                        region=slot.fqn, count=n)
@@ -291,21 +334,22 @@ def _event_order(e: Event) -> tuple[Any, ...]:
 # ------------------------------------------------------------------------------ ranks
 
 
-def merge_ranks(spec: Spec, job: ScanJob, ranks: list[tuple[tuple[BlockReport, ...], SetupInfo]]) -> ScanReport:
+def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
     """Rank 0's records, plus a ``rank_divergence`` event on every block where ranks disagree."""
-    blocks0, info = ranks[0]
+    blocks0, info, notes0 = ranks[0]
     merged = []
     for i, block in enumerate(blocks0):
-        differing = [r for r, (blocks, _) in enumerate(ranks[1:], start=1) if _fingerprint(blocks[i]) != _fingerprint(block)]
+        differing = [r for r, (blocks, _, _) in enumerate(ranks[1:], start=1)
+                     if _fingerprint(blocks[i]) != _fingerprint(block)]
         if differing:
             detail = "; ".join(f"rank {r}: {_fingerprint_text(ranks[r][0][i])}" for r in differing)
             event = Event(kind="rank_divergence", module=block.fqn,
                           detail=f"rank 0: {_fingerprint_text(block)}; {detail}")
             block = replace(block, events=tuple(sorted(block.events + (event,), key=_event_order)))
         merged.append(block)
-    notes = ()
+    notes = notes0
     if len(ranks) > 1:
-        notes = (f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",)
+        notes += (f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",)
     return ScanReport(spec=spec.path, model=f"{spec.model.name}/{spec.model.flavor}", torch_version=torch_version(),
                       setup=info, blocks=tuple(merged), notes=notes)
 

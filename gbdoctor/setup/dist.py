@@ -144,6 +144,7 @@ def _rank_main(rank: int, world_size: int, port: int, device_type: str, timeout_
 
 
 def _kill_all(procs: list[Any]) -> None:
+    procs = [p for p in procs if p.pid is not None]  # never started: nothing to kill
     for p in procs:
         if p.is_alive():
             p.terminate()

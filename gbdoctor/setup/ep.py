@@ -46,7 +46,10 @@ class TokenDispatcher:
         per_segment = counts_from_ranks.view(self.ep_degree, -1)
         num_local = per_segment.shape[1]
         segment_expert = torch.arange(num_local, device=counts.device).repeat(self.ep_degree)
-        token_expert = torch.repeat_interleave(segment_expert, per_segment.reshape(-1))
+        # output_size from the host-side split sizes keeps the op's output shape known to the
+        # compiler (it is the same count the all-to-all just received).
+        token_expert = torch.repeat_interleave(segment_expert, per_segment.reshape(-1),
+                                               output_size=sum(self.output_splits))
         self.permutation = torch.argsort(token_expert, stable=True)
         local_counts = per_segment.sum(dim=0)
         return received[self.permutation], local_counts

@@ -36,9 +36,13 @@ def apply_fsdp(model: nn.Module, outer_blocks: list[tuple[str, nn.Module]],
     if tail:
         fully_shard(tail, mesh=meshes.dp, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always")
     fully_shard(model, **common)
+    gloo = meshes.device.type == "cpu"
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            if gloo:
+                # gloo has no PREMUL_SUM; plain SUM is exactly what a divide factor of 1 means.
+                module.set_force_sum_reduction_for_comms(True)
     if experts:
         _explicit_prefetch([outer for _, outer in outer_blocks], [experts.get(f) for f, _ in outer_blocks])
 

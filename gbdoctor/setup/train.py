@@ -45,3 +45,31 @@ def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
     if world > 1:
         dist.all_reduce(reported, op=dist.ReduceOp.SUM)
     return float(reported)
+
+
+def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
+    """Run ``steps`` training steps of ``spec`` under ``strategy`` on this rank (the process
+    group must be initialized); returns the losses and the first MoE's expert_bias after them.
+    A ``run_ranks`` target, so world-size-N results can be compared with world size 1."""
+    from gbdoctor.models import build_model, vocab_size
+    from gbdoctor.setup.apply import apply_setup, recipe_context
+    from gbdoctor.setup.balance import load_balanced_moes
+    from gbdoctor.setup.dist import build_meshes
+
+    spec, strategy, steps, backend = payload
+    torch.manual_seed(spec.training.seed)
+    device = "cpu"
+    meshes = build_meshes(spec.parallelism, device)
+    model = build_model(spec.model, device=meshes.device)
+    setup = apply_setup(model, spec, meshes, strategy=strategy, backend=backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses = []
+    with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
+        for step in range(steps):
+            tokens, labels = synthetic_batch(seed=spec.training.seed, step=step, vocab=vocab_size(model),
+                                             local_batch=spec.capture_batch_size, seq_len=spec.capture_seq_len,
+                                             rank=rank, world_size=world, device=meshes.device)
+            losses.append(train_step(setup, tokens, labels))
+    moes = load_balanced_moes(model)
+    bias = moes[0][1].expert_bias.detach().cpu().tolist() if moes else []
+    return {"losses": losses, "expert_bias": bias}

@@ -1,0 +1,148 @@
+"""User-supplied models: ``[model] name = "custom"`` with ``factory = "file.py:build"`` or
+``"package.module:build"``; gbdoctor calls ``build(flavor)``.
+
+Every way this can go wrong is a ``SpecError`` (exit 2) naming the factory and the problem, because
+a broken factory is bad input, not a gbdoctor failure. The returned model must look enough like a
+torchtitan decoder for the per-block machinery: a ``layers`` ModuleDict/ModuleList of blocks and an
+``nn.Embedding`` (its ``num_embeddings`` is the vocabulary used for synthetic tokens).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from torch import nn
+
+from ..errors import SpecError
+
+_FORMAT_HINT = "write the factory as 'path/to/file.py:build' or 'package.module:build'"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else ""
+    line = line if len(line) <= 200 else line[:197] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+
+
+def _split(ref: str) -> tuple[str, str]:
+    target, sep, attr = ref.strip().rpartition(":")
+    if not sep or not target or not attr or not attr.isidentifier():
+        raise SpecError(f"model factory {ref!r} is not of the form 'target:function'", hint=_FORMAT_HINT)
+    return target, attr
+
+
+def _is_path(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or os.sep in target
+
+
+def _import_file(target: str, ref: str):
+    path = Path(target).expanduser()
+    path = path if path.is_absolute() else Path.cwd() / path
+    if not path.is_file():
+        raise SpecError(
+            f"model factory {ref!r}: file {str(path)!r} does not exist",
+            hint="relative factory paths are resolved against the spec file's directory",
+        )
+    # A unique, stable module name: two factories called model.py in different folders must not collide.
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
+    name = f"gbdoctor_factory_{path.stem}_{digest}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise SpecError(f"model factory {ref!r}: {str(path)!r} is not an importable Python file", hint=_FORMAT_HINT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up by name
+    parent = str(path.parent)
+    sys.path.insert(0, parent)  # let the file import its siblings
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise SpecError(
+            f"model factory {ref!r}: importing {path.name} failed with {_first_line(exc)}",
+            hint=f"run 'python {path}' to see the full traceback",
+        ) from exc
+    finally:
+        try:
+            sys.path.remove(parent)
+        except ValueError:
+            pass
+    return module
+
+
+def _import_module(target: str, ref: str):
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (target == exc.name or target.startswith(exc.name + ".")):
+            raise SpecError(
+                f"model factory {ref!r}: module {target!r} not found",
+                hint="install the package, add it to PYTHONPATH, or give a path ending in .py",
+            ) from exc
+        raise SpecError(
+            f"model factory {ref!r}: importing {target} failed with {_first_line(exc)}",
+            hint=f"run 'python -c \"import {target}\"' to see the full traceback",
+        ) from exc
+    except Exception as exc:
+        raise SpecError(
+            f"model factory {ref!r}: importing {target} failed with {_first_line(exc)}",
+            hint=f"run 'python -c \"import {target}\"' to see the full traceback",
+        ) from exc
+
+
+def validate_model(model: object, ref: str) -> nn.Module:
+    """Check that ``model`` has what the per-block setup needs; return it."""
+    if not isinstance(model, nn.Module):
+        raise SpecError(
+            f"model factory {ref!r} returned {type(model).__name__}, not a torch.nn.Module",
+            hint="make build(flavor) return the model instance",
+        )
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
+        found = "nothing" if layers is None else type(layers).__name__
+        raise SpecError(
+            f"model from factory {ref!r} has no 'layers' ModuleDict or ModuleList (found {found})",
+            hint="put the repeated transformer blocks in model.layers, as torchtitan does",
+        )
+    if len(layers) == 0:
+        raise SpecError(f"model from factory {ref!r} has an empty 'layers' container",
+                        hint="build at least one block into model.layers")
+    if not any(isinstance(m, nn.Embedding) for m in model.modules()):
+        raise SpecError(
+            f"model from factory {ref!r} has no nn.Embedding",
+            hint="gbdoctor feeds token ids sized by the first nn.Embedding; the model must take tokens",
+        )
+    return model
+
+
+def load_factory(ref: str, flavor: str) -> nn.Module:
+    """Import ``ref``'s target, call ``function(flavor)``, validate and return the model.
+
+    File paths are resolved against the current directory (the spec loader passes them already
+    resolved against the spec file). Builds on the caller's default device.
+    """
+    target, attr = _split(ref)
+    module = _import_file(target, ref) if _is_path(target) else _import_module(target, ref)
+    factory = getattr(module, attr, None)
+    if factory is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        shown = ", ".join(public[:8]) + (", ..." if len(public) > 8 else "")
+        raise SpecError(
+            f"model factory {ref!r}: {target} has no attribute {attr!r}",
+            hint=f"callables defined there: {shown}" if shown else "define build(flavor) in that module",
+        )
+    if not callable(factory):
+        raise SpecError(f"model factory {ref!r}: {attr!r} is a {type(factory).__name__}, not a function",
+                        hint="point the factory at a function build(flavor) -> nn.Module")
+    try:
+        model = factory(flavor)
+    except Exception as exc:
+        raise SpecError(
+            f"model factory {ref!r} raised {_first_line(exc)} for flavor {flavor!r}",
+            hint="run the factory by hand to see the full traceback",
+        ) from exc
+    return validate_model(model, ref)

@@ -1,0 +1,113 @@
+"""The decoder skeleton every built-in family shares: embeddings, a ``ModuleDict`` of blocks, final
+norm, output projection, and a real-valued RoPE table.
+
+Names follow torchtitan v0.2.2 (``tok_embeddings``, ``layers["0"]``, ``norm``, ``output``;
+blocks with ``attention_norm``/``attention``/``ffn_norm`` and ``feed_forward`` or ``moe``) because
+the parallelism and AC code address modules by these names and FQNs.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .attention import causal_block_mask
+from .common import RMSNorm, depth_init_std, rope_table, trunc_normal_
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: ``x + attn(norm(x))`` then ``h + ffn_or_moe(norm(h))``."""
+
+    def __init__(
+        self, *, layer_id: int, dim: int, norm_eps: float, attention: nn.Module,
+        feed_forward: nn.Module | None = None, moe: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if (feed_forward is None) == (moe is None):
+            raise ValueError("a TransformerBlock takes exactly one of feed_forward or moe")
+        self.layer_id = layer_id
+        self.moe_enabled = moe is not None
+        self.attention_norm = RMSNorm(dim, eps=norm_eps)
+        self.attention = attention
+        self.ffn_norm = RMSNorm(dim, eps=norm_eps)
+        if moe is not None:
+            self.moe = moe
+        else:
+            self.feed_forward = feed_forward
+        self.weight_init_std = depth_init_std(layer_id)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), rope)
+        if self.moe_enabled:
+            return h + self.moe(self.ffn_norm(h))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def init_weights(self) -> None:
+        self.attention_norm.init_weights()
+        self.ffn_norm.init_weights()
+        self.attention.init_weights(self.weight_init_std)
+        (self.moe if self.moe_enabled else self.feed_forward).init_weights(self.weight_init_std)
+
+
+class Decoder(nn.Module):
+    """Base for each family's ``Transformer``; a family supplies its blocks and a zero-argument
+    ``rope_freqs_fn`` returning its RoPE inverse frequencies (fp32, ``rot_dim // 2``).
+
+    ``rope_cache`` is a non-persistent ``(max_seq_len, rot_dim // 2, 2)`` cos/sin buffer. It is a
+    buffer (not recomputed in forward) so that compiled blocks only see a tensor input, and it is
+    rebuilt by ``init_weights`` so that ``to_empty()`` after a meta build restores it.
+    """
+
+    def __init__(
+        self, *, vocab_size: int, dim: int, norm_eps: float, max_seq_len: int, attn_type: str,
+        blocks: list[TransformerBlock], rope_freqs_fn: Callable[[], torch.Tensor],
+    ) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.dim = dim
+        self.max_seq_len = max_seq_len
+        self.attn_type = attn_type
+        self.rope_freqs_fn = rope_freqs_fn
+        self.tok_embeddings = nn.Embedding(vocab_size, dim)
+        self.layers = nn.ModuleDict({str(i): block for i, block in enumerate(blocks)})
+        self.norm = RMSNorm(dim, eps=norm_eps)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+        self.register_buffer("rope_cache", self._build_rope_cache(), persistent=False)
+        self.init_weights()
+
+    def _build_rope_cache(self) -> torch.Tensor:
+        return rope_table(self.rope_freqs_fn(), self.max_seq_len)
+
+    def init_weights(self, buffer_device: torch.device | str | None = None) -> None:
+        """Deterministic given the caller's seed; a no-op on meta tensors (nothing is allocated)."""
+        device = buffer_device if buffer_device is not None else self.rope_cache.device
+        with torch.device(device):
+            self.rope_cache = self._build_rope_cache()
+        with torch.no_grad():
+            if self.tok_embeddings is not None:
+                nn.init.normal_(self.tok_embeddings.weight)
+            for block in self.layers.values():
+                block.init_weights()
+            if self.norm is not None:
+                self.norm.init_weights()
+            if self.output is not None:
+                trunc_normal_(self.output.weight, self.dim ** -0.5)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens[B, S]`` (or hidden states when a pipeline stage dropped ``tok_embeddings``) -> logits."""
+        seqlen = tokens.shape[1]
+        if seqlen > self.rope_cache.shape[0]:
+            raise ValueError(
+                f"sequence length {seqlen} exceeds max_seq_len {self.rope_cache.shape[0]}; "
+                "build the model with max_seq_len >= the training seq_len"
+            )
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        rope = self.rope_cache[:seqlen]
+        if self.attn_type == "flex":
+            # Build the BlockMask here, outside the (per-block) compiled regions; blocks read the cache.
+            causal_block_mask(seqlen, h.device)
+        for block in self.layers.values():
+            h = block(h, rope)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h

@@ -1,0 +1,144 @@
+"""Formatters for :class:`~gbdoctor.gate.GateResult` (``gbdoctor gate`` / ``gbdoctor diff``).
+
+``table`` lives in :mod:`gbdoctor.report.table` (the only rich importer); the others are
+plain text: ``json`` (byte-stable), ``markdown`` (PR comment), ``github`` (annotations at the
+file:line of each new break) and ``junit``.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from gbdoctor.errors import SpecError
+from gbdoctor.report import serialize
+from gbdoctor.report.github import command
+from gbdoctor.report.junit import element, xml_safe, xml_text
+from gbdoctor.report.layout import short_location
+from gbdoctor.report.markdown import code, md_table
+from gbdoctor.report.table import GateTableFormat
+
+if TYPE_CHECKING:
+    from gbdoctor.gate import Finding, GateResult
+
+__all__ = ["GATE_FORMATS", "GATE_FORMAT_NAMES", "GateFormatter", "render_gate"]
+
+
+class GateFormatter(Protocol):
+    """Renders a gate result as text."""
+
+    def render(self, result: GateResult) -> str: ...
+
+
+class GateJsonFormat:
+    """``--format json``: the findings plus the verdict, byte-stable."""
+
+    def render(self, result: GateResult) -> str:
+        data = serialize.to_jsonable(result)
+        data.update(passed=result.passed, exit_code=result.exit_code,
+                    counts={s: result.count(s) for s in ("regression", "warning", "improvement", "info")})
+        return serialize.dumps(data)
+
+
+def _where(f: Finding) -> str:
+    return ", ".join(short_location(loc) for loc in f.locations)
+
+
+class GateMarkdownFormat:
+    """``--format markdown``: a PR comment."""
+
+    def render(self, result: GateResult) -> str:
+        lines = [f"## gbdoctor gate: {'passed' if result.passed else 'FAILED'}", "", result.headline, ""]
+        if result.findings:
+            lines += md_table(
+                ("", "severity", "spec", "kind", "change", "cause", "location", "hint"),
+                (("fail" if result.fails(f) else "", f.severity, f.spec, f.kind or "-", f.what,
+                  f.cause or "-", _where(f) or "-", f.hint) for f in result.findings),
+            )
+        else:
+            lines.append("No change against the baseline.")
+        if not result.passed:
+            accept = code("gbdoctor gate SPEC --baseline FILE --update-baseline")
+            lines += ["", f"Accept intended changes with {accept}."]
+        return "\n".join(lines) + "\n"
+
+
+class GateGithubFormat:
+    """``--format github``: an annotation per failing finding at the file:line of each new break."""
+
+    def render(self, result: GateResult) -> str:
+        levels = {"regression": "error", "warning": "warning", "improvement": "notice"}
+        lines = []
+        for f in result.findings:
+            level = "error" if result.fails(f) else levels.get(f.severity)
+            if level is None:  # info: only in the other formats
+                continue
+            scope = f"{f.spec} [{f.kind}]" if f.kind else f.spec
+            title = f"gbdoctor gate: {f.kind + ': ' if f.kind else ''}{f.what}"
+            message = f"{scope}: {f.what}"
+            if f.gb_type:
+                message += f"\ngb_type: {f.gb_type}"
+            if f.hint:
+                message += f"\nHint: {f.hint}"
+            for loc in f.locations or (None,):
+                lines.append(command(level, message, title=title, location=loc))
+        lines.append(command("notice" if result.passed else "error", result.headline, title="gbdoctor gate"))
+        return "\n".join(lines) + "\n"
+
+
+class GateJunitFormat:
+    """``--format junit``: a testsuite per spec, a testcase per block kind, failures for failing findings."""
+
+    def render(self, result: GateResult) -> str:
+        root = element("testsuites", ("name", "gbdoctor gate"))
+        total = failed = 0
+        for spec in result.specs:
+            findings = [f for f in result.findings if f.spec == spec]
+            kinds = sorted({k for s, k in result.kinds if s == spec} | {f.kind for f in findings})
+            cases = []
+            for kind in kinds:
+                case = element("testcase", ("name", kind or "(spec)"), ("classname", spec))
+                mine = [f for f in findings if f.kind == kind]
+                for f in mine:
+                    if result.fails(f):
+                        fail = element("failure", ("type", f.severity), ("message", f.what))
+                        fail.text = xml_safe("\n".join(
+                            f"{k}: {v}" for k, v in (("cause", f.cause), ("gb_type", f.gb_type),
+                                                     ("location", ", ".join(map(str, f.locations))),
+                                                     ("hint", f.hint)) if v))
+                        case.append(fail)
+                others = [f"{f.severity}: {f.what}" for f in mine if not result.fails(f)]
+                if others:
+                    out = element("system-out")
+                    out.text = xml_safe("\n".join(others))
+                    case.append(out)
+                cases.append(case)
+            failing = sum(1 for c in cases if c.find("failure") is not None)
+            suite = element("testsuite", ("name", spec), ("tests", len(cases)), ("failures", failing),
+                            ("errors", 0), ("skipped", 0))
+            suite.extend(cases)
+            root.append(suite)
+            total, failed = total + len(cases), failed + failing
+        root.set("tests", str(total))
+        root.set("failures", str(failed))
+        root.set("errors", "0")
+        return xml_text(root)
+
+
+GATE_FORMATS: dict[str, type[GateFormatter]] = {
+    "table": GateTableFormat,
+    "json": GateJsonFormat,
+    "markdown": GateMarkdownFormat,
+    "junit": GateJunitFormat,
+    "github": GateGithubFormat,
+}
+"""``--format`` name -> gate formatter class (constructed without arguments)."""
+
+GATE_FORMAT_NAMES: tuple[str, ...] = tuple(GATE_FORMATS)
+
+
+def render_gate(result: GateResult, fmt: str) -> str:
+    """The gate result in format ``fmt``; :class:`SpecError` (exit 2) for an unknown format."""
+    try:
+        formatter = GATE_FORMATS[fmt]()
+    except KeyError:
+        raise SpecError(f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}") from None
+    return formatter.render(result)

@@ -1,0 +1,53 @@
+"""Text helpers shared by the formatters: labels and one-line strings, no counting, no rich."""
+from __future__ import annotations
+
+from pathlib import PurePath
+
+from gbdoctor.records import Location, ScanReport
+
+__all__ = ["ac_label", "dynamo_label", "header_fields", "one_line", "short_location"]
+
+
+def short_location(loc: Location | None) -> str:
+    """``moe.py:42`` (basename and line); ``-`` when the break has no location."""
+    if loc is None:
+        return "-"
+    name = PurePath(loc.file.replace("\\", "/")).name
+    return f"{name}:{loc.line}"
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace (newlines included) so a message fits in a table cell."""
+    return " ".join(text.split())
+
+
+def ac_label(report: ScanReport) -> str:
+    """``none``, ``full`` or ``selective (2)`` / ``selective (op)``."""
+    s = report.setup
+    return f"{s.ac_mode} ({s.ac_option})" if s.ac_mode == "selective" else s.ac_mode
+
+
+def dynamo_label(report: ScanReport) -> str:
+    """``name=value, ...`` of the recipe's Dynamo settings; ``defaults`` when there are none."""
+    pairs = report.setup.dynamo_config
+    return ", ".join(f"{name}={value}" for name, value in pairs) if pairs else "defaults"
+
+
+def header_fields(report: ScanReport) -> list[tuple[str, str]]:
+    """(label, value) pairs describing what was scanned and how it was set up."""
+    s = report.setup
+    fields = [
+        ("spec", report.spec),
+        ("model", report.model),
+        ("torch", report.torch_version),
+        ("strategy", s.strategy + (f" + plan {s.plan}" if s.plan else "")),
+        ("device", s.device + (" (simulated)" if s.simulated else "")),
+        ("world size", str(s.world_size)),
+        ("parallelism", f"EP {s.ep_degree}, FSDP dp_shard {s.dp_shard}" + ("" if s.fsdp else " (no FSDP)")),
+        ("AC", ac_label(report)),
+        ("dynamo", dynamo_label(report)),
+    ]
+    if s.batch_size or s.seq_len:
+        fields.append(("input", f"batch {s.batch_size} x seq {s.seq_len}"))
+    fields.extend(("note", note) for note in report.notes)
+    return fields

@@ -1,0 +1,180 @@
+"""Every count derived from a :class:`~gbdoctor.records.ScanReport`, computed once.
+
+Formatters and the CLI lay these out; they never count themselves. No torch, no rich.
+
+Counting rules:
+
+- a break counts ``Break.count`` times (how often Dynamo logged it during the capture);
+- every block counts its own copy: a block with ``same_as`` carries the breaks of the capture
+  it shares, so a break in a shared capture counts once per layer in the totals;
+- per-kind rows report *per block* numbers (the worst block of the kind; every layer of a
+  kind is identical when the scan deduplicated blocks).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from gbdoctor.records import BlockReport, Break, Event, ScanReport
+
+__all__ = [
+    "KindSummary",
+    "ScanSummary",
+    "block_break_count",
+    "compact_layers",
+    "fix_hint",
+    "group_by_kind",
+    "has_findings",
+    "summarize",
+]
+
+_REC = dict(frozen=True, kw_only=True, slots=True)
+
+
+@dataclass(**_REC)
+class KindSummary:
+    """One row per block kind (``dense``, ``moe+sac``, ...), in layer order of first appearance."""
+
+    kind: str
+    layers: tuple[str, ...]
+    """FQNs of the blocks of this kind, in report order."""
+    layers_label: str
+    """``layers.1, 3, 5``: the FQNs with the shared prefix written once."""
+    graphs: int
+    """Graphs per block (the largest among the kind's blocks)."""
+    breaks: int
+    """Breaks per block (the largest among the kind's blocks)."""
+    events: int
+    """Events per block (the largest among the kind's blocks)."""
+    errors: int
+    """How many blocks of this kind could not be traced."""
+    causes: tuple[str, ...]
+    """Sorted cause ids of the kind's breaks, plus ``error`` when a block errored."""
+    break_records: tuple[Break, ...]
+    """The kind's distinct breaks (a shared capture's breaks appear once)."""
+    event_records: tuple[Event, ...]
+    """The kind's distinct events."""
+    error: str | None
+    """The first error message among the kind's blocks."""
+
+    @property
+    def clean(self) -> bool:
+        """No break, event or error in any block of this kind."""
+        return not (self.breaks or self.events or self.errors)
+
+
+@dataclass(**_REC)
+class ScanSummary:
+    """Totals over all blocks (every block counts its own copy) and the per-kind rows."""
+
+    blocks: int
+    """Number of blocks (layers) in the report."""
+    breaks: int
+    events: int
+    """Total number of events."""
+    events_by_kind: tuple[tuple[str, int], ...]
+    """(event kind, count), sorted by kind."""
+    errors: int
+    """Number of blocks that could not be traced."""
+    graphs: int
+    """Sum of ``graph_count`` over all blocks."""
+    ops: int
+    """Sum of ``op_count`` over all blocks."""
+    by_cause: tuple[tuple[str, int], ...]
+    """(cause id, break count), sorted by cause id."""
+    kinds: tuple[KindSummary, ...]
+
+    @property
+    def clean(self) -> bool:
+        """Nothing found: no break, event or error anywhere."""
+        return not (self.breaks or self.events or self.errors)
+
+
+def block_break_count(block: BlockReport) -> int:
+    """Breaks of one block, each counted ``Break.count`` times."""
+    return sum(b.count for b in block.breaks)
+
+
+def has_findings(report: ScanReport) -> bool:
+    """Any break, event or error in the report (what ``--strict`` turns into exit 1)."""
+    return any(b.breaks or b.events or b.error is not None for b in report.blocks)
+
+
+def compact_layers(fqns: tuple[str, ...] | list[str]) -> str:
+    """``("layers.1", "layers.3", "layers.5")`` -> ``"layers.1, 3, 5"``.
+
+    A FQN whose prefix differs from the previous one is written in full.
+    """
+    parts: list[str] = []
+    prefix = None
+    for fqn in fqns:
+        head, dot, tail = fqn.rpartition(".")
+        if dot and head == prefix:
+            parts.append(tail)
+        else:
+            parts.append(fqn)
+            prefix = head if dot else None
+    return ", ".join(parts)
+
+
+def fix_hint(cause: str) -> str:
+    """First fix of a cause from the taxonomy; ``""`` for an unknown cause id."""
+    from gbdoctor.causes import CAUSES  # lazy: the taxonomy is only needed for hints
+
+    entry = CAUSES.get(cause)
+    return entry.fixes[0] if entry is not None and entry.fixes else ""
+
+
+def _unique(items: list) -> tuple:
+    return tuple(dict.fromkeys(items))
+
+
+def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
+    causes = {b.cause for block in blocks for b in block.breaks}
+    errors = [block.error for block in blocks if block.error is not None]
+    if errors:
+        causes.add("error")
+    fqns = tuple(block.fqn for block in blocks)
+    return KindSummary(
+        kind=kind,
+        layers=fqns,
+        layers_label=compact_layers(fqns),
+        graphs=max(block.graph_count for block in blocks),
+        breaks=max(block_break_count(block) for block in blocks),
+        events=max(len(block.events) for block in blocks),
+        errors=len(errors),
+        causes=tuple(sorted(causes)),
+        break_records=_unique([b for block in blocks for b in block.breaks]),
+        event_records=_unique([e for block in blocks for e in block.events]),
+        error=errors[0] if errors else None,
+    )
+
+
+def group_by_kind(report: ScanReport) -> dict[str, list[BlockReport]]:
+    """Blocks grouped by kind label, kinds in order of first appearance."""
+    groups: dict[str, list[BlockReport]] = {}
+    for block in report.blocks:
+        groups.setdefault(block.kind, []).append(block)
+    return groups
+
+
+def summarize(report: ScanReport) -> ScanSummary:
+    """All derived counts of a scan report."""
+    by_cause: Counter[str] = Counter()
+    events: Counter[str] = Counter()
+    for block in report.blocks:
+        for brk in block.breaks:
+            by_cause[brk.cause] += brk.count
+        for event in block.events:
+            events[event.kind] += 1
+    return ScanSummary(
+        blocks=len(report.blocks),
+        breaks=sum(by_cause.values()),
+        events=sum(events.values()),
+        events_by_kind=tuple(sorted(events.items())),
+        errors=sum(1 for block in report.blocks if block.error is not None),
+        graphs=sum(block.graph_count for block in report.blocks),
+        ops=sum(block.op_count for block in report.blocks),
+        by_cause=tuple(sorted(by_cause.items())),
+        kinds=tuple(_kind_summary(kind, blocks) for kind, blocks in group_by_kind(report).items()),
+    )

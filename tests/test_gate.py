@@ -1,0 +1,324 @@
+"""The pre-merge gate: baseline files and the failing rules (recorded scans, no torch)."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gbdoctor.causes import CAUSES
+from gbdoctor.errors import BaselineError, ExitCode
+from gbdoctor.gate import (
+    Baseline,
+    baseline_from_reports,
+    check_gate,
+    diff_reports,
+    dump_baseline,
+    load_baseline,
+    merge_baselines,
+    parse_baseline,
+    spec_key,
+)
+from gbdoctor.records import Event, Location, ScanReport
+from gbdoctor.report.json import load_scan_json
+
+SCANS = Path(__file__).resolve().parents[1] / "fixtures" / "scans"
+NEW_BREAK_AT = Location(file="gbdoctor/models/moe.py", line=142, function="forward")
+
+
+def scan(name: str) -> ScanReport:
+    return load_scan_json(SCANS / f"{name}.json")
+
+
+def edit_kind(report: ScanReport, kind: str, **changes) -> ScanReport:
+    """Every block of ``kind`` with ``changes`` applied (a callable gets the block)."""
+    blocks = []
+    for block in report.blocks:
+        if block.kind == kind:
+            block = replace(block, **{k: v(block) if callable(v) else v for k, v in changes.items()})
+        blocks.append(block)
+    return replace(report, blocks=tuple(blocks))
+
+
+def regressions(result):
+    return [f for f in result.findings if f.severity == "regression"]
+
+
+@pytest.fixture
+def before() -> ScanReport:
+    return scan("llama4_before")
+
+
+@pytest.fixture
+def after() -> ScanReport:
+    return scan("llama4_after_new_break")
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def test_a_new_break_fails_and_names_kind_cause_and_location(before, after) -> None:
+    result = check_gate([after], baseline_from_reports([before]))
+    assert not result.passed and result.exit_code == 1 == ExitCode.FINDINGS
+    [finding] = regressions(result)
+    assert finding.spec == "fixtures/llama4_debug_ep2.toml"
+    assert finding.kind == "moe"
+    assert finding.cause == "data-dependent"
+    assert finding.gb_type == "Dynamic shape operator"
+    assert finding.what == "new cause data-dependent (breaks 0 -> 1)"
+    assert finding.locations == (NEW_BREAK_AT,) and finding.location == NEW_BREAK_AT
+    assert finding.hint == CAUSES["data-dependent"].fixes[0]
+
+
+def test_removing_a_break_passes_and_reports_an_improvement(before, after) -> None:
+    result = check_gate([before], baseline_from_reports([after]))
+    assert result.passed and result.exit_code == 0
+    [improvement] = [f for f in result.findings if f.severity == "improvement"]
+    assert (improvement.kind, improvement.cause) == ("moe", "data-dependent")
+    assert improvement.what == "cause data-dependent gone (breaks 1 -> 0)"
+
+
+def test_strict_improvements_make_an_improvement_fail(before, after) -> None:
+    result = check_gate([before], baseline_from_reports([after]), strict_improvements=True)
+    assert not result.passed and result.exit_code == 1
+    assert [f.severity for f in result.failures] == ["improvement"]
+
+
+def test_unchanged_scan_passes_without_findings(before) -> None:
+    result = check_gate([before], baseline_from_reports([before]))
+    assert result.passed and result.findings == ()
+    assert result.specs == ("fixtures/llama4_debug_ep2.toml",)
+    assert result.kinds == (("fixtures/llama4_debug_ep2.toml", "dense"), ("fixtures/llama4_debug_ep2.toml", "moe"))
+
+
+def test_a_new_cause_fails_even_with_an_unchanged_total(before, after) -> None:
+    dd = next(b for b in after.blocks[1].breaks if b.cause == "data-dependent")
+    swapped = edit_kind(before, "moe", breaks=lambda b: (b.breaks[0], dd))
+    result = check_gate([swapped], baseline_from_reports([before]))
+    assert not result.passed
+    assert [f.what for f in regressions(result)] == ["new cause data-dependent (breaks 0 -> 1)"]
+    assert [f.what for f in result.findings if f.severity == "improvement"] == ["break count 2 -> 1"]
+
+
+def test_a_new_gb_type_of_a_known_cause_fails(before) -> None:
+    other = "Skip inlining `torch.compiler.disable()`d function"
+    changed = edit_kind(before, "moe", breaks=lambda b: (b.breaks[0], replace(b.breaks[1], gb_type=other)))
+    [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
+    assert finding.what == f"new gb_type {other!r} (breaks 0 -> 1)"
+    assert finding.cause == "fsdp-hook" and finding.locations[0].line == 91
+
+
+def test_more_breaks_of_a_known_key_fail(before) -> None:
+    changed = edit_kind(before, "moe", breaks=lambda b: (replace(b.breaks[0], count=2), b.breaks[1]))
+    [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
+    assert finding.what == "break count 2 -> 3" and finding.cause == "fsdp-hook"
+
+
+@pytest.mark.parametrize("event_kind", ["region_eager", "frame_skipped"])
+def test_a_new_eager_region_or_skipped_frame_fails(before, event_kind: str) -> None:
+    event = Event(kind=event_kind, module="layers.1", location=Location(file="gbdoctor/models/moe.py", line=88))
+    changed = edit_kind(before, "moe", events=(event,))
+    [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
+    assert finding.what == f"new event {event_kind}" and finding.kind == "moe"
+    assert finding.locations == (event.location,)
+
+
+def test_a_new_rank_divergence_only_warns(before) -> None:
+    changed = edit_kind(before, "dense", events=(Event(kind="rank_divergence", module="layers.0"),))
+    result = check_gate([changed], baseline_from_reports([before]))
+    assert result.passed and [f.severity for f in result.findings] == ["warning"]
+
+
+def test_a_block_that_now_errors_fails(before) -> None:
+    changed = edit_kind(before, "dense", error="RuntimeError: boom", graph_count=0)
+    [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
+    assert finding.what == "block now errors" and finding.kind == "dense" and finding.cause == "error"
+    back = check_gate([before], baseline_from_reports([changed]))
+    assert back.passed and [f.what for f in back.findings] == ["block traces again"]
+
+
+def test_more_layers_of_a_known_kind_are_not_a_regression(before) -> None:
+    extra = tuple(replace(b, fqn=f"layers.{i + 4}", same_as="layers.1" if b.kind == "moe" else "layers.0")
+                  for i, b in enumerate(before.blocks))
+    bigger = replace(before, blocks=before.blocks + extra)
+    result = check_gate([bigger], baseline_from_reports([before]))
+    assert result.passed
+    assert sorted(f.what for f in result.findings) == ["layers 2 -> 4", "layers 2 -> 4"]
+    assert {f.severity for f in result.findings} == {"info"}
+
+
+def test_another_torch_version_warns_but_passes(before) -> None:
+    baseline = baseline_from_reports([replace(before, torch_version="2.12.0")])
+    result = check_gate([before], baseline)
+    assert result.passed
+    [warning] = result.findings
+    assert warning.severity == "warning" and warning.what == "torch version 2.12.0 -> 2.13.0"
+
+
+def test_a_spec_missing_from_the_baseline_fails(before) -> None:
+    result = check_gate([replace(before, spec="fixtures/other.toml")], baseline_from_reports([before]))
+    [finding] = result.findings
+    assert finding.severity == "regression" and finding.what == "spec not in baseline (run --update-baseline)"
+    assert result.exit_code == 1
+
+
+def test_new_and_removed_kinds(before) -> None:
+    result = check_gate([scan("llama4_region_eager")], baseline_from_reports([before]))
+    assert not result.passed
+    whats = {(f.severity, f.kind, f.what) for f in result.findings}
+    assert ("info", "moe+ac", "new kind (2 layer(s))") in whats
+    assert ("regression", "moe+ac", "new cause fsdp-hook (breaks 0 -> 2)") in whats
+    assert ("regression", "moe+ac", "new event region_eager") in whats
+    assert ("warning", "moe", "kind removed (baseline: 2 layer(s), 2 break(s))") in whats
+    severities = [f.severity for f in result.findings]
+    assert severities == sorted(severities, key=["regression", "warning", "improvement", "info"].index)
+
+
+def test_graph_count_fails_only_with_recompiles(before, after) -> None:
+    baseline = baseline_from_reports([before])
+    plain = check_gate([after], baseline)
+    assert ("info", "graph count 3 -> 4") in {(f.severity, f.what) for f in plain.findings}
+    strict = check_gate([after], baseline, recompiles=True)
+    assert ("regression", "graph count 3 -> 4") in {(f.severity, f.what) for f in strict.findings}
+
+
+def test_diff_reports_uses_the_old_scan_as_baseline(before, after) -> None:
+    result = diff_reports(before, after)
+    assert result.exit_code == 1
+    [finding] = regressions(result)
+    assert finding.locations == (NEW_BREAK_AT,)
+    back = diff_reports(after, before)
+    assert back.passed
+    [improvement] = [f for f in back.findings if f.severity == "improvement"]
+    assert improvement.locations == (NEW_BREAK_AT,)  # where the break was, from the old scan
+    assert diff_reports(before, before).findings == ()
+
+
+# --------------------------------------------------------------------------- baseline files
+
+
+def test_baseline_layout_and_byte_stability(before, after) -> None:
+    text = dump_baseline(baseline_from_reports([after]))
+    assert text == dump_baseline(baseline_from_reports([scan("llama4_after_new_break")]))
+    assert text.endswith("}\n") and "moe.py" not in text and "142" not in text
+    assert json.loads(text) == {
+        "schema_version": 1,
+        "torch_version": "2.13.0",
+        "specs": {
+            "fixtures/llama4_debug_ep2.toml": {
+                "dense": {"breaks": {}, "error": False, "events": {}, "graph_count": 1, "layers": 2},
+                "moe": {
+                    "breaks": {"data-dependent|Dynamic shape operator": 1,
+                               "fsdp-hook|Skip calling `torch.compiler.disable()`d function": 2},
+                    "error": False, "events": {}, "graph_count": 4, "layers": 2,
+                },
+            }
+        },
+    }
+    assert dump_baseline(parse_baseline(text)) == text
+    assert "gbdoctor_version" not in text
+
+
+def test_load_baseline_round_trip(tmp_path, before) -> None:
+    path = tmp_path / "baseline.json"
+    baseline = baseline_from_reports([before])
+    path.write_text(dump_baseline(baseline), encoding="utf-8")
+    assert load_baseline(path) == baseline
+    assert load_baseline(str(path)) == baseline
+
+
+def test_merge_keeps_other_specs(before) -> None:
+    other = baseline_from_reports([replace(before, spec="fixtures/other.toml")])
+    merged = merge_baselines(other, baseline_from_reports([before]))
+    assert [key for key, _ in merged.specs] == ["fixtures/llama4_debug_ep2.toml", "fixtures/other.toml"]
+    assert merge_baselines(None, other) == other
+
+
+def test_two_scans_of_one_spec_cannot_make_a_baseline(before) -> None:
+    with pytest.raises(BaselineError, match="two scans"):
+        baseline_from_reports([before, replace(before, spec="./fixtures/llama4_debug_ep2.toml")])
+
+
+def _valid() -> dict:
+    return json.loads(dump_baseline(baseline_from_reports([scan("llama4_before")])))
+
+
+def _moe(data: dict) -> dict:
+    return data["specs"]["fixtures/llama4_debug_ep2.toml"]["moe"]
+
+
+def _bad_baselines() -> dict[str, tuple[str, str]]:
+    out = {"bad json": ('{"schema_version": 1,', "not valid JSON"), "not an object": ("[]", "expected a JSON object")}
+    data = _valid()
+    data["schema_version"] = 2
+    out["schema"] = (json.dumps(data), "baseline schema_version 2")
+    data = _valid()
+    del data["specs"]
+    out["no specs"] = (json.dumps(data), "missing key 'specs'")
+    data = _valid()
+    data["gbdoctor_version"] = "0.1.0"
+    out["unknown top-level key"] = (json.dumps(data), "unknown key(s) ['gbdoctor_version']")
+    data = _valid()
+    del _moe(data)["layers"]
+    out["kind misses a key"] = (json.dumps(data), "missing key(s) ['layers']")
+    data = _valid()
+    _moe(data)["breaks"] = {"fsdp-hook": 2}
+    out["break key without gb_type"] = (json.dumps(data), "'<cause>|<gb_type>' key")
+    data = _valid()
+    _moe(data)["events"] = {"region_eager": -1}
+    out["negative count"] = (json.dumps(data), "expected a non-negative integer")
+    data = _valid()
+    _moe(data)["error"] = "no"
+    out["error not bool"] = (json.dumps(data), "expected true or false")
+    data = _valid()
+    data["specs"] = []
+    out["specs not an object"] = (json.dumps(data), "expected an object of specs")
+    out["a scan report"] = ((SCANS / "llama4_before.json").read_text(encoding="utf-8"), "scan report, not a baseline")
+    return out
+
+
+BAD = ("bad json", "not an object", "schema", "no specs", "unknown top-level key", "kind misses a key",
+       "break key without gb_type", "negative count", "error not bool", "specs not an object", "a scan report")
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_malformed_baseline_is_a_one_line_error(case: str, tmp_path) -> None:
+    cases = _bad_baselines()
+    assert sorted(cases) == sorted(BAD)
+    text, fragment = cases[case]
+    path = tmp_path / "baseline.json"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(BaselineError) as err:
+        load_baseline(path)
+    assert err.value.exit_code == ExitCode.BAD_INPUT == 2
+    assert fragment in err.value.message and str(path) in err.value.message
+    assert "\n" not in err.value.message
+
+
+def test_missing_baseline_is_a_baseline_error(tmp_path) -> None:
+    with pytest.raises(BaselineError, match="no such baseline file") as err:
+        load_baseline(tmp_path / "missing.json")
+    assert "--update-baseline" in (err.value.hint or "")
+
+
+# --------------------------------------------------------------------------- spec keys
+
+
+@pytest.mark.parametrize(("given", "key"), [
+    ("fixtures/llama4_debug.toml", "fixtures/llama4_debug.toml"),
+    ("./fixtures/llama4_debug.toml", "fixtures/llama4_debug.toml"),
+    ("fixtures//sub/../llama4_debug.toml", "fixtures/llama4_debug.toml"),
+    ("fixtures\\llama4_debug.toml", "fixtures/llama4_debug.toml"),
+])
+def test_spec_key_is_posix_relative(given: str, key: str) -> None:
+    assert spec_key(given) == key
+
+
+def test_spec_key_of_an_absolute_path_under_the_root(tmp_path) -> None:
+    assert spec_key(str(tmp_path / "specs" / "a.toml"), root=tmp_path) == "specs/a.toml"
+    assert spec_key("/elsewhere/a.toml", root=tmp_path) == "/elsewhere/a.toml"
+
+
+def test_empty_baseline_record() -> None:
+    assert Baseline(torch_version="").kinds("x") is None
