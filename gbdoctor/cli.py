@@ -123,13 +123,10 @@ def scan(
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
     from gbdoctor.report import render
-    from gbdoctor.scan import scan as run_scan
     from gbdoctor.summary import has_findings
 
     loaded = _load(spec, (set_ or []) + (["gbdoctor.simulate=true"] if simulate else []))
-    chosen = _strategy(loaded, strategy, plan)
-    with _ProgressBar() as bar:
-        report = run_scan(loaded, strategy=chosen, dedupe=not no_dedupe, progress=bar)
+    report = _scan_with_progress(loaded, _strategy(loaded, strategy, plan), dedupe=not no_dedupe)
     _emit(render(report, format), output)
     if strict and has_findings(report):
         raise typer.Exit(int(ExitCode.FINDINGS))
@@ -180,6 +177,70 @@ def causes(
     from gbdoctor.report.causes_table import render_causes
 
     _emit(render_causes(cause_id, format), None)
+
+
+@app.command()
+@handle_errors
+def gate(
+    specs: Annotated[Optional[list[Path]], typer.Argument(help="Spec TOMLs to scan and gate", show_default=False)] = None,
+    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline JSON (gbdoctor gate --update-baseline writes it)")] = Path("gbdoctor-baseline.json"),
+    scan_json: Annotated[Optional[list[Path]], typer.Option("--scan", help="Use a saved `scan --format json` instead of scanning (repeatable)")] = None,
+    update_baseline: Annotated[bool, typer.Option("--update-baseline", help="Write the baseline from this scan and pass")] = False,
+    strict_improvements: Annotated[bool, typer.Option("--strict-improvements", help="Fail on improvements too (keep the baseline tight)")] = False,
+    recompiles: Annotated[bool, typer.Option("--recompiles", help="Also fail when a kind's graph count rises")] = False,
+    set_: SetOpt = None,
+    strategy: StrategyOpt = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")] = "table",
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
+    from gbdoctor.gate import baseline_from_reports, check_gate, dump_baseline, load_baseline, merge_baselines
+    from gbdoctor.report import render_gate
+    from gbdoctor.report.json import load_scan_json
+
+    if not specs and not scan_json:
+        raise typer.BadParameter("give at least one SPEC or --scan FILE")
+    reports = [load_scan_json(path) for path in scan_json or []]
+    for spec in specs or []:
+        loaded = _load(spec, set_)
+        reports.append(_scan_with_progress(loaded, _strategy(loaded, strategy, None)))
+    if update_baseline:
+        old = load_baseline(baseline) if baseline.exists() else None
+        baseline.write_text(dump_baseline(merge_baselines(old, baseline_from_reports(reports))))
+        err_console.print(f"baseline written: {baseline}")
+        return
+    result = check_gate(reports, load_baseline(baseline), strict_improvements=strict_improvements,
+                        recompiles=recompiles)
+    _emit(render_gate(result, format), output)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+@handle_errors
+def diff(
+    old: Annotated[Path, typer.Argument(help="Earlier `scan --format json` output")],
+    new: Annotated[Path, typer.Argument(help="Later `scan --format json` output")],
+    strict_improvements: Annotated[bool, typer.Option("--strict-improvements")] = False,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")] = "table",
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Compare two saved scans (e.g. before/after a torch upgrade) with the gate's rules."""
+    from gbdoctor.gate import diff_reports
+    from gbdoctor.report import render_gate
+    from gbdoctor.report.json import load_scan_json
+
+    result = diff_reports(load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements)
+    _emit(render_gate(result, format), output)
+    raise typer.Exit(result.exit_code)
+
+
+def _scan_with_progress(spec: Any, strategy: Any, dedupe: bool = True) -> Any:
+    from gbdoctor.scan import scan as run_scan
+
+    with _ProgressBar() as bar:
+        return run_scan(spec, strategy=strategy, dedupe=dedupe, progress=bar)
 
 
 def main() -> None:

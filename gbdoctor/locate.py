@@ -34,12 +34,26 @@ def is_torch_path(path: str) -> bool:
     return os.path.abspath(path).startswith(_TORCH_DIR)
 
 
+def portable_path(path: str) -> str:
+    """Report paths that do not depend on the machine: relative to the working directory when
+    under it (so CI annotations land on the diff), else from ``site-packages/`` on."""
+    full = os.path.abspath(path)
+    cwd = os.getcwd() + os.sep
+    if full.startswith(cwd):
+        return os.path.relpath(full, cwd).replace(os.sep, "/")
+    marker = os.sep + "site-packages" + os.sep
+    if marker in full:
+        return full.split(marker, 1)[1].replace(os.sep, "/")
+    return full
+
+
 def innermost_user_location(frames: tuple[Location, ...]) -> Location | None:
-    """The innermost frame outside torch (where a human would look), else the innermost."""
-    for frame in reversed(frames):
-        if not is_torch_path(frame.file):
-            return frame
-    return frames[-1] if frames else None
+    """The innermost frame outside torch (where a human would look), else the innermost;
+    with a portable path."""
+    chosen = next((f for f in reversed(frames) if not is_torch_path(f.file)), frames[-1] if frames else None)
+    if chosen is None:
+        return None
+    return Location(file=portable_path(chosen.file), line=chosen.line, function=chosen.function)
 
 
 @dataclass(frozen=True)

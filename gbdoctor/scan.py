@@ -160,29 +160,41 @@ def rebase(report: BlockReport, old: str, new: str) -> BlockReport:
 def warm_up(setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]) -> None:
     """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
 
-    If the eager step itself fails in backward (e.g. eager SAC around an FSDP-managed module),
-    that is reported as a note and the blocks are captured after a forward-only warm-up.
+    If the eager step fails (e.g. eager SAC around an FSDP-managed module fails in backward,
+    FlexAttention has no backward on CPU), that is a note, and the inputs come from a
+    forward-only pass (with autograd, else under no_grad); the per-block captures then show
+    which blocks fail and why.
     """
     from gbdoctor.setup.train import forward_loss
 
-    try:
-        with eager_stance():
-            train_step(setup, tokens, labels)
-        return
-    except Exception as exc:  # noqa: BLE001 - reported, then retried without backward
-        first_error = describe_error(exc)
-    reset_fsdp_state(setup.model)
-    if setup.optimizer is not None:
-        setup.optimizer.zero_grad(set_to_none=True)
-    try:
-        with eager_stance():
+    def full_step() -> None:
+        train_step(setup, tokens, labels)
+
+    def forward_only() -> None:
+        forward_loss(setup.model, tokens, labels, 1)
+
+    def forward_no_grad() -> None:
+        with torch.no_grad():
             forward_loss(setup.model, tokens, labels, 1)
-    except Exception as exc:
-        raise SetupError(f"the model does not run eagerly under this setup: {describe_error(exc)}",
-                         hint="fix the model or the setup first (run with --debug for the traceback)") from exc
-    reset_fsdp_state(setup.model)
-    notes.append(f"the eager training step fails under this setup ({first_error}); "
-                 "blocks were captured after a forward-only warm-up")
+
+    attempts = [("the eager training step", full_step), ("an eager forward", forward_only),
+                ("an eager forward under no_grad", forward_no_grad)]
+    failures = []
+    for name, attempt in attempts:
+        try:
+            with eager_stance():
+                attempt()
+        except Exception as exc:  # noqa: BLE001 - reported, then the next, weaker warm-up
+            failures.append(f"{name} fails under this setup ({describe_error(exc)})")
+            reset_fsdp_state(setup.model)
+            if setup.optimizer is not None:
+                setup.optimizer.zero_grad(set_to_none=True)
+            continue
+        if failures:
+            notes.append("; ".join(failures) + f"; blocks were captured after {name}")
+        return
+    raise SetupError(f"the model does not run eagerly under this setup: {failures[-1]}",
+                     hint="fix the model or the setup first (run with --debug for the traceback)")
 
 
 def _layer_order(fqn: str) -> tuple[int, str]:

@@ -84,6 +84,8 @@ class Decoder(nn.Module):
         device = buffer_device if buffer_device is not None else self.rope_cache.device
         with torch.device(device):
             self.rope_cache = self._build_rope_cache()
+        if any(p.is_meta for p in self.parameters()):
+            return  # nothing to fill; meta kernels of the init ops are slow Python decompositions
         with torch.no_grad():
             if self.tok_embeddings is not None:
                 nn.init.normal_(self.tok_embeddings.weight)

@@ -1,0 +1,683 @@
+"""``run``: train for real under several compile configurations and compare them.
+
+Each mode (eager, the torchtitan baselines, whole-block fullgraph, a plan) runs in a FRESH set
+of spawned rank processes (``run_ranks``, even for world size 1): clean Dynamo state, a fresh
+inductor cache directory, and a process whose peak memory belongs to that mode alone. Every
+mode builds the model from the same seed and trains on the same synthetic batches, so losses are
+comparable step by step.
+
+Per rank and mode: build -> ``apply_setup`` with the mode's strategy -> ``warmup`` training
+steps (compilation happens here) -> ``steps`` measured training steps. Each step is timed on
+its own (after a barrier on multi-rank jobs, with a CUDA synchronize on GPU); recompiles are
+captured from Dynamo's ``recompiles`` log stream with the step they happened in.
+
+Definitions (also in the README):
+
+* step time: wall time of one ``train_step`` (forward, backward, optimizer step, loss
+  all-reduce); with N ranks, the slowest rank's time for that step.
+* tokens/s: global tokens per step (local batch x seq len x ranks) / median measured step time.
+* compile time: wall time of the warm-up steps minus ``warmup`` x the median measured step time
+  (clamped at 0): what the warm-up cost beyond steady-state training. Eager's value is the
+  first-step overhead floor (lazy initialisation, allocator), not compilation.
+* peak memory: CUDA ``max_memory_allocated`` over the measured steps (reset after warm-up) on GPU;
+  on CPU the rank process's peak RSS over its whole life (``ru_maxrss``), which includes torch
+  itself and compilation. Max over ranks.
+* graphs: Dynamo's ``unique_graphs`` counter (graphs compiled), in total and during the measured
+  steps.
+* recompiles: records of the ``torch._dynamo.guards.__recompiles`` log stream. Those during
+  the measured steps are findings.
+* speedups: ratios of median step times from the same invocation, vs eager and vs the best
+  baseline (the fastest successful titan-v0.2.0 / titan-v0.2.2 / block-fullgraph mode).
+* divergence: a mode's first-step loss differs from eager's by more than ``LOSS_RTOL``
+  (relative), or any of its losses is not finite.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gbdoctor.errors import GbdoctorError, SetupError, SpecError
+from gbdoctor.records import Spec
+from gbdoctor.setup.compile import STRATEGIES, Strategy
+
+RUN_SCHEMA_VERSION = 1
+
+_REC = dict(frozen=True, kw_only=True, slots=True)
+
+Progress = Callable[[str, int, int], None]
+"""(message, done, total) callback for progress bars."""
+
+MODE_STRATEGIES: dict[str, str] = {
+    "eager": "none",
+    "titan-v0.2.0": "titan-v0.2.0",
+    "titan-v0.2.2": "titan-v0.2.2",
+    "block-fullgraph": "block",
+}
+"""Mode name -> compile strategy (``setup.compile.STRATEGIES``). ``plan`` comes from --plan."""
+
+MODES: tuple[str, ...] = (*MODE_STRATEGIES, "plan")
+BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
+"""Modes that compete for "best baseline"."""
+
+LOSS_RTOL = 2e-2
+"""Relative tolerance on the first step's loss vs eager. bf16 parameters (the torchtitan
+default) make differences of ~1e-3 normal between eager and compiled runs."""
+
+LOSSES_SHOWN = 3
+"""Losses per mode that the table shows (the records keep every step's loss)."""
+
+DEFAULT_STEPS = 5
+DEFAULT_WARMUP = 3
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(**_REC)
+class Recompile:
+    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
+
+    step: int
+    """Training step (0-based, warm-up steps included) during which it happened."""
+    measured: bool
+    """It happened during a measured step (a finding: steady-state training recompiles)."""
+    function: str
+    """The recompiled code: ``forward at /path/model.py:86``."""
+    reason: str
+    """The guard that failed for the most recent cache entry, e.g. ``self.owner_step == 3``."""
+    location: str | None = None
+    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
+    hint: str = ""
+    """Dynamo's HINT for this guard, if any."""
+    failed_entries: int = 1
+    """How many cache entries' guards failed (the cache size at that moment)."""
+
+
+@dataclass(**_REC)
+class ModeResult:
+    """One compile configuration, trained in its own processes."""
+
+    mode: str
+    """``eager``, ``titan-v0.2.0``, ``titan-v0.2.2``, ``block-fullgraph`` or ``plan``."""
+    strategy: str
+    """Compile strategy name the mode ran (``none``, ``block``, ..., or the plan's)."""
+    status: str
+    """``ok`` or ``failed``."""
+    error: str | None = None
+    """One line: what failed, where (setup, warm-up step k, measured step k)."""
+    error_kind: str | None = None
+    """``graph-break`` (fullgraph compile hit a break), ``compile`` (other Dynamo/backend error),
+    ``runtime`` (the training step raised), ``setup``, ``timeout`` or ``crash`` (a rank died)."""
+    step_times_s: tuple[float, ...] = ()
+    """Measured step times (slowest rank per step)."""
+    warmup_times_s: tuple[float, ...] = ()
+    step_time_median_s: float | None = None
+    step_time_min_s: float | None = None
+    step_time_max_s: float | None = None
+    tokens_per_s: float | None = None
+    """Global tokens per second (all ranks) at the median step time."""
+    compile_time_s: float | None = None
+    """Warm-up wall time minus ``warmup`` x the median step time, clamped at 0."""
+    dynamo_compile_s: float | None = None
+    """Dynamo's own frame-compile time (``_compile.compile_inner``; excludes lazily compiled
+    backward graphs), rank 0. A cross-check of ``compile_time_s``."""
+    peak_memory_mib: float | None = None
+    memory_metric: str = ""
+    """``cuda_max_allocated_measured`` or ``cpu_peak_rss_process``."""
+    graphs: int = 0
+    """Graphs Dynamo compiled (``unique_graphs``), rank 0, warm-up and measured steps."""
+    graphs_measured: int = 0
+    """Graphs compiled during the measured steps (non-zero means recompiles)."""
+    graph_breaks: int = 0
+    """Dynamo's ``graph_break`` counter total (a lower bound; ``gbdoctor scan`` is the full count)."""
+    regions: int = 0
+    """Compiled regions per the strategy (all blocks)."""
+    fullgraph_regions: int = 0
+    recompiles: int = 0
+    """Recompiles during the measured steps (max over ranks)."""
+    recompile_events: tuple[Recompile, ...] = ()
+    """Every recompile (warm-up ones too), of the rank with most measured recompiles."""
+    recompile_limit_hit: bool = False
+    """Dynamo hit ``recompile_limit`` and fell back to eager for some frame."""
+    losses: tuple[float, ...] = ()
+    """Global loss of every step, warm-up steps first."""
+    loss_rel_diff: float | None = None
+    """|loss0 - eager loss0| / |eager loss0| (None for eager or without an eager run)."""
+    diverged: bool = False
+    speedup_vs_eager: float | None = None
+    """Eager median step time / this mode's (>1 is faster)."""
+    speedup_vs_best_baseline: float | None = None
+    dynamo_config: tuple[tuple[str, str], ...] = ()
+    """The strategy's Dynamo settings, as (name, repr(value))."""
+    same_regions_as: str | None = None
+    """An earlier mode that compiled exactly the same regions with the same fullgraph settings."""
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(**_REC)
+class RunReport:
+    spec: str
+    model: str
+    torch_version: str
+    device: str
+    backend: str
+    world_size: int
+    batch_size: int
+    """Local (per-rank) batch size."""
+    seq_len: int
+    warmup: int
+    steps: int
+    seed: int
+    tokens_per_step: int
+    """Global tokens per training step."""
+    ac_mode: str
+    ac_option: str
+    modes: tuple[ModeResult, ...]
+    best_baseline: str | None = None
+    loss_rtol: float = LOSS_RTOL
+    findings: tuple[str, ...] = ()
+    """Failed modes, measured-step recompiles, recompile-limit hits, diverged losses."""
+    notes: tuple[str, ...] = ()
+    schema_version: int = RUN_SCHEMA_VERSION
+
+    @property
+    def has_findings(self) -> bool:
+        return bool(self.findings)
+
+
+# --------------------------------------------------------------------------- per rank
+
+
+@dataclass(frozen=True)
+class ModeJob:
+    """What a rank needs to run one mode (picklable: sent to spawned ranks)."""
+
+    spec: Spec
+    mode: str
+    strategy: Strategy
+    device: str
+    backend: str
+    warmup: int
+    steps: int
+    fresh_cache: bool = True
+
+
+@dataclass
+class RankRun:
+    """One rank's measurements of one mode."""
+
+    rank: int
+    warmup_times: list[float]
+    step_times: list[float]
+    losses: list[float]
+    peak_memory_mib: float
+    memory_metric: str
+    graphs: int
+    graphs_measured: int
+    graph_breaks: int
+    dynamo_compile_s: float
+    recompiles: list[Recompile]
+    recompile_limit_hit: bool
+    layout: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
+    """(block fqn, regions, fullgraph regions) as the setup placed them."""
+
+
+class ModeFailure(SetupError):
+    """A mode failed on a rank. Raised (not returned) so ``run_ranks`` stops every rank at once;
+    the failure kind travels in ``hint`` because ``run_ranks`` re-raises GbdoctorErrors with
+    message and hint only. ``run_modes`` turns it into a failed :class:`ModeResult`."""
+
+
+_RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
+_LIMIT_LOGGER = "torch._dynamo.convert_frame"
+
+
+class _RecompileRecorder(logging.Handler):
+    """Collects recompile log records, tagged with the training step they happened in."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.step = 0
+        self.measured = False
+        self.records: list[Recompile] = []
+        self.limit_hit = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record never breaks training
+            return
+        if record.name == _LIMIT_LOGGER:
+            if "recompile_limit" in text or "cache_size_limit" in text:
+                self.limit_hit = True
+            return
+        self.records.append(parse_recompile(text, step=self.step, measured=self.measured))
+
+
+_ENTRY = re.compile(r"^\d+/\d+: ")
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_HEADER = re.compile(r"Recompiling function (\S+) in (.+)$")
+
+
+def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
+    """A :class:`Recompile` from one ``recompiles`` log message (torch 2.13 layout)::
+
+        Recompiling function forward in /path/model.py:86
+            triggered by the following guard failure(s):
+            - 0/2: self.owner_step == 3   # code  # path:89 in forward (HINT: ...)
+            - User stack trace:
+            -   File "/path/model.py", line 89, in forward
+            - 0/1: ...
+    """
+    lines = text.splitlines()
+    function = lines[0].strip() if lines else ""
+    m = _HEADER.match(function)
+    if m:
+        function = f"{m.group(1)} at {m.group(2)}"
+    entries: list[list[str]] = []
+    for line in lines[1:]:
+        item = line.strip()
+        if not item.startswith("-"):
+            continue
+        item = item[1:].strip()
+        if _ENTRY.match(item):
+            entries.append([item])
+        elif entries:
+            entries[-1].append(item)
+    if not entries:
+        rest = " ".join(line.strip() for line in lines[1:] if line.strip())
+        return Recompile(step=step, measured=measured, function=function, reason=rest[:400] or "unknown")
+    first = entries[0]
+    head = _ENTRY.sub("", first[0])
+    hint = ""
+    if "(HINT:" in head:
+        head, _, hint = head.partition("(HINT:")
+        hint = hint.strip().rstrip(")").strip()
+    reason = " ".join(head.split("#", 1)[0].split())
+    location = None
+    for item in first[1:]:
+        fm = _FILE_LINE.search(item)
+        if fm:
+            location = f"{fm.group(1)}:{fm.group(2)}"
+    return Recompile(step=step, measured=measured, function=function, reason=reason[:400] or head.strip()[:400],
+                     location=location, hint=hint[:400], failed_entries=len(entries))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0].strip() if text else ""
+    return (f"{type(exc).__name__}: {first}" if first else type(exc).__name__)[:400]
+
+
+def _failure_kind(exc: BaseException) -> str:
+    import torch._dynamo.exc as dexc
+
+    if isinstance(exc, dexc.Unsupported):
+        return "graph-break"
+    if isinstance(exc, dexc.TorchDynamoException):
+        return "compile"
+    return "runtime"
+
+
+def _peak_memory(device_type: str) -> tuple[float, str]:
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20, "cuda_max_allocated_measured"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss_process"
+
+
+def _counter_totals() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
+
+
+def _dynamo_compile_s() -> float:
+    from torch._dynamo.utils import compilation_time_metrics
+
+    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
+
+
+def run_mode_rank(job: ModeJob) -> RankRun:
+    """One rank of one mode (a ``run_ranks`` target; the process group is initialized)."""
+    cache = None
+    if job.fresh_cache:
+        # A cold compile per mode: no mode profits from a cache another mode filled.
+        cache = tempfile.mkdtemp(prefix="gbdoctor-run-cache-")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+    try:
+        return _run_mode_rank(job)
+    finally:
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _run_mode_rank(job: ModeJob) -> RankRun:
+    import torch
+    import torch._logging
+    import torch.distributed as dist
+
+    from gbdoctor.models import build_model, vocab_size
+    from gbdoctor.setup.apply import apply_setup, recipe_context
+    from gbdoctor.setup.dist import build_meshes
+    from gbdoctor.setup.train import synthetic_batch, train_step
+
+    spec = job.spec
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = job.device == "cuda"
+    try:
+        torch.manual_seed(spec.training.seed)
+        meshes = build_meshes(spec.parallelism, job.device)
+        model = build_model(spec.model, device=meshes.device)
+        setup = apply_setup(model, spec, meshes, strategy=job.strategy, backend=job.backend)
+        vocab = vocab_size(model)
+    except GbdoctorError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+        raise ModeFailure(f"setup: {_first_line(exc)}", "setup") from exc
+    layout = tuple((s.fqn, s.regions, s.fullgraph_regions) for s in setup.blocks)
+
+    recorder = _RecompileRecorder()
+    rec_logger = logging.getLogger(_RECOMPILES_LOGGER)
+    limit_logger = logging.getLogger(_LIMIT_LOGGER)
+    torch._logging.set_logs(recompiles=True)
+    rec_logger.addHandler(recorder)
+    rec_logger.propagate = False  # keep the user's stderr clean
+    limit_logger.addHandler(recorder)
+
+    warmup_times: list[float] = []
+    step_times: list[float] = []
+    losses: list[float] = []
+    graphs_before_measured = 0
+    total = job.warmup + job.steps
+    try:
+        with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
+            for step in range(total):
+                measured = step >= job.warmup
+                if step == job.warmup:
+                    graphs_before_measured = _counter_totals()[0]
+                    if cuda:
+                        torch.cuda.synchronize()
+                        torch.cuda.reset_peak_memory_stats()
+                recorder.step, recorder.measured = step, measured
+                tokens, labels = synthetic_batch(seed=spec.training.seed, step=step, vocab=vocab,
+                                                 local_batch=spec.capture_batch_size, seq_len=spec.capture_seq_len,
+                                                 rank=rank, world_size=world, device=meshes.device)
+                if world > 1:
+                    dist.barrier()
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                try:
+                    loss = train_step(setup, tokens, labels)
+                    if cuda:
+                        torch.cuda.synchronize()
+                except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+                    phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
+                    raise ModeFailure(f"{phase}: {_first_line(exc)}", _failure_kind(exc)) from exc
+                elapsed = time.perf_counter() - start
+                (step_times if measured else warmup_times).append(elapsed)
+                losses.append(loss)
+    finally:
+        rec_logger.removeHandler(recorder)
+        limit_logger.removeHandler(recorder)
+        rec_logger.propagate = True
+        torch._logging.set_logs()
+    graphs, breaks = _counter_totals()
+    peak, metric = _peak_memory(job.device)
+    return RankRun(rank=rank, warmup_times=warmup_times, step_times=step_times, losses=losses,
+                   peak_memory_mib=peak, memory_metric=metric, graphs=graphs,
+                   graphs_measured=graphs - graphs_before_measured, graph_breaks=breaks,
+                   dynamo_compile_s=_dynamo_compile_s(), recompiles=recorder.records,
+                   recompile_limit_hit=recorder.limit_hit, layout=layout)
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
+    """The modes to run, in canonical order; SpecError for unknown names or ``plan`` without a plan."""
+    if not modes:
+        return [m for m in MODES if m != "plan" or plan_path]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SpecError(f"unknown run mode(s) {', '.join(map(repr, unknown))}",
+                        hint=f"valid modes: {', '.join(MODES)}")
+    if "plan" in modes and not plan_path:
+        raise SpecError("mode 'plan' needs a plan file", hint="pass --plan plan.json (from `gbdoctor plan`)")
+    if plan_path and "plan" not in modes:
+        modes = [*modes, "plan"]
+    return [m for m in MODES if m in modes]
+
+
+def default_backend(device: str) -> str:
+    return "inductor" if device == "cuda" else "aot_eager"
+
+
+def _check_backend(backend: str) -> None:
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if backend not in known:
+        raise SpecError(f"unknown compile backend {backend!r}", hint=f"valid backends: {', '.join(sorted(known))}")
+
+
+def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAULT_STEPS,
+              warmup: int = DEFAULT_WARMUP, backend: str | None = None, plan_path: str | None = None,
+              nproc: int | None = None, progress: Progress | None = None) -> RunReport:
+    """Train ``spec`` under each mode in fresh processes and compare (see the module docstring).
+
+    ``modes``: None runs every mode that applies (``plan`` only with ``plan_path``).
+    ``backend``: None means ``aot_eager`` on CPU, ``inductor`` on CUDA.
+    ``nproc``: must equal the spec's world size when given.
+    A mode that fails (compile error, crash, timeout) is a failed record; the others still run.
+    Bad input (unknown mode or backend, --nproc mismatch, bad plan) raises SpecError.
+    """
+    from gbdoctor.capture import torch_version
+    from gbdoctor.setup.dist import resolve_device, run_ranks
+
+    if steps < 1:
+        raise SpecError(f"--steps must be at least 1 (got {steps})")
+    if warmup < 1:
+        raise SpecError(f"--warmup must be at least 1 (got {warmup})",
+                        hint="compilation happens in the warm-up steps; they are excluded from the measurement")
+    world = spec.parallelism.world_size
+    if nproc is not None and nproc != world:
+        raise SpecError(f"--nproc {nproc} does not match the spec's world size {world}",
+                        hint="the world size follows from [parallelism] degrees; change them (or --set) "
+                             "instead, or drop --nproc")
+    if spec.gbdoctor.simulate:
+        raise SpecError("run trains for real and cannot simulate", hint="drop gbdoctor.simulate / --simulate")
+    chosen = resolve_modes(modes, plan_path)
+    device = resolve_device(spec.gbdoctor.device)
+    backend = backend or default_backend(device)
+    _check_backend(backend)
+    strategies: dict[str, Strategy] = {m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"}
+    if "plan" in chosen:
+        from gbdoctor.plan import load_plan, plan_strategy  # only with --plan
+
+        strategies["plan"] = plan_strategy(load_plan(plan_path), spec)
+
+    raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]] = []
+    for i, mode in enumerate(chosen):
+        if progress:
+            progress(f"{mode}: {warmup} warm-up + {steps} steps on {world} rank(s)", i, len(chosen))
+        job = ModeJob(spec=spec, mode=mode, strategy=strategies[mode], device=device, backend=backend,
+                      warmup=warmup, steps=steps)
+        try:
+            ranks = run_ranks("gbdoctor.run:run_mode_rank", job, world_size=world, device_type=device,
+                              timeout_s=spec.gbdoctor.timeout_s)
+            raw.append((mode, job.strategy, ranks, None))
+        except ModeFailure as exc:
+            raw.append((mode, job.strategy, None, (_strip_rank(exc.message, world), exc.hint or "runtime")))
+        except GbdoctorError as exc:
+            kind = "timeout" if "did not finish" in exc.message else "crash"
+            raw.append((mode, job.strategy, None, (_strip_rank(exc.message, world), kind)))
+    if progress:
+        progress("done", len(chosen), len(chosen))
+    return build_report(spec, raw, device=device, backend=backend, warmup=warmup, steps=steps,
+                        torch_version=torch_version())
+
+
+def _strip_rank(message: str, world: int) -> str:
+    """``rank 0: ...`` is noise on a single-rank job."""
+    first = (message.strip().splitlines() or [""])[0]
+    if world == 1:
+        first = re.sub(r"^rank 0( failed)?: ", "", first)
+    return first[:400]
+
+
+def _flags(strategy: Strategy) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, repr(v)) for k, v in strategy.flags))
+
+
+def _mode_from_ranks(mode: str, strategy: Strategy, ranks: list[RankRun], tokens_per_step: int,
+                     warmup: int) -> ModeResult:
+    steps = [max(r.step_times[i] for r in ranks) for i in range(len(ranks[0].step_times))]
+    warm = [max(r.warmup_times[i] for r in ranks) for i in range(len(ranks[0].warmup_times))]
+    median = statistics.median(steps)
+    worst = max(ranks, key=lambda r: (sum(e.measured for e in r.recompiles), -r.rank))
+    rank0 = ranks[0]
+    layout = rank0.layout
+    return ModeResult(
+        mode=mode, strategy=strategy.name, status="ok",
+        step_times_s=tuple(steps), warmup_times_s=tuple(warm),
+        step_time_median_s=median, step_time_min_s=min(steps), step_time_max_s=max(steps),
+        tokens_per_s=tokens_per_step / median if median > 0 else None,
+        compile_time_s=max(0.0, sum(warm) - warmup * median),
+        dynamo_compile_s=rank0.dynamo_compile_s,
+        peak_memory_mib=max(r.peak_memory_mib for r in ranks), memory_metric=rank0.memory_metric,
+        graphs=rank0.graphs, graphs_measured=rank0.graphs_measured, graph_breaks=rank0.graph_breaks,
+        regions=sum(len(regions) for _, regions, _ in layout),
+        fullgraph_regions=sum(len(fg) for _, _, fg in layout),
+        recompiles=sum(e.measured for e in worst.recompiles), recompile_events=tuple(worst.recompiles),
+        recompile_limit_hit=any(r.recompile_limit_hit for r in ranks),
+        losses=tuple(rank0.losses), dynamo_config=_flags(strategy))
+
+
+def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]], *,
+                 device: str, backend: str, warmup: int, steps: int, torch_version: str) -> RunReport:
+    """Per-rank measurements -> records, with speedups, loss checks, duplicates and findings."""
+    world = spec.parallelism.world_size
+    tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
+    results: dict[str, ModeResult] = {}
+    layouts: dict[str, Any] = {}
+    for mode, strategy, ranks, failure in raw:
+        if ranks is None:
+            error, kind = failure or ("unknown failure", "crash")
+            results[mode] = ModeResult(mode=mode, strategy=strategy.name, status="failed", error=error,
+                                       error_kind=kind, dynamo_config=_flags(strategy))
+        else:
+            results[mode] = _mode_from_ranks(mode, strategy, ranks, tokens_per_step, warmup)
+            layouts[mode] = _relative_layout(ranks[0].layout)
+
+    ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
+    eager = ok.get("eager")
+    baselines = {m: r for m, r in ok.items() if m in BASELINES}
+    best = min(baselines, key=lambda m: (baselines[m].step_time_median_s, BASELINES.index(m))) if baselines else None
+    report_notes: list[str] = []
+    findings: list[str] = []
+    final: list[ModeResult] = []
+    for mode, res in results.items():
+        notes = list(res.notes)
+        updates: dict[str, Any] = {}
+        if res.status == "ok":
+            median = res.step_time_median_s
+            if eager is not None and median:
+                updates["speedup_vs_eager"] = eager.step_time_median_s / median
+            if best is not None and median:
+                updates["speedup_vs_best_baseline"] = ok[best].step_time_median_s / median
+            diverged, rel = _divergence(res, eager)
+            updates.update(diverged=diverged, loss_rel_diff=rel)
+            same = _earlier_same_layout(mode, layouts)
+            if same is not None:
+                updates["same_regions_as"] = same
+                diff = _flag_diff(res.dynamo_config, results[same].dynamo_config)
+                notes.append(f"compiles the same regions as {same}"
+                             + (f"; only the Dynamo settings differ ({diff})" if diff else " with the same Dynamo settings")
+                             + ": the gap between the two is mostly run-to-run noise")
+            if res.recompiles:
+                first = next(e for e in res.recompile_events if e.measured)
+                findings.append(f"{mode}: {res.recompiles} recompile(s) during the measured steps "
+                                f"(first: {first.reason}" + (f" at {first.location}" if first.location else "") + ")")
+            if res.recompile_limit_hit:
+                findings.append(f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards")
+            if diverged:
+                findings.append(f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})")
+        else:
+            findings.append(f"{mode} failed ({res.error_kind}): {res.error}")
+        final.append(_replace(res, notes=tuple(notes), **updates))
+    if eager is None:
+        report_notes.append("no successful eager run: speedups vs eager and loss checks are unavailable")
+    if best is None:
+        report_notes.append("no successful baseline mode: speedups vs the best baseline are unavailable")
+    if device == "cpu":
+        report_notes.append("peak memory on CPU is the rank process's peak RSS (torch and compilation included)")
+    if world > 1:
+        report_notes.append(f"step times are the slowest of {world} ranks per step; losses are global (all-reduced)")
+    ac = spec.activation_checkpoint
+    return RunReport(spec=spec.path, model=f"{spec.model.name}/{spec.model.flavor}", torch_version=torch_version,
+                     device=device, backend=backend, world_size=world, batch_size=spec.capture_batch_size,
+                     seq_len=spec.capture_seq_len, warmup=warmup, steps=steps, seed=spec.training.seed,
+                     tokens_per_step=tokens_per_step, ac_mode=ac.mode, ac_option=ac.selective_ac_option,
+                     modes=tuple(final), best_baseline=best, findings=tuple(findings), notes=tuple(report_notes))
+
+
+def _replace(res: ModeResult, **changes: Any) -> ModeResult:
+    from dataclasses import replace
+
+    return replace(res, **changes)
+
+
+def _relative_layout(layout: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    regions = tuple(sorted(r for _, regions, _ in layout for r in regions))
+    fullgraph = tuple(sorted(r for _, _, fg in layout for r in fg))
+    return (fullgraph, regions)
+
+
+def _earlier_same_layout(mode: str, layouts: dict[str, Any]) -> str | None:
+    """The first earlier mode that compiled exactly the regions ``mode`` compiled (None for eager)."""
+    if not layouts[mode][1]:
+        return None
+    for other, layout in layouts.items():
+        if other == mode:
+            return None
+        if layout == layouts[mode]:
+            return other
+    return None
+
+
+def _flag_diff(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> str:
+    da, db = dict(a), dict(b)
+    keys = sorted(set(da) | set(db))
+    return ", ".join(f"{k}: {db.get(k, 'default')} -> {da.get(k, 'default')}" for k in keys if da.get(k) != db.get(k))
+
+
+def _divergence(res: ModeResult, eager: ModeResult | None) -> tuple[bool, float | None]:
+    if any(not math.isfinite(x) for x in res.losses):
+        return True, None
+    if eager is None or res.mode == "eager" or not res.losses or not eager.losses:
+        return False, None
+    ref, got = eager.losses[0], res.losses[0]
+    rel = abs(got - ref) / max(abs(ref), 1e-12)
+    return rel > LOSS_RTOL, rel
+
+
+def _divergence_text(res: ModeResult, eager: ModeResult | None, rel: float | None) -> str:
+    if rel is None:
+        return "a loss is not finite"
+    assert eager is not None
+    return (f"step 0 loss {res.losses[0]:.5g} vs eager {eager.losses[0]:.5g}, "
+            f"relative difference {rel:.2g} > {LOSS_RTOL:g}")

@@ -1,0 +1,26 @@
+"""Shared test helpers: specs written on the fly, pointing at the repository's fixtures."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+
+
+@pytest.fixture
+def custom_spec(tmp_path: Path):
+    """Write a custom-factory spec for ``fixtures/models/<file>`` and return its path."""
+
+    def make(factory: str, flavor: str, *, ac: str = "none", extra: str = "") -> Path:
+        path = tmp_path / f"{flavor}.toml"
+        path.write_text(
+            f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FIXTURES / "models" / factory}:build"\n'
+            f'[training]\nlocal_batch_size = 2\nseq_len = 16\n'
+            f'[activation_checkpoint]\nmode = "{ac}"\n'
+            f'[gbdoctor]\nstrategy = "titan-v0.2.0"\n{extra}'
+        )
+        return path
+
+    return make
