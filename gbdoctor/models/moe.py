@@ -88,10 +88,10 @@ def _run_experts_for_loop(w1, w2, w3, x: torch.Tensor, num_tokens_per_expert: to
     for i, xe in enumerate(torch.split(x[:num_routed], counts, dim=0)):
         h = F.silu(xe @ w1[i].transpose(-2, -1)) * (xe @ w3[i].transpose(-2, -1))
         outs.append(h @ w2[i].transpose(-2, -1))
+    # Rows past the routed ones (EP padding) produce zeros. Unconditional: an ``if`` on the count
+    # would be a data-dependent guard (a break even with capture_scalar_outputs).
     out = torch.cat(outs, dim=0)
-    if num_routed < x.shape[0]:  # rows past the routed ones (EP padding) produce zeros
-        out = torch.cat((out, out.new_zeros(x.shape[0] - num_routed, out.shape[-1])), dim=0)
-    return out
+    return torch.cat((out, out.new_zeros(x.shape[0] - num_routed, out.shape[-1])), dim=0)
 
 
 class GroupedExperts(nn.Module):

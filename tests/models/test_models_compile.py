@@ -83,7 +83,7 @@ def test_tokens_per_expert_counts_once_eager_and_compiled(family, flavor, top_k)
 
 
 def test_whole_model_explain_single_graph():
-    model = _model("deepseek_v3", "debugmodel")
+    model = _model("llama4", "debugmodel")
     tokens = torch.randint(0, 2048, (B, S))
     out = torch._dynamo.explain(model)(tokens)
     assert (out.graph_count, out.graph_break_count) == (1, 0)
@@ -110,3 +110,17 @@ def test_loop_experts_break_on_tolist():
         experts.use_grouped_mm = True
     assert out.graph_break_count >= 1
     assert any("Data dependent" in r.reason or "tolist" in r.reason for r in out.break_reasons)
+
+
+def test_loop_experts_clean_with_capture_scalar_outputs():
+    """With torchtitan's ``capture_scalar_outputs=True`` the loop path traces into one graph too
+    (no data-dependent ``if`` on the token counts)."""
+    model = _model("llama4", "debugmodel")
+    experts = model.layers["1"].moe.experts
+    experts.use_grouped_mm = False
+    try:
+        with torch._dynamo.config.patch(capture_scalar_outputs=True):
+            out = torch._dynamo.explain(model.layers["1"])(*_inputs(model, requires_grad=False))
+    finally:
+        experts.use_grouped_mm = True
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [r.reason for r in out.break_reasons]

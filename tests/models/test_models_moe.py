@@ -127,3 +127,34 @@ def test_moe_buffers_and_disabled_balancing():
 def test_use_grouped_mm_override():
     moe = MoE(replace(MoEArgs(), use_grouped_mm=False), dim=D, hidden_dim=H)
     assert moe.experts.use_grouped_mm is False
+
+
+def test_experts_use_local_shard_of_dtensor_weights():
+    """Under EP the weights become DTensors sharded on dim 0; the experts compute with the local
+    shard and the local token counts (contract with the expert-parallel setup)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group already running")
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        sharded = _experts()
+        local = GroupedExperts(D, H, E // 2, use_grouped_mm=True)
+        with torch.no_grad():
+            for name in ("w1", "w2", "w3"):
+                full = getattr(sharded, name).detach()
+                getattr(local, name).copy_(full[: E // 2])
+                setattr(sharded, name, torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)])))
+        x, counts = torch.randn(10, D), torch.tensor([4.0, 6.0])
+        for grouped in (True, False):
+            sharded.use_grouped_mm = local.use_grouped_mm = grouped
+            torch.testing.assert_close(sharded(x, counts), local(x, counts))
+        sharded(x, counts).pow(2).sum().backward()
+        assert isinstance(sharded.w1.grad, DTensor)
+    finally:
+        dist.destroy_process_group()
