@@ -294,14 +294,9 @@ def reset_fsdp_state(model: nn.Module) -> None:
                 module.reshard()
 
 
-def strict_check(fn: Any) -> Any:
-    """Run ``fn`` with Dynamo's strict break check (``fullgraph=True`` alone is not one: it
-    silently enables scalar and dynamic-shape capture); returns the exception or None."""
-    import torch._dynamo
-
-    try:
-        with torch._dynamo.error_on_graph_break(True):
-            fn()
-    except Exception as exc:  # noqa: BLE001 - returned to the caller as data
-        return exc
-    return None
+@contextlib.contextmanager
+def strict_breaks() -> Iterator[None]:
+    """Dynamo's strict check: every graph break raises (``fullgraph=True`` is not a zero-break
+    test: it silently enables scalar and dynamic-shape capture)."""
+    with torch._dynamo.error_on_graph_break(True):
+        yield

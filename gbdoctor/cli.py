@@ -181,6 +181,36 @@ def causes(
 
 @app.command()
 @handle_errors
+def plan(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    emit_config: Annotated[Optional[str], typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")] = None,
+    output: OutputOpt = None,
+    debug: DebugOpt = False,
+) -> None:
+    """Propose a per-block compile/wrapping plan, verify it by re-scanning, emit it.
+
+    Exit 1 when some block kind could not be verified (it is then left out of emitted code)."""
+    from gbdoctor.emit import EMITTERS, emit
+    from gbdoctor.plan import propose_plan
+    from gbdoctor.report.plan_table import render_plan_table
+
+    if emit_config is not None and emit_config not in EMITTERS:
+        raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
+    loaded = _load(spec, set_)
+    with _ProgressBar() as bar:
+        result = propose_plan(loaded, progress=bar)
+    if emit_config is None:
+        _emit(render_plan_table(result), output)
+    else:
+        err_console.print(render_plan_table(result), markup=False, highlight=False)
+        _emit(emit(result, emit_config), output)
+    if not result.verified:
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+@app.command()
+@handle_errors
 def gate(
     specs: Annotated[Optional[list[Path]], typer.Argument(help="Spec TOMLs to scan and gate", show_default=False)] = None,
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline JSON (gbdoctor gate --update-baseline writes it)")] = Path("gbdoctor-baseline.json"),

@@ -183,6 +183,8 @@ class BlockReport:
     """Compiled regions of this block (``layers.3`` or its children), as the setup placed them."""
     fullgraph_regions: tuple[str, ...] = ()
     """The subset of ``regions`` compiled with fullgraph=True."""
+    region_ops: tuple[tuple[str, int], ...] = ()
+    """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
 
 
 @dataclass(**_REC)

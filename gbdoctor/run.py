@@ -92,7 +92,7 @@ class Recompile:
     function: str
     """The recompiled code: ``forward at /path/model.py:86``."""
     reason: str
-    """The guard that failed for the most recent cache entry, e.g. ``self.owner_step == 3``."""
+    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
     location: str | None = None
     """file:line of the user code the guard came from, when Dynamo gave a user stack."""
     hint: str = ""
@@ -127,8 +127,9 @@ class ModeResult:
     compile_time_s: float | None = None
     """Warm-up wall time minus ``warmup`` x the median step time, clamped at 0."""
     dynamo_compile_s: float | None = None
-    """Dynamo's own frame-compile time (``_compile.compile_inner``; excludes lazily compiled
-    backward graphs), rank 0. A cross-check of ``compile_time_s``."""
+    """Dynamo's own frame-compile time during the warm-up steps (``_compile.compile_inner``:
+    tracing plus the backend's forward/joint compile; excludes lazily compiled backward graphs),
+    rank 0. A cross-check of ``compile_time_s``."""
     peak_memory_mib: float | None = None
     memory_metric: str = ""
     """``cuda_max_allocated_measured`` or ``cpu_peak_rss_process``."""
@@ -207,7 +208,9 @@ class ModeJob:
     backend: str
     warmup: int
     steps: int
-    fresh_cache: bool = True
+    cache_dir: str | None = None
+    """A fresh compile-cache folder for this mode (made and removed by ``run_modes``): every mode
+    compiles cold, none profits from a cache another mode filled."""
 
 
 @dataclass
@@ -295,7 +298,9 @@ def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
     if not entries:
         rest = " ".join(line.strip() for line in lines[1:] if line.strip())
         return Recompile(step=step, measured=measured, function=function, reason=rest[:400] or "unknown")
-    first = entries[0]
+    # The failure of the newest cache entry (highest N in "F/N"); Dynamo lists entries newest
+    # first with its LRU cache on, oldest first with it off (as under AC).
+    first = max(entries, key=_entry_index)
     head = _ENTRY.sub("", first[0])
     hint = ""
     if "(HINT:" in head:
@@ -311,9 +316,18 @@ def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
                      location=location, hint=hint[:400], failed_entries=len(entries))
 
 
+def _entry_index(entry: list[str]) -> int:
+    m = re.match(r"^\d+/(\d+): ", entry[0])
+    return int(m.group(1)) if m else -1
+
+
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0].strip() if text else ""
+    """One line for an exception; wrapped backend errors ("backend='x' raised:") get the
+    wrapped error's line appended."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    first = text[0] if text else ""
+    if first.endswith(":") and len(text) > 1:
+        first = f"{first} {text[1]}"
     return (f"{type(exc).__name__}: {first}" if first else type(exc).__name__)[:400]
 
 
@@ -351,17 +365,12 @@ def _dynamo_compile_s() -> float:
 
 def run_mode_rank(job: ModeJob) -> RankRun:
     """One rank of one mode (a ``run_ranks`` target; the process group is initialized)."""
-    cache = None
-    if job.fresh_cache:
-        # A cold compile per mode: no mode profits from a cache another mode filled.
-        cache = tempfile.mkdtemp(prefix="gbdoctor-run-cache-")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
-    try:
-        return _run_mode_rank(job)
-    finally:
-        if cache is not None:
-            shutil.rmtree(cache, ignore_errors=True)
+    if job.cache_dir is not None:
+        # Read lazily by inductor (and triton), so setting them before the first compile works.
+        rank_dir = os.path.join(job.cache_dir, f"rank{os.environ.get('RANK', '0')}")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = rank_dir
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(rank_dir, "triton")
+    return _run_mode_rank(job)
 
 
 def _run_mode_rank(job: ModeJob) -> RankRun:
@@ -401,6 +410,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     step_times: list[float] = []
     losses: list[float] = []
     graphs_before_measured = 0
+    warmup_compile_s = 0.0
     total = job.warmup + job.steps
     try:
         with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
@@ -408,6 +418,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 measured = step >= job.warmup
                 if step == job.warmup:
                     graphs_before_measured = _counter_totals()[0]
+                    warmup_compile_s = _dynamo_compile_s()
                     if cuda:
                         torch.cuda.synchronize()
                         torch.cuda.reset_peak_memory_stats()
@@ -440,7 +451,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     return RankRun(rank=rank, warmup_times=warmup_times, step_times=step_times, losses=losses,
                    peak_memory_mib=peak, memory_metric=metric, graphs=graphs,
                    graphs_measured=graphs - graphs_before_measured, graph_breaks=breaks,
-                   dynamo_compile_s=_dynamo_compile_s(), recompiles=recorder.records,
+                   dynamo_compile_s=warmup_compile_s, recompiles=recorder.records,
                    recompile_limit_hit=recorder.limit_hit, layout=layout)
 
 
@@ -514,8 +525,9 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
     for i, mode in enumerate(chosen):
         if progress:
             progress(f"{mode}: {warmup} warm-up + {steps} steps on {world} rank(s)", i, len(chosen))
+        cache = tempfile.mkdtemp(prefix="gbdoctor-run-cache-")
         job = ModeJob(spec=spec, mode=mode, strategy=strategies[mode], device=device, backend=backend,
-                      warmup=warmup, steps=steps)
+                      warmup=warmup, steps=steps, cache_dir=cache)
         try:
             ranks = run_ranks("gbdoctor.run:run_mode_rank", job, world_size=world, device_type=device,
                               timeout_s=spec.gbdoctor.timeout_s)
@@ -525,6 +537,8 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
         except GbdoctorError as exc:
             kind = "timeout" if "did not finish" in exc.message else "crash"
             raw.append((mode, job.strategy, None, (_strip_rank(exc.message, world), kind)))
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
     if progress:
         progress("done", len(chosen), len(chosen))
     return build_report(spec, raw, device=device, backend=backend, warmup=warmup, steps=steps,
@@ -681,3 +695,18 @@ def _divergence_text(res: ModeResult, eager: ModeResult | None, rel: float | Non
     assert eager is not None
     return (f"step 0 loss {res.losses[0]:.5g} vs eager {eager.losses[0]:.5g}, "
             f"relative difference {rel:.2g} > {LOSS_RTOL:g}")
+
+
+def report_from_json(text: str) -> RunReport:
+    """Rebuild a :class:`RunReport` from ``render_run(report, "json")`` output (BaselineError
+    on malformed input)."""
+    import json
+
+    from gbdoctor.errors import BaselineError
+    from gbdoctor.report.serialize import from_dict
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BaselineError(f"run report is not valid JSON: {exc}") from None
+    return from_dict(RunReport, data)

@@ -7,6 +7,7 @@ block's real wrappers -> records. Multi-rank specs run this on N processes and m
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -24,6 +25,7 @@ from gbdoctor.capture import (
     fresh_inputs,
     reset_fsdp_state,
     run_block,
+    strict_breaks,
     torch_version,
 )
 from gbdoctor.errors import GbdoctorError, SetupError
@@ -46,6 +48,8 @@ class ScanJob:
     strategy: Strategy
     device: str
     dedupe: bool = True
+    strict: bool = False
+    """Run blocks whose compiled regions are all fullgraph under Dynamo's strict check."""
 
 
 def strategy_for(spec: Spec, name: str | None) -> Strategy:
@@ -53,12 +57,18 @@ def strategy_for(spec: Spec, name: str | None) -> Strategy:
 
 
 def scan(spec: Spec, *, strategy: Strategy | str | None = None, dedupe: bool = True,
-         progress: Progress | None = None) -> ScanReport:
+         progress: Progress | None = None, strict: bool = False) -> ScanReport:
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
     if not isinstance(strategy, Strategy):
         strategy = strategy_for(spec, strategy)
+    from gbdoctor.simulate import simulate_scan, simulation_reason
+
+    reason = simulation_reason(spec)  # --simulate, or a world too large for local ranks
+    if reason is not None:
+        return simulate_scan(spec, strategy=strategy, dedupe=dedupe, progress=progress, strict=strict,
+                             reason=reason)
     device = resolve_device(spec.gbdoctor.device)
-    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe)
+    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe, strict=strict)
     world = spec.parallelism.world_size
     if world == 1:
         with single_process_group(device):
@@ -77,14 +87,23 @@ def scan_rank_entry(job: ScanJob) -> RankScan:
     return scan_rank(job, None)
 
 
-def build_and_setup(job: ScanJob, session: CaptureSession | None = None) -> tuple[Setup, Any]:
-    """Build the model on this rank's device and apply the training setup."""
+def build_and_setup(job: ScanJob, session: CaptureSession | None = None,
+                    fake_mode: Any = None) -> tuple[Setup, Any]:
+    """Build the model on this rank's device and apply the training setup.
+
+    With ``fake_mode`` (simulated scans) the model is built on meta and its tensors become that
+    mode's fake tensors before the same setup is applied."""
     from gbdoctor.models import build_model
 
     spec = job.spec
     torch.manual_seed(spec.training.seed)
     meshes = build_meshes(spec.parallelism, job.device)
-    model = build_model(spec.model, device=meshes.device)
+    if fake_mode is not None:
+        from gbdoctor.simulate import build_simulated_model
+
+        model = build_simulated_model(spec.model, fake_mode, job.device)
+    else:
+        model = build_model(spec.model, device=meshes.device, max_seq_len=spec.training.seq_len)
     try:
         setup = apply_setup(model, spec, meshes, strategy=job.strategy,
                             compile_fn=session.compile_fn if session else None)
@@ -97,13 +116,21 @@ def build_and_setup(job: ScanJob, session: CaptureSession | None = None) -> tupl
 RankScan = tuple[tuple[BlockReport, ...], SetupInfo, tuple[str, ...]]
 
 
-def scan_rank(job: ScanJob, progress: Progress | None) -> RankScan:
-    """One rank's scan: per-block reports (same_as filled) and the setup description."""
+def scan_rank(job: ScanJob, progress: Progress | None, fake_mode: Any = None) -> RankScan:
+    """One rank's scan: per-block reports (same_as filled) and the setup description.
+
+    ``fake_mode`` (simulated scans): build fake, and run the warm-up and captures under it."""
+    session = CaptureSession()
+    setup, meshes = build_and_setup(job, session, fake_mode)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return _scan_set_up(job, session, setup, meshes, progress)
+
+
+def _scan_set_up(job: ScanJob, session: CaptureSession, setup: Setup, meshes: Any,
+                 progress: Progress | None) -> RankScan:
     import torch.distributed as dist
 
     spec = job.spec
-    session = CaptureSession()
-    setup, meshes = build_and_setup(job, session)
     from gbdoctor.models import vocab_size
 
     vocab = vocab_size(setup.model)
@@ -127,7 +154,7 @@ def scan_rank(job: ScanJob, progress: Progress | None) -> RankScan:
             if progress:
                 progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
             slot = next(s for s in setup.blocks if s.fqn == rep)
-            reps[rep] = capture_block(session, setup, slot, store.get(rep))
+            reps[rep] = capture_block(session, setup, slot, store.get(rep), strict=job.strict)
         if progress:
             progress("captured", len(groups), len(groups))
     kinds = kind_labels(setup, groups)
@@ -154,7 +181,8 @@ def rebase(report: BlockReport, old: str, new: str) -> BlockReport:
         breaks=tuple(replace(b, module=re_fqn(b.module), region=re_fqn(b.region)) for b in report.breaks),
         events=tuple(replace(e, module=re_fqn(e.module)) for e in report.events),
         regions=tuple(re_fqn(r) for r in report.regions),
-        fullgraph_regions=tuple(re_fqn(r) for r in report.fullgraph_regions))
+        fullgraph_regions=tuple(re_fqn(r) for r in report.fullgraph_regions),
+        region_ops=tuple((re_fqn(r), n) for r, n in report.region_ops))
 
 
 def warm_up(setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]) -> None:
@@ -264,15 +292,26 @@ def kind_labels(setup: Setup, groups: list[list[str]]) -> dict[str, str]:
 # ------------------------------------------------------------------------------ capture
 
 
-def capture_block(session: CaptureSession, setup: Setup, slot: Any, inputs: Any) -> BlockReport:
-    """Capture one block (forward + backward) and turn what Dynamo did into records."""
+def capture_block(session: CaptureSession, setup: Setup, slot: Any, inputs: Any, *,
+                  strict: bool = False) -> BlockReport:
+    """Capture one block (forward + backward) and turn what Dynamo did into records.
+
+    ``strict``: when every compiled region of the block is fullgraph, run it under
+    ``error_on_graph_break(True)`` (``fullgraph=True`` alone silently allows data-dependent
+    capture), so any break becomes an error of the block.
+    """
     if inputs is None:
         return BlockReport(fqn=slot.fqn, kind=slot.kind, error="the block was not called by the model's forward",
                            regions=slot.regions, fullgraph_regions=slot.fullgraph_regions)
     args, kwargs = fresh_inputs(inputs)
+    strict = strict and bool(slot.regions) and set(slot.regions) == set(slot.fullgraph_regions)
     with session.capture() as raw:
         try:
-            run_block(slot.outer, args, kwargs)
+            if strict:
+                with strict_breaks():
+                    run_block(slot.outer, args, kwargs)
+            else:
+                run_block(slot.outer, args, kwargs)
         except Exception as exc:  # a block that cannot be traced is data, not a crash
             raw.error = describe_error(exc)
             raw.error_traceback = error_traceback(exc)
@@ -330,7 +369,8 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
     breaks = tuple(sorted(merged.values(), key=_break_order))
     return BlockReport(fqn=slot.fqn, kind=slot.kind, graph_count=len(graphs), op_count=sum(graphs),
                        breaks=breaks, events=tuple(sorted(events.values(), key=_event_order)),
-                       error=raw.error, regions=slot.regions, fullgraph_regions=slot.fullgraph_regions)
+                       error=raw.error, regions=slot.regions, fullgraph_regions=slot.fullgraph_regions,
+                       region_ops=tuple(sorted((r, sum(ops)) for r, ops in raw.graphs.items())))
 
 
 def _break_order(b: Break) -> tuple[Any, ...]:

@@ -69,7 +69,8 @@ def build_model(spec: ModelSpec, *, device: torch.device | str = "cpu", max_seq_
 
     Initialisation is deterministic given the caller's ``torch.manual_seed``. ``max_seq_len`` (built-in
     families only) sizes the RoPE table, as torchtitan's ``update_from_config`` sets it from
-    ``training.seq_len``; the flavor default is 4096.
+    ``training.seq_len``; the flavor default is 4096. Longer inputs still run (the table is extended
+    on the fly in ``forward``), so passing it is an optimisation, not a requirement.
     """
     module = _family(spec.name)
     if module is None:

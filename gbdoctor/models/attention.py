@@ -166,7 +166,9 @@ class MLAttention(nn.Module):
             self.q_norm.init_weights()
 
 
-def mla_softmax_scale(qk_head_dim: int, *, max_seq_len: int, original_seq_len: int, rope_factor: float, mscale: float) -> float:
+def mla_softmax_scale(
+    qk_head_dim: int, *, max_seq_len: int, original_seq_len: int, rope_factor: float, mscale: float
+) -> float:
     """``1/sqrt(d)``, times ``mscale**2`` when YaRN is active (run past the original context)."""
     scale = qk_head_dim ** -0.5
     if max_seq_len > original_seq_len:

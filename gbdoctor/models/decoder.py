@@ -99,13 +99,14 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens[B, S]`` (or hidden states when a pipeline stage dropped ``tok_embeddings``) -> logits."""
         seqlen = tokens.shape[1]
-        if seqlen > self.rope_cache.shape[0]:
-            raise ValueError(
-                f"sequence length {seqlen} exceeds max_seq_len {self.rope_cache.shape[0]}; "
-                "build the model with max_seq_len >= the training seq_len"
-            )
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        rope = self.rope_cache[:seqlen]
+        if seqlen <= self.rope_cache.shape[0]:
+            rope = self.rope_cache[:seqlen]
+        else:
+            # Longer than the table (built for max_seq_len): extend on the fly rather than fail; the
+            # buffer is left alone so that forward never mutates module state. No ``with
+            # torch.device(...)`` here: Dynamo 2.13 cannot enter it (GB0142, whole frame skipped).
+            rope = rope_table(self.rope_freqs_fn().to(h.device), seqlen)
         if self.attn_type == "flex":
             # Build the BlockMask here, outside the (per-block) compiled regions; blocks read the cache.
             causal_block_mask(seqlen, h.device)

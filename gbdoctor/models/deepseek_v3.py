@@ -106,7 +106,9 @@ class Transformer(Decoder):
                 ffn = dict(moe=MoE(args.moe, dim=args.dim, hidden_dim=args.moe_inter_dim))
             else:
                 ffn = dict(feed_forward=FeedForward(args.dim, args.inter_dim))
-            blocks.append(TransformerBlock(layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn))
+            blocks.append(
+                TransformerBlock(layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn)
+            )
         super().__init__(
             vocab_size=args.vocab_size, dim=args.dim, norm_eps=args.norm_eps, max_seq_len=args.max_seq_len,
             attn_type=args.attn_type, blocks=blocks,

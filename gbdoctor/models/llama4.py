@@ -93,7 +93,9 @@ def _frequencies(args: Llama4Args) -> torch.Tensor:
 
 class Transformer(Decoder):
     def __init__(self, args: Llama4Args) -> None:
-        dense_hidden = ffn_hidden_dim(args.dim, multiple_of=args.multiple_of, ffn_dim_multiplier=args.ffn_dim_multiplier)
+        dense_hidden = ffn_hidden_dim(
+            args.dim, multiple_of=args.multiple_of, ffn_dim_multiplier=args.ffn_dim_multiplier
+        )
         blocks = []
         for i in range(args.n_layers):
             nope = args.every_n_layers_nope is not None and (i + 1) % args.every_n_layers_nope == 0
@@ -102,7 +104,9 @@ class Transformer(Decoder):
                 ffn = dict(moe=MoE(args.moe, dim=args.dim, hidden_dim=expert_hidden_dim(args)))
             else:
                 ffn = dict(feed_forward=FeedForward(args.dim, dense_hidden))
-            blocks.append(TransformerBlock(layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn))
+            blocks.append(
+                TransformerBlock(layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn)
+            )
         super().__init__(
             vocab_size=args.vocab_size, dim=args.dim, norm_eps=args.norm_eps, max_seq_len=args.max_seq_len,
             attn_type=args.attn_type, blocks=blocks, rope_freqs_fn=partial(_frequencies, args),

@@ -103,7 +103,7 @@ class GroupedExperts(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int, *, use_grouped_mm: bool) -> None:
         super().__init__()
-        self.num_experts = num_experts
+        self.num_experts = num_experts  # global count; forward goes by the (local) weights' shape
         self.use_grouped_mm = use_grouped_mm
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))

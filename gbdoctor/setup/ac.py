@@ -110,13 +110,17 @@ def is_wrapped(ac: ACSpec, index: int) -> bool:
     return False
 
 
-def apply_ac(blocks: list[tuple[str, nn.Module]], ac: ACSpec, *, split: set[str] = frozenset()
-             ) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+def apply_ac(blocks: list[tuple[str, nn.Module]], ac: ACSpec, *,
+             split: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
     """Wrap blocks per ``ac``; returns {block fqn: (new outer module, wrapped sub-FQNs)}.
 
-    ``split`` holds block FQNs to wrap per child instead of as a whole. Wrapped sub-FQNs are
-    relative to the block ("" means the block itself).
+    ``split`` maps block FQNs to wrap per child instead of as a whole to the sub-FQNs that stay
+    eager there. A child holding such an eager module gets plain (full) AC even under per-op
+    SAC: eager SAC around an FSDP-managed module fails in backward on torch 2.13 (FSDP's
+    profiler ops differ between forward and recompute). Sub-FQNs are relative to the block
+    ("" means the block itself).
     """
+    split = split or {}
     op_sac = ac.mode == "selective" and ac.selective_ac_option == "op"
     out: dict[str, tuple[nn.Module, tuple[str, ...]]] = {}
     for index, (fqn, block) in enumerate(blocks):
@@ -128,7 +132,9 @@ def apply_ac(blocks: list[tuple[str, nn.Module]], ac: ACSpec, *, split: set[str]
             names = []
             for name, child in list(block.named_children()):
                 if any(True for _ in child.parameters()):
-                    setattr(block, name, wrap(child, op_sac=op_sac, ac=ac, gate_shapes=gate_shapes))
+                    holds_eager = any(e == name or e.startswith(name + ".") for e in split[fqn])
+                    setattr(block, name, wrap(child, op_sac=op_sac and not holds_eager, ac=ac,
+                                              gate_shapes=gate_shapes))
                     names.append(name)
             out[fqn] = (block, tuple(names))
         else:

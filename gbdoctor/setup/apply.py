@@ -17,7 +17,7 @@ import torch.nn as nn
 from gbdoctor.records import Spec
 from gbdoctor.setup import ac as ac_mod
 from gbdoctor.setup.balance import load_balanced_moes, register_load_balancing
-from gbdoctor.setup.compile import STRATEGIES, CompileFn, Strategy, apply_compile, is_moe_block
+from gbdoctor.setup.compile import STRATEGIES, CompileFn, Strategy, apply_compile, default_eager, is_moe_block
 from gbdoctor.setup.ep import apply_ep
 from gbdoctor.setup.fsdp import apply_fsdp
 
@@ -133,7 +133,7 @@ def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy
         base = "moe" if is_moe_block(block) else "dense"
         kinds.append(base + (f"+{ac_mod.ac_label(ac)}" if i in wrapped_idx else ""))
     recipes = [strategy.recipe_for(kind, is_moe_block(b)) for kind, (_, _, b) in zip(kinds, raw)]
-    split = {fqn for (fqn, _, _), r in zip(raw, recipes) if r.split_ac}
+    split = {fqn: (r.eager or default_eager(b)) for (fqn, _, b), r in zip(raw, recipes) if r.split_ac}
     wrapped = ac_mod.apply_ac([(fqn, b) for fqn, _, b in raw], ac, split=split)
 
     # 3. Compile per block (after AC, before FSDP: FSDP's block hooks stay outside).

@@ -60,7 +60,7 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
     torch.manual_seed(spec.training.seed)
     device = "cpu"
     meshes = build_meshes(spec.parallelism, device)
-    model = build_model(spec.model, device=meshes.device)
+    model = build_model(spec.model, device=meshes.device, max_seq_len=spec.training.seq_len)
     setup = apply_setup(model, spec, meshes, strategy=strategy, backend=backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     losses = []

@@ -12,7 +12,9 @@ from gbdoctor.records import ModelSpec
 
 B, S = 2, 32
 SDPA_DEBUG = [("llama3", "debugmodel"), ("llama4", "debugmodel"), ("deepseek_v3", "debugmodel")]
-FLEX_DEBUG = [("llama3", "debugmodel_flex_attn"), ("llama4", "debugmodel_irope"), ("deepseek_v3", "debugmodel_flex_attn")]
+FLEX_DEBUG = [
+    ("llama3", "debugmodel_flex_attn"), ("llama4", "debugmodel_irope"), ("deepseek_v3", "debugmodel_flex_attn"),
+]
 
 
 def _build(family, flavor, device="cpu", seed=0):

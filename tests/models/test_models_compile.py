@@ -124,3 +124,11 @@ def test_loop_experts_clean_with_capture_scalar_outputs():
     finally:
         experts.use_grouped_mm = True
     assert (out.graph_count, out.graph_break_count) == (1, 0), [r.reason for r in out.break_reasons]
+
+
+def test_rope_extension_past_max_seq_len_is_compile_clean():
+    """Sequences longer than the RoPE table extend it inside forward without a break."""
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(name="llama3", flavor="debugmodel"), max_seq_len=16)
+    out = torch._dynamo.explain(model)(torch.randint(0, 2048, (B, S)))
+    assert (out.graph_count, out.graph_break_count) == (1, 0), [r.reason for r in out.break_reasons]

@@ -6,7 +6,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from gbdoctor.models.moe import GroupedExperts, MoE, MoEArgs, TokenChoiceTopKRouter, TokenReorderer, grouped_mm_supported
+from gbdoctor.models.moe import (
+    GroupedExperts, MoE, MoEArgs, TokenChoiceTopKRouter, TokenReorderer, grouped_mm_supported,
+)
 
 D, H, E = 32, 48, 4
 
@@ -92,7 +94,9 @@ def test_reorderer_counts_and_order():
 def test_moe_matches_dense_reference(score_before):
     """Route through the module and through a per-token loop: same output."""
     torch.manual_seed(0)
-    args = MoEArgs(num_experts=E, num_shared_experts=1, top_k=2, score_func="softmax", score_before_experts=score_before)
+    args = MoEArgs(
+        num_experts=E, num_shared_experts=1, top_k=2, score_func="softmax", score_before_experts=score_before
+    )
     moe = MoE(args, dim=D, hidden_dim=H)
     moe.init_weights(0.05)
     x = torch.randn(2, 5, D)

@@ -1,0 +1,310 @@
+"""``plan``: a per-block-kind compile and wrapping plan, proven by re-scanning before it is offered.
+
+The planner starts from a whole-block capture (torchtitan v0.2.0 style, no Dynamo flags: every
+break in the block is visible) and, per block kind, combines the actions the causes allow:
+- compile the block whole with ``fullgraph=True`` when it is clean;
+- set a Dynamo flag that removes the break (``capture_scalar_outputs``,
+  ``capture_dynamic_output_shape_ops``, ``skip_fwd_side_effects_in_bwd_under_checkpoint``);
+- otherwise isolate: compile the clean children with ``fullgraph=True`` and leave the breaking
+  module eager (FSDP/EP-hooked experts, a module with a backward hook, the block's own glue);
+- when the block is AC-wrapped and anything stays eager, split the AC wrapping per child, so a
+  break in one child no longer sends the others to eager.
+Each round re-scans with the candidate; new breaks feed the next round. The final proof is a
+scan under Dynamo's strict check: every region marked fullgraph must be clean, with no
+``region_eager`` event and no error. A kind that cannot be proven clean is reported unverified.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from gbdoctor.errors import BaselineError
+from gbdoctor.records import BlockReport, Break, ScanReport, Spec
+from gbdoctor.report.serialize import dumps, from_dict
+from gbdoctor.setup.compile import BlockRecipe, Strategy
+
+PLAN_SCHEMA_VERSION = 1
+BASELINE_STRATEGY = "titan-v0.2.0"
+MAX_ROUNDS = 3
+_REC = dict(frozen=True, kw_only=True, slots=True)
+
+# Flags a break's gb_type can be removed with, and what each costs. Only flags whose cost is a
+# compile-time or specialization cost are applied automatically; compiled autograd changes how
+# the whole backward runs (and how FSDP's backward hooks fire), so it is only suggested.
+FLAG_COSTS = {
+    "capture_scalar_outputs": "data-dependent scalars (.item(), .tolist()) become unbacked SymInts; "
+                              "shapes built from them may need torch._check hints and can recompile",
+    "capture_dynamic_output_shape_ops": "ops with data-dependent output shapes (nonzero, bincount) are traced "
+                                        "with unbacked sizes; kernels are generic in those sizes",
+    "skip_fwd_side_effects_in_bwd_under_checkpoint": "Python side effects in an AC region are not replayed "
+                                                     "during recompute (torchtitan main sets it)",
+}
+_SCALAR_GB = {"Unsupported Tensor.item() call with capture_scalar_outputs=False", "Data dependent operator"}
+_SHAPE_GB = {"Dynamic shape operator"}
+_SIDE_EFFECT_GB = {"HOP: Unsafe side effect"}
+
+
+@dataclass(**_REC)
+class KindPlan:
+    kind: str
+    layers: tuple[str, ...]
+    mode: str
+    """``block`` (whole block) or ``children`` (children compiled, ``eager`` left eager)."""
+    fullgraph: bool
+    eager: tuple[str, ...] = ()
+    split_ac: bool = False
+    actions: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    """Why, tied to cause ids (``cause-id: what was done``)."""
+    breaks_before: int = 0
+    breaks_after: int = 0
+    events_before: int = 0
+    events_after: int = 0
+    fullgraph_share_before: float = 0.0
+    """Share of the block's ops inside clean fullgraph regions under the baseline compile."""
+    fullgraph_share_after: float = 0.0
+    verified: bool = False
+    detail: str = ""
+    """Why verification failed, when it did."""
+
+
+@dataclass(**_REC)
+class Plan:
+    spec: str
+    model: str
+    torch_version: str
+    baseline_strategy: str
+    flags: tuple[tuple[str, bool], ...]
+    flag_costs: tuple[str, ...]
+    kinds: tuple[KindPlan, ...]
+    verified: bool
+    rounds: int
+    suggestions: tuple[str, ...] = ()
+    schema_version: int = PLAN_SCHEMA_VERSION
+
+
+# ------------------------------------------------------------------------------ strategy
+
+
+def plan_strategy(plan: Plan, spec: Spec | None = None) -> Strategy:
+    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification)."""
+    per_kind = tuple((k.kind.split("#", 1)[0], BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager,
+                                                          split_ac=k.split_ac)) for k in plan.kinds)
+    return Strategy(name="plan", dense=BlockRecipe(), moe=BlockRecipe(mode="children"), flags=plan.flags,
+                    per_kind=per_kind, summary=f"gbdoctor plan for {plan.spec}")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan JSON file; BaselineError (exit 2) when missing or malformed."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BaselineError(f"{path}: plan file not found", hint="write one with `gbdoctor plan SPEC -o plan.json`")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BaselineError(f"{path}: not a plan JSON file ({exc})", hint="regenerate it with `gbdoctor plan`")
+    if not isinstance(data, dict) or data.get("schema_version") != PLAN_SCHEMA_VERSION:
+        raise BaselineError(f"{path}: unsupported plan schema_version {data.get('schema_version') if isinstance(data, dict) else None!r}",
+                            hint=f"this gbdoctor reads schema_version {PLAN_SCHEMA_VERSION}; regenerate the plan")
+    plan = from_dict(Plan, data, where=str(path))
+    return replace(plan, flags=tuple((str(k), bool(v)) for k, v in plan.flags))
+
+
+def dump_plan(plan: Plan) -> str:
+    return dumps(plan)
+
+
+# ------------------------------------------------------------------------------ planner
+
+
+@dataclass
+class _Candidate:
+    """Mutable per-kind state while rounds refine it."""
+
+    kind: str
+    layers: tuple[str, ...]
+    ac_wrapped: bool
+    is_moe: bool
+    mode: str = "block"
+    eager: set[str] | None = None
+    reasons: list[str] | None = None
+    actions: list[str] | None = None
+
+    def recipe(self) -> BlockRecipe:
+        return BlockRecipe(mode=self.mode, fullgraph=True, eager=tuple(sorted(self.eager or ())),
+                           split_ac=self.ac_wrapped and self.mode == "children")
+
+
+def _representatives(report: ScanReport) -> list[BlockReport]:
+    return [b for b in report.blocks if b.same_as is None]
+
+
+def _relative(module: str, block_fqn: str) -> str:
+    if module == block_fqn:
+        return ""
+    return module[len(block_fqn) + 1:] if module.startswith(block_fqn + ".") else ""
+
+
+def _flag_for(brk: Break) -> tuple[str, ...]:
+    if brk.gb_type in _SCALAR_GB or brk.gb_type.startswith("Unsupported Tensor.item()"):
+        return ("capture_scalar_outputs",)
+    if brk.gb_type in _SHAPE_GB:
+        return ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
+    if brk.gb_type in _SIDE_EFFECT_GB and brk.in_checkpoint:
+        return ("skip_fwd_side_effects_in_bwd_under_checkpoint",)
+    return ()
+
+
+def _hooked_module(brk: Break, block_fqn: str) -> str:
+    """The module to leave eager for an FSDP/EP hook break: the setup installs those hooks on
+    the MoE's ``experts`` (fully_shard(moe.experts), EP dispatch/combine), and Dynamo reports
+    FSDP's at the call site in the MoE's forward."""
+    target = _relative(brk.module, block_fqn)
+    if target.rsplit(".", 1)[-1] == "experts":
+        return target
+    return f"{target}.experts" if target else "experts"
+
+
+def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
+    """Fold one capture of the kind into the candidate: flags for removable breaks, isolation for the rest."""
+    cand.reasons = cand.reasons or []
+    cand.actions = cand.actions or []
+    for brk in block.breaks:
+        wanted = _flag_for(brk)
+        if wanted and not set(wanted) <= flags:
+            flags.update(wanted)
+            cand.actions.append("flag:" + "+".join(wanted))
+            cand.reasons.append(f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by "
+                                f"{', '.join(wanted)}")
+            continue
+        if wanted:
+            continue  # a flag already set should remove it; verification will tell
+        if brk.component in ("fsdp", "ep") and cand.is_moe:
+            isolated = {_hooked_module(brk, block.fqn)}
+        else:
+            target = _relative(brk.module, block.fqn)
+            isolated = {target} if target else set()
+        cand.mode = "children"
+        cand.eager = (cand.eager or set()) | isolated
+        where = ", ".join(sorted(isolated)) or "the block's own forward (its children are compiled)"
+        cand.actions.append("isolate-child")
+        cand.reasons.append(f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where} stays eager")
+    if block.error and not block.breaks:
+        cand.mode = "children"
+        cand.actions.append("isolate-child")
+        cand.reasons.append(f"error: the block does not trace ({block.error[:120]}); children compiled around it")
+    if cand.mode == "children" and cand.ac_wrapped and "split-ac" not in cand.actions:
+        cand.actions.append("split-ac")
+        cand.reasons.append("region_eager: AC is wrapped per child so a break (or an eager module) in one child "
+                            "no longer sends the others to eager; children holding eager modules get plain AC")
+
+
+def _fullgraph_share(block: BlockReport, total_ops: int) -> float:
+    if total_ops <= 0:
+        return 0.0
+    dirty = {b.region for b in block.breaks} | {e.module for e in block.events}
+    clean_ops = sum(n for region, n in block.region_ops if region in block.fullgraph_regions
+                    and region not in dirty and not block.error)
+    return round(min(1.0, clean_ops / total_ops), 4)
+
+
+def _clean(block: BlockReport) -> bool:
+    return not block.breaks and not block.events and block.error is None
+
+
+def propose_plan(spec: Spec, *, scan_fn: Callable[..., ScanReport] | None = None,
+                 progress: Callable[[str, int, int], None] | None = None) -> Plan:
+    """Scan, propose, verify (rounds + a final strict scan), and return the plan."""
+    from gbdoctor.scan import scan
+    from gbdoctor.setup.compile import STRATEGIES
+
+    scan_fn = scan_fn or scan
+    say = progress or (lambda *_: None)
+    say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
+    before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY])
+    reps = _representatives(before)
+    totals = {b.kind: b.op_count for b in reps}
+    if any(b.events or b.error for b in reps) and spec.activation_checkpoint.mode != "none":
+        # AC hid ops (a region that fell back to eager captures none): count the block's ops
+        # once without AC, as the denominator of the fullgraph-coverage share.
+        reference = scan_fn(_without_ac(spec), strategy=STRATEGIES[BASELINE_STRATEGY])
+        ref_by_fqn = {b.fqn: b.op_count for b in reference.blocks}
+        totals = {b.kind: max(b.op_count, ref_by_fqn.get(b.fqn, 0)) for b in reps}
+    flags: set[str] = set()
+    cands: dict[str, _Candidate] = {}
+    for block in reps:
+        layers = tuple(b.fqn for b in before.blocks if b.kind == block.kind)
+        cands[block.kind] = _Candidate(kind=block.kind, layers=layers, ac_wrapped="+" in block.kind.split("#")[0],
+                                       is_moe=block.kind.startswith("moe"))
+        _absorb(cands[block.kind], block, flags)
+    after = before
+    rounds = 0
+    for rounds in range(1, MAX_ROUNDS + 1):
+        say(f"verification round {rounds}", rounds, MAX_ROUNDS + 2)
+        after = scan_fn(spec, strategy=_strategy(cands, flags))
+        dirty = [b for b in _representatives(after) if not _clean(b) and b.kind in cands]
+        if not dirty:
+            break
+        changed = False
+        for block in dirty:
+            cand = cands[block.kind]
+            state = (cand.mode, frozenset(cand.eager or ()), frozenset(flags))
+            _absorb(cand, block, flags)
+            changed |= state != (cand.mode, frozenset(cand.eager or ()), frozenset(flags))
+        if not changed:
+            break
+    say("strict verification", MAX_ROUNDS + 1, MAX_ROUNDS + 2)
+    final = scan_fn(spec, strategy=_strategy(cands, flags), strict=True)
+    say("done", MAX_ROUNDS + 2, MAX_ROUNDS + 2)
+    return _assemble(spec, before, final, cands, flags, totals, rounds)
+
+
+def _without_ac(spec: Spec) -> Spec:
+    return replace(spec, activation_checkpoint=replace(spec.activation_checkpoint, mode="none"))
+
+
+def _strategy(cands: dict[str, _Candidate], flags: set[str]) -> Strategy:
+    per_kind = tuple((k.split("#", 1)[0], c.recipe()) for k, c in sorted(cands.items()))
+    return Strategy(name="plan", dense=BlockRecipe(), moe=BlockRecipe(mode="children"),
+                    flags=tuple((f, True) for f in sorted(flags)), per_kind=per_kind)
+
+
+def _assemble(spec: Spec, before: ScanReport, final: ScanReport, cands: dict[str, _Candidate],
+              flags: set[str], totals: dict[str, int], rounds: int) -> Plan:
+    before_by_kind = {b.kind: b for b in _representatives(before)}
+    final_by_kind = {b.kind: b for b in _representatives(final)}
+    kinds = []
+    for kind, cand in sorted(cands.items()):
+        old, new = before_by_kind[kind], final_by_kind.get(kind)
+        verified = new is not None and _clean(new)
+        detail = "" if verified else _failure(new)
+        recipe = cand.recipe()
+        reasons = tuple(cand.reasons or ()) or ("clean: the whole block compiles with fullgraph=True",)
+        kinds.append(KindPlan(
+            kind=kind, layers=cand.layers, mode=recipe.mode, fullgraph=True, eager=recipe.eager,
+            split_ac=recipe.split_ac, actions=tuple(dict.fromkeys(cand.actions or ("fullgraph-block",))),
+            reasons=reasons, breaks_before=sum(b.count for b in old.breaks),
+            breaks_after=sum(b.count for b in new.breaks) if new else 0, events_before=len(old.events),
+            events_after=len(new.events) if new else 0,
+            fullgraph_share_before=_fullgraph_share(old, totals.get(kind, 0)),
+            fullgraph_share_after=_fullgraph_share(new, totals.get(kind, 0)) if new else 0.0,
+            verified=verified, detail=detail))
+    suggestions = []
+    if any(b.cause == "backward-hook" for blk in _representatives(before) for b in blk.breaks):
+        suggestions.append("backward-hook: torch._dynamo.config.compiled_autograd = True also removes "
+                           "module backward-hook breaks, at the cost of compiling the whole backward")
+    return Plan(spec=spec.path, model=f"{spec.model.name}/{spec.model.flavor}", torch_version=final.torch_version,
+                baseline_strategy=BASELINE_STRATEGY, flags=tuple((f, True) for f in sorted(flags)),
+                flag_costs=tuple(f"{f}: {FLAG_COSTS[f]}" for f in sorted(flags)), kinds=tuple(kinds),
+                verified=all(k.verified for k in kinds), rounds=rounds, suggestions=tuple(suggestions))
+
+
+def _failure(block: BlockReport | None) -> str:
+    if block is None:
+        return "the kind was not captured in the verification scan"
+    if block.error:
+        return f"strict check failed: {block.error[:200]}"
+    parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
+    parts += [f"{e.kind} at {e.module}" for e in block.events]
+    return "still breaks: " + "; ".join(parts)

@@ -1,0 +1,38 @@
+"""Layout of ``gbdoctor plan``: one row per block kind, then reasons and flag costs."""
+from __future__ import annotations
+
+import io
+
+from gbdoctor.plan import Plan
+
+
+def render_plan_table(plan: Plan) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=120, record=True, file=io.StringIO(), force_terminal=False)
+    status = "verified" if plan.verified else "NOT fully verified"
+    console.print(f"[bold]gbdoctor plan[/] {plan.spec} ({plan.model}), torch {plan.torch_version}: {status} "
+                  f"after {plan.rounds} round(s); baseline = {plan.baseline_strategy}")
+    table = Table()
+    for col in ("kind", "layers", "compile", "eager", "split AC", "breaks", "fullgraph share", "verified"):
+        table.add_column(col)
+    for k in plan.kinds:
+        table.add_row(k.kind, str(len(k.layers)), f"{k.mode} fullgraph" if k.fullgraph else k.mode,
+                      ", ".join(k.eager) or "-", "yes" if k.split_ac else "-",
+                      f"{k.breaks_before} -> {k.breaks_after}",
+                      f"{k.fullgraph_share_before:.0%} -> {k.fullgraph_share_after:.0%}",
+                      "yes" if k.verified else "NO")
+    console.print(table)
+    for k in plan.kinds:
+        for reason in k.reasons:
+            console.print(f"  {k.kind}: {reason}", markup=False)
+        if not k.verified:
+            console.print(f"  {k.kind}: {k.detail}", markup=False)
+    if plan.flags:
+        console.print("Dynamo flags: " + ", ".join(f"{n}={v}" for n, v in plan.flags), markup=False)
+        for cost in plan.flag_costs:
+            console.print(f"  cost: {cost}", markup=False)
+    for s in plan.suggestions:
+        console.print(f"  also possible: {s}", markup=False)
+    return console.export_text()

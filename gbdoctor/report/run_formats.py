@@ -1,0 +1,316 @@
+"""Formatters for :class:`~gbdoctor.run.RunReport` (``gbdoctor run``).
+
+``table`` (rich, plain text at a fixed width: one comparison row per mode, a bar chart of
+tokens/s scaled to the fastest mode, then each mode's failures, recompiles and notes),
+``json`` (the records; timings vary run to run, the structure does not), ``markdown`` (the
+comparison table, for READMEs and PR comments) and :func:`write_csv` (one row per mode, via
+pandas). Everything shown is computed by ``gbdoctor.run``; these only lay it out.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gbdoctor.errors import SpecError
+from gbdoctor.report import serialize
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gbdoctor.run import ModeResult, RunReport
+
+__all__ = ["RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
+
+RUN_FORMAT_NAMES: tuple[str, ...] = ("table", "json", "markdown")
+WIDTH = 120
+BAR_WIDTH = 40
+_EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def render_run(report: RunReport, fmt: str) -> str:
+    """The report in ``fmt`` (``table``, ``json`` or ``markdown``); SpecError for other names."""
+    if fmt == "json":
+        return serialize.dumps(report)
+    if fmt == "markdown":
+        return render_markdown(report)
+    if fmt == "table":
+        return render_table(report)
+    raise SpecError(f"unknown format {fmt!r} for run", hint=f"valid formats: {', '.join(RUN_FORMAT_NAMES)} "
+                                                         "(and --csv FILE)")
+
+
+# --------------------------------------------------------------------------- text helpers
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}g}"
+
+
+def _fixed(value: float | None, places: int = 2) -> str:
+    return "-" if value is None else f"{value:.{places}f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _tokens(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _spread(mode: ModeResult) -> str:
+    if mode.step_time_median_s is None:
+        return "-"
+    return f"{mode.step_time_median_s:.3f} [{mode.step_time_min_s:.3f}-{mode.step_time_max_s:.3f}]"
+
+
+def _losses(mode: ModeResult, n: int) -> str:
+    return " ".join(f"{x:.4g}" for x in mode.losses[:n]) or "-"
+
+
+def _status(mode: ModeResult) -> str:
+    if mode.status != "ok":
+        return f"FAILED ({mode.error_kind})" if mode.error_kind else "FAILED"
+    flags = []
+    if mode.recompiles:
+        flags.append("recompiles")
+    if mode.diverged:
+        flags.append("diverged")
+    return "ok" + (f" ({', '.join(flags)})" if flags else "")
+
+
+def tokens_bar(value: float | None, best: float | None, width: int = BAR_WIDTH) -> str:
+    """A horizontal bar of block characters, ``width`` cells for ``best``, eighths resolution."""
+    if value is None or not best or best <= 0:
+        return ""
+    eighths = max(0, round(value / best * width * 8))
+    full, rest = divmod(min(eighths, width * 8), 8)
+    return "█" * full + (_EIGHTHS[rest] if rest else "")
+
+
+def _header_fields(report: RunReport) -> list[tuple[str, str]]:
+    return [
+        ("spec", report.spec),
+        ("model", report.model),
+        ("setup", f"{report.device}, {report.world_size} rank(s), backend {report.backend}, "
+                  f"AC {report.ac_mode}/{report.ac_option}"),
+        ("shapes", f"local batch {report.batch_size} x seq {report.seq_len} "
+                   f"({report.tokens_per_step} tokens/step over all ranks)"),
+        ("steps", f"{report.warmup} warm-up (excluded) + {report.steps} measured, seed {report.seed}"),
+        ("torch", report.torch_version),
+    ]
+
+
+def _mode_details(mode: ModeResult) -> list[str]:
+    lines = []
+    if mode.error:
+        lines.append(f"error: {mode.error}")
+    measured = [e for e in mode.recompile_events if e.measured]
+    if measured:
+        lines.append(f"{len(measured)} recompile(s) during the measured steps:")
+        for e in measured:
+            where = f" at {e.location}" if e.location else ""
+            lines.append(f"  step {e.step}: {e.reason}{where} (in {e.function})")
+            if e.hint:
+                lines.append(f"    hint: {e.hint}")
+    warm = sum(1 for e in mode.recompile_events if not e.measured)
+    if warm and measured:
+        lines.append(f"({warm} more recompile(s) during the warm-up steps)")
+    if mode.recompile_limit_hit:
+        lines.append("Dynamo hit recompile_limit: some frames ran eagerly afterwards")
+    if mode.diverged:
+        rel = f"relative difference {mode.loss_rel_diff:.2g}" if mode.loss_rel_diff is not None else "non-finite loss"
+        lines.append(f"losses diverge from eager ({rel})")
+    lines.extend(mode.notes)
+    return lines
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _console() -> Console:
+    from rich.console import Console
+
+    return Console(width=WIDTH, record=True, file=io.StringIO(), force_terminal=False,
+                   color_system=None, highlight=False, emoji=False)
+
+
+def _plain(console: Console) -> str:
+    return "".join(line.rstrip() + "\n" for line in console.export_text(styles=False).splitlines())
+
+
+def render_table(report: RunReport) -> str:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    from gbdoctor.run import LOSSES_SHOWN
+
+    console = _console()
+    console.print(Text("gbdoctor run", style="bold"))
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    for label, value in _header_fields(report):
+        grid.add_row(label, Text(value))
+    console.print(grid)
+
+    table = Table(title="Modes (step times in s: median, min-max; speedups: ratios of median step times)",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    columns = [("mode", "left"), ("status", "left"), ("tok/s", "right"), ("step s", "right"), ("min-max", "right"),
+               ("compile s", "right"), ("peak MiB", "right"), ("graphs", "right"), ("recomp", "right"),
+               ("x eager", "right"), ("x best", "right")]
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=True)
+    for m in report.modes:
+        style = "red" if m.status != "ok" else ("yellow" if m.recompiles or m.diverged else "green")
+        ok = m.status == "ok"
+        table.add_row(Text(m.mode + (" *" if m.mode == report.best_baseline else ""), style=style),
+                      Text(_short_status(m)), _tokens(m.tokens_per_s), _fixed(m.step_time_median_s, 3),
+                      _range(m), _fixed(m.compile_time_s), _fixed(m.peak_memory_mib, 0),
+                      str(m.graphs) if ok else "-", str(m.recompiles) if ok else "-",
+                      _ratio(m.speedup_vs_eager), _ratio(m.speedup_vs_best_baseline))
+    console.print(table)
+    if report.best_baseline:
+        console.print(f"* best baseline: {report.best_baseline}")
+
+    rates = [m.tokens_per_s for m in report.modes if m.tokens_per_s]
+    if rates:
+        best = max(rates)
+        console.print(Text("tokens/s (global)", style="bold"))
+        chart = Table.grid(padding=(0, 1))
+        chart.add_column()
+        chart.add_column(no_wrap=True)
+        chart.add_column(justify="right")
+        for m in report.modes:
+            bar = tokens_bar(m.tokens_per_s, best) if m.tokens_per_s else ("(failed)" if m.status != "ok" else "")
+            chart.add_row(m.mode, bar, _tokens(m.tokens_per_s))
+        console.print(chart)
+
+    with_losses = [m for m in report.modes if m.losses]
+    if with_losses:
+        shown = min(LOSSES_SHOWN, max(len(m.losses) for m in with_losses))
+        losses = Table(title=f"Losses of the first {shown} steps (warm-up included); divergence: step 0 vs eager, "
+                             f"relative tolerance {report.loss_rtol:g}", title_justify="left",
+                       box=box.SIMPLE_HEAD, padding=(0, 1))
+        losses.add_column("mode")
+        for i in range(shown):
+            losses.add_column(f"step {i}", justify="right")
+        losses.add_column("rel diff", justify="right")
+        losses.add_column("diverged")
+        for m in with_losses:
+            cells = [f"{x:.5g}" for x in m.losses[:shown]] + ["-"] * (shown - len(m.losses[:shown]))
+            losses.add_row(m.mode, *cells, _num(m.loss_rel_diff, 2), "YES" if m.diverged else "no")
+        console.print(losses)
+
+    for m in report.modes:
+        details = _mode_details(m)
+        if details:
+            console.print(Text(m.mode, style="bold"))
+            for line in details:
+                console.print(Text("  " + line))
+    if report.findings:
+        console.print(Text(f"Findings ({len(report.findings)})", style="bold red"))
+        for f in report.findings:
+            console.print(Text(f"  - {f}"))
+    else:
+        console.print(Text("No findings: every mode ran, no recompiles in the measured steps, losses agree.",
+                           style="green"))
+    for note in report.notes:
+        console.print(Text(f"note: {note}"))
+    return _plain(console)
+
+
+def _short_status(mode: ModeResult) -> str:
+    if mode.status != "ok":
+        return "FAILED"
+    if mode.recompiles:
+        return "RECOMPILES"
+    return "DIVERGED" if mode.diverged else "ok"
+
+
+def _range(mode: ModeResult) -> str:
+    if mode.step_time_min_s is None or mode.step_time_max_s is None:
+        return "-"
+    return f"{mode.step_time_min_s:.3f}-{mode.step_time_max_s:.3f}"
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: RunReport) -> str:
+    from gbdoctor.run import LOSSES_SHOWN
+
+    lines = [f"### gbdoctor run: `{report.model}`", ""]
+    lines += [f"- {label}: {_md_cell(value)}" for label, value in _header_fields(report)]
+    lines.append("")
+    head = ("mode", "status", "tokens/s", "step s median [min-max]", "compile s", "peak MiB", "graphs",
+            "recompiles", "vs eager", "vs best", f"first {LOSSES_SHOWN} losses")
+    lines.append("| " + " | ".join(head) + " |")
+    lines.append("|" + "|".join("---" for _ in head) + "|")
+    for m in report.modes:
+        name = f"{m.mode} (best)" if m.mode == report.best_baseline else m.mode
+        cells = (name, _status(m), _tokens(m.tokens_per_s), _spread(m), _fixed(m.compile_time_s),
+                 _fixed(m.peak_memory_mib, 0), str(m.graphs) if m.status == "ok" else "-",
+                 str(m.recompiles) if m.status == "ok" else "-", _ratio(m.speedup_vs_eager),
+                 _ratio(m.speedup_vs_best_baseline), _losses(m, LOSSES_SHOWN))
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    extra = [(m.mode, line) for m in report.modes for line in _mode_details(m)]
+    if extra or report.findings or report.notes:
+        lines.append("")
+    for mode, line in extra:
+        lines.append(f"- {mode}: {_md_cell(line.strip())}")
+    for f in report.findings:
+        lines.append(f"- finding: {_md_cell(f)}")
+    for note in report.notes:
+        lines.append(f"- note: {_md_cell(note)}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- csv
+
+
+CSV_COLUMNS: tuple[str, ...] = (
+    "spec", "model", "device", "backend", "world_size", "batch_size", "seq_len", "warmup", "steps",
+    "tokens_per_step", "mode", "strategy", "status", "error_kind", "error", "tokens_per_s",
+    "step_time_median_s", "step_time_min_s", "step_time_max_s", "compile_time_s", "dynamo_compile_s",
+    "peak_memory_mib", "memory_metric", "graphs", "graphs_measured", "graph_breaks", "regions",
+    "fullgraph_regions", "recompiles", "recompile_limit_hit", "first_recompile_reason", "speedup_vs_eager",
+    "speedup_vs_best_baseline", "best_baseline", "loss_first", "loss_rel_diff", "diverged", "same_regions_as",
+)
+
+
+def csv_rows(report: RunReport) -> list[dict[str, Any]]:
+    """One flat row per mode (report-level columns repeated), columns as :data:`CSV_COLUMNS`."""
+    rows = []
+    for m in report.modes:
+        first = next((e for e in m.recompile_events if e.measured), None)
+        row = {
+            "spec": report.spec, "model": report.model, "device": report.device, "backend": report.backend,
+            "world_size": report.world_size, "batch_size": report.batch_size, "seq_len": report.seq_len,
+            "warmup": report.warmup, "steps": report.steps, "tokens_per_step": report.tokens_per_step,
+            "best_baseline": report.best_baseline,
+            "first_recompile_reason": first.reason if first else None,
+            "loss_first": m.losses[0] if m.losses else None,
+        }
+        for name in CSV_COLUMNS:
+            if name not in row:
+                row[name] = getattr(m, name)
+        rows.append({name: row[name] for name in CSV_COLUMNS})
+    return rows
+
+
+def write_csv(report: RunReport, path: str | Path) -> None:
+    """Write :func:`csv_rows` to ``path`` with pandas (parent folders created)."""
+    import pandas as pd
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(csv_rows(report), columns=list(CSV_COLUMNS)).to_csv(path, index=False)

@@ -1,0 +1,244 @@
+"""``gbdoctor run``: each mode trains in fresh processes; recompiles, failures and outputs.
+
+The process-spawning tests use tiny custom models (``fixtures/models``), aot_eager and 1-3 steps;
+everything else runs on synthetic per-rank measurements.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gbdoctor.errors import SpecError
+from gbdoctor.report.run_formats import CSV_COLUMNS, render_run, tokens_bar, write_csv
+from gbdoctor.report.serialize import dumps
+from gbdoctor.run import (
+    LOSS_RTOL,
+    RankRun,
+    RunReport,
+    build_report,
+    parse_recompile,
+    report_from_json,
+    resolve_modes,
+    run_modes,
+)
+from gbdoctor.setup.compile import STRATEGIES
+from gbdoctor.spec import load_spec
+
+MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+
+
+def _spec(tmp_path: Path, factory: str, flavor: str, extra: str = ""):
+    path = tmp_path / f"{Path(factory).stem}_{flavor}.toml"
+    path.write_text(
+        "[model]\n"
+        'name = "custom"\n'
+        f'flavor = "{flavor}"\n'
+        f'factory = "{MODELS / factory}:build"\n'
+        "[training]\nlocal_batch_size = 2\nseq_len = 16\n"
+        f"[gbdoctor]\nbatch_size = 2\nseq_len = 16\n{extra}"
+    )
+    return load_spec(path)
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory):
+    spec = _spec(tmp_path_factory.mktemp("run"), "planted.py", "clean")
+    calls: list[tuple[str, int, int]] = []
+    report = run_modes(spec, modes=["block-fullgraph", "eager"], steps=2, warmup=1,
+                       progress=lambda msg, done, total: calls.append((msg, done, total)))
+    return report, calls
+
+
+# --------------------------------------------------------------------------- real runs
+
+
+def test_runner_measures_eager_and_block_fullgraph(clean_run):
+    report, calls = clean_run
+    assert [m.mode for m in report.modes] == ["eager", "block-fullgraph"]  # canonical order
+    assert report.findings == ()
+    assert (report.backend, report.device, report.world_size) == ("aot_eager", "cpu", 1)
+    assert report.tokens_per_step == 2 * 16
+    eager, block = report.modes
+    for m in report.modes:
+        assert m.status == "ok" and m.error is None
+        assert len(m.step_times_s) == 2 and len(m.warmup_times_s) == 1 and len(m.losses) == 3
+        assert m.tokens_per_s > 0
+        assert m.tokens_per_s == pytest.approx(report.tokens_per_step / m.step_time_median_s)
+        assert m.step_time_min_s <= m.step_time_median_s <= m.step_time_max_s
+        assert m.compile_time_s >= 0 and m.peak_memory_mib > 0
+        assert m.memory_metric == "cpu_peak_rss_process"
+        assert m.recompiles == 0 and not m.diverged
+    assert eager.graphs == 0 and eager.regions == 0 and eager.speedup_vs_eager == 1.0
+    assert block.graphs >= 1 and block.graphs_measured == 0 and block.regions == block.fullgraph_regions == 2
+    assert report.best_baseline == "block-fullgraph" and block.speedup_vs_best_baseline == 1.0
+    assert block.speedup_vs_eager == pytest.approx(eager.step_time_median_s / block.step_time_median_s)
+    # Same seed, same data: compiled and eager losses agree within the documented tolerance.
+    assert block.loss_rel_diff is not None and block.loss_rel_diff <= LOSS_RTOL
+    assert block.losses == pytest.approx(eager.losses, rel=LOSS_RTOL)
+    assert calls[-1][1:] == (2, 2) and any("block-fullgraph" in msg for msg, _, _ in calls)
+
+
+def test_recompiles_during_measured_steps_are_findings(tmp_path):
+    spec = _spec(tmp_path, "recompiler.py", "tiny")
+    # 1 warm-up + 3 measured steps: 4 compiles per frame, below recompile_limit (8).
+    report = run_modes(spec, modes=["block-fullgraph"], steps=3, warmup=1)
+    (mode,) = report.modes
+    assert mode.status == "ok"
+    assert mode.recompiles >= 3  # at least one per measured step
+    assert mode.graphs_measured >= 3
+    assert not mode.recompile_limit_hit
+    measured = [e for e in mode.recompile_events if e.measured]
+    assert len(measured) == mode.recompiles
+    assert {e.step for e in measured} == {1, 2, 3}
+    assert all("owner_tag ==" in e.reason for e in measured)
+    assert any(e.location and e.location.startswith(str(MODELS / "recompiler.py") + ":") for e in measured)
+    assert any("recompile" in f and "owner_tag" in f for f in report.findings)
+    text = render_run(report, "table")
+    assert "RECOMPILES" in text and "owner_tag ==" in text
+
+
+def test_a_failing_mode_is_recorded_and_the_others_run(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "graph_break")
+    report = run_modes(spec, modes=["eager", "block-fullgraph"], steps=1, warmup=1)
+    eager, block = report.modes
+    assert eager.status == "ok" and eager.tokens_per_s > 0
+    assert block.status == "failed" and block.error_kind == "graph-break"
+    assert "graph_break()" in block.error and "\n" not in block.error
+    assert block.error.startswith("warm-up step 0: ")
+    assert block.tokens_per_s is None and block.speedup_vs_eager is None
+    assert report.best_baseline is None
+    assert any(f.startswith("block-fullgraph failed (graph-break)") for f in report.findings)
+    assert "FAILED" in render_run(report, "table")
+
+
+def test_a_timeout_is_a_failed_mode(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "clean", extra="timeout_s = 0.5\n")
+    report = run_modes(spec, modes=["eager"], steps=1, warmup=1)
+    (mode,) = report.modes
+    assert mode.status == "failed" and mode.error_kind == "timeout"
+    assert "did not finish" in mode.error
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_a_spec_error_before_any_process(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "clean")
+    with pytest.raises(SpecError, match="--nproc 2 does not match the spec's world size 1"):
+        run_modes(spec, nproc=2)
+    with pytest.raises(SpecError, match="unknown run mode"):
+        run_modes(spec, modes=["eager", "turbo"])
+    with pytest.raises(SpecError, match="needs a plan file"):
+        run_modes(spec, modes=["plan"])
+    with pytest.raises(SpecError, match="--warmup"):
+        run_modes(spec, warmup=0)
+    with pytest.raises(SpecError, match="unknown compile backend"):
+        run_modes(spec, modes=["eager"], backend="no-such-backend")
+
+
+def test_default_modes():
+    assert resolve_modes(None, None) == ["eager", "titan-v0.2.0", "titan-v0.2.2", "block-fullgraph"]
+    assert resolve_modes(None, "plan.json")[-1] == "plan"
+    assert resolve_modes(["block-fullgraph"], "plan.json") == ["block-fullgraph", "plan"]
+
+
+# --------------------------------------------------------------------------- parsing, report
+
+
+RECOMPILE_LOG = """Recompiling function forward in /src/model.py:86
+    triggered by the following guard failure(s):
+    - 0/0: self.tag == 'a'                             # h = h * len(self.tag)  # src/model.py:89 in forward
+    - User stack trace:
+    -   File "/src/model.py", line 89, in forward
+    -     h = h * len(self.tag)
+    - 0/1: self.tag == 'b'                             # h = h * len(self.tag)  # src/model.py:89 in forward (HINT: make it a tensor)
+    - User stack trace:
+    -   File "/src/model.py", line 89, in forward
+    -     h = h * len(self.tag)"""
+
+
+def test_parse_recompile_takes_the_newest_entry():
+    rec = parse_recompile(RECOMPILE_LOG, step=4, measured=True)
+    assert rec.function == "forward at /src/model.py:86"
+    assert rec.reason == "self.tag == 'b'"
+    assert rec.location == "/src/model.py:89"
+    assert rec.hint == "make it a tensor"
+    assert rec.failed_entries == 2 and rec.step == 4 and rec.measured
+    odd = parse_recompile("Recompiling function f in x.py:1\n    something else", step=0, measured=False)
+    assert odd.reason == "something else" and odd.location is None
+
+
+def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0):
+    return RankRun(rank=0, warmup_times=list(warm), step_times=list(times), losses=list(losses),
+                   peak_memory_mib=100.0, memory_metric="cpu_peak_rss_process", graphs=graphs, graphs_measured=0,
+                   graph_breaks=0, dynamo_compile_s=0.5, recompiles=[], recompile_limit_hit=False,
+                   layout=(("layers.0", tuple(regions), tuple(regions)),))
+
+
+def test_build_report_speedups_divergence_and_duplicates(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "clean")
+    losses = [5.0, 4.9, 4.8]
+    raw = [
+        ("eager", STRATEGIES["none"], [_rank([1.0, 1.2, 0.8], losses)], None),
+        ("titan-v0.2.0", STRATEGIES["titan-v0.2.0"], [_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))],
+         None),
+        ("block-fullgraph", STRATEGIES["block"], [_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))], None),
+        ("titan-v0.2.2", STRATEGIES["titan-v0.2.2"], None, ("warm-up step 0: boom", "runtime")),
+    ]
+    report = build_report(spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x")
+    by = {m.mode: m for m in report.modes}
+    assert report.best_baseline == "block-fullgraph"
+    assert by["eager"].step_time_median_s == 1.0 and by["eager"].tokens_per_s == pytest.approx(32.0)
+    assert by["block-fullgraph"].speedup_vs_eager == pytest.approx(2.5)
+    assert by["titan-v0.2.0"].speedup_vs_best_baseline == pytest.approx(0.8)
+    assert by["eager"].compile_time_s == pytest.approx(1.0)  # warm-up 2.0 - 1 x median 1.0
+    # 5.2 vs 5.0 is a 4% difference on step 0: over the 2% tolerance.
+    assert by["titan-v0.2.0"].diverged and by["titan-v0.2.0"].loss_rel_diff == pytest.approx(0.04)
+    assert not by["block-fullgraph"].diverged
+    # Same compiled regions: the later mode names the earlier one and the differing Dynamo flags.
+    assert by["block-fullgraph"].same_regions_as == "titan-v0.2.0"
+    assert any("capture_scalar_outputs" in n for n in by["block-fullgraph"].notes)
+    assert by["titan-v0.2.2"].status == "failed" and by["titan-v0.2.2"].speedup_vs_eager is None
+    assert any("diverge" in f for f in report.findings)
+    assert any(f.startswith("titan-v0.2.2 failed (runtime)") for f in report.findings)
+    nan = build_report(spec, [("eager", STRATEGIES["none"], [_rank([1.0], [math.nan])], None)], device="cpu",
+                       backend="aot_eager", warmup=1, steps=1, torch_version="x")
+    assert nan.modes[0].diverged
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_json_csv_table_and_markdown(clean_run, tmp_path):
+    report, _ = clean_run
+    text = render_run(report, "json")
+    assert text == dumps(report) and text == render_run(report, "json")  # byte-stable for one report
+    data = json.loads(text)
+    assert data["schema_version"] == 1 and [m["mode"] for m in data["modes"]] == ["eager", "block-fullgraph"]
+    assert {"tokens_per_s", "step_time_median_s", "compile_time_s", "peak_memory_mib", "graphs", "recompiles",
+            "recompile_events", "losses", "speedup_vs_eager", "speedup_vs_best_baseline"} <= set(data["modes"][0])
+    assert report_from_json(text) == report
+
+    path = tmp_path / "out" / "run.csv"
+    write_csv(report, path)
+    frame = pd.read_csv(path)
+    assert list(frame.columns) == list(CSV_COLUMNS)
+    assert list(frame["mode"]) == ["eager", "block-fullgraph"] and (frame["tokens_per_s"] > 0).all()
+
+    table = render_run(report, "table")
+    assert "tokens/s" in table and "█" in table and "No findings" in table
+    assert "| eager |" in render_run(report, "markdown")
+    with pytest.raises(SpecError, match="unknown format"):
+        render_run(report, "junit")
+
+
+def test_tokens_bar_is_scaled_to_the_best():
+    assert tokens_bar(100.0, 100.0, width=10) == "█" * 10
+    assert tokens_bar(50.0, 100.0, width=10) == "█" * 5
+    assert tokens_bar(55.0, 100.0, width=10) == "█" * 5 + "▌"
+    assert tokens_bar(None, 100.0) == "" and tokens_bar(1.0, None) == ""
+    assert isinstance(RunReport.has_findings, property)
