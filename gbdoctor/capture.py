@@ -49,6 +49,7 @@ class RawCapture:
     breaks: list[tuple[RawBreak, str]] = field(default_factory=list)
     """(break, region fqn) pairs, one per break Dynamo logged."""
     frame_skips: list[tuple[RawBreak, str]] = field(default_factory=list)
+    seen: set[Any] = field(default_factory=set)
     counter_types: dict[str, int] = field(default_factory=dict)
     """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
     error: str | None = None
@@ -175,6 +176,12 @@ class CaptureSession:
     def _add(self, result: RawCapture, reason: str, frames: tuple[Location, ...], hop: str | None,
              region: str) -> None:
         parts = causes.parse_reasons(reason)
+        key = (parts[0].gb_type, frames[-1] if frames else None, hop, len(parts))
+        if key in result.seen:
+            # Dynamo meets the same break again when it restarts analysis, and once more when
+            # the inner function is traced as a frame of its own: one source line, one break.
+            return
+        result.seen.add(key)
         # "Failed to handle graph break gracefully ... another graph break occurred": the first
         # part is the real break, the last one says the whole frame was skipped (GB7000).
         result.breaks.append((self._raw(parts[0], reason, frames, hop), region))

@@ -45,7 +45,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         debug = _debug_enabled(bool(kwargs.get("debug")))
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
+        except (typer.Exit, typer.Abort, typer.BadParameter):
             raise
         except GbdoctorError as exc:
             if debug:

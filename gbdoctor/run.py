@@ -114,8 +114,9 @@ class ModeResult:
     error: str | None = None
     """One line: what failed, where (setup, warm-up step k, measured step k)."""
     error_kind: str | None = None
-    """``graph-break`` (fullgraph compile hit a break), ``compile`` (other Dynamo/backend error),
-    ``runtime`` (the training step raised), ``setup``, ``timeout`` or ``crash`` (a rank died)."""
+    """``graph-break`` (fullgraph compile hit a break), ``recompile-limit`` (a fullgraph region
+    hit ``recompile_limit``), ``compile`` (other Dynamo/backend error), ``runtime`` (the training
+    step raised), ``setup``, ``timeout`` or ``crash`` (a rank died)."""
     step_times_s: tuple[float, ...] = ()
     """Measured step times (slowest rank per step)."""
     warmup_times_s: tuple[float, ...] = ()
@@ -334,6 +335,8 @@ def _first_line(exc: BaseException) -> str:
 def _failure_kind(exc: BaseException) -> str:
     import torch._dynamo.exc as dexc
 
+    if isinstance(exc, getattr(dexc, "FailOnRecompileLimitHit", ())):
+        return "recompile-limit"  # fullgraph=True turns hitting recompile_limit into an error
     if isinstance(exc, dexc.Unsupported):
         return "graph-break"
     if isinstance(exc, dexc.TorchDynamoException):
@@ -618,10 +621,7 @@ def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None
             same = _earlier_same_layout(mode, layouts)
             if same is not None:
                 updates["same_regions_as"] = same
-                diff = _flag_diff(res.dynamo_config, results[same].dynamo_config)
-                notes.append(f"compiles the same regions as {same}"
-                             + (f"; only the Dynamo settings differ ({diff})" if diff else " with the same Dynamo settings")
-                             + ": the gap between the two is mostly run-to-run noise")
+                notes.append(_same_layout_note(res, results[same]))
             if res.recompiles:
                 first = next(e for e in res.recompile_events if e.measured)
                 findings.append(f"{mode}: {res.recompiles} recompile(s) during the measured steps "
@@ -671,6 +671,15 @@ def _earlier_same_layout(mode: str, layouts: dict[str, Any]) -> str | None:
         if layout == layouts[mode]:
             return other
     return None
+
+
+def _same_layout_note(res: ModeResult, same: ModeResult) -> str:
+    diff = _flag_diff(res.dynamo_config, same.dynamo_config)
+    text = f"compiles the same regions as {same.mode}"
+    text += f"; only the Dynamo settings differ ({diff})" if diff else " with the same Dynamo settings"
+    if res.graphs == same.graphs and res.graph_breaks == same.graph_breaks:
+        return text + f", and both compiled {res.graphs} graph(s): the gap between the two is run-to-run noise"
+    return text + f", which changed the graphs ({same.graphs} vs {res.graphs})"
 
 
 def _flag_diff(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> str:

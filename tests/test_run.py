@@ -155,7 +155,7 @@ RECOMPILE_LOG = """Recompiling function forward in /src/model.py:86
     - User stack trace:
     -   File "/src/model.py", line 89, in forward
     -     h = h * len(self.tag)
-    - 0/1: self.tag == 'b'                             # h = h * len(self.tag)  # src/model.py:89 in forward (HINT: make it a tensor)
+    - 0/1: self.tag == 'b'          # h = h * len(self.tag)  # src/model.py:89 in forward (HINT: make it a tensor)
     - User stack trace:
     -   File "/src/model.py", line 89, in forward
     -     h = h * len(self.tag)"""
@@ -242,3 +242,22 @@ def test_tokens_bar_is_scaled_to_the_best():
     assert tokens_bar(55.0, 100.0, width=10) == "█" * 5 + "▌"
     assert tokens_bar(None, 100.0) == "" and tokens_bar(1.0, None) == ""
     assert isinstance(RunReport.has_findings, property)
+
+
+def test_recorder_flags_the_recompile_limit_warning():
+    import logging
+
+    from gbdoctor.run import _LIMIT_LOGGER, _RECOMPILES_LOGGER, _RecompileRecorder
+
+    recorder = _RecompileRecorder()
+    recorder.step, recorder.measured = 5, True
+    warn = logging.LogRecord(_LIMIT_LOGGER, logging.WARNING, __file__, 1,
+                             "torch._dynamo hit config.recompile_limit (8)\n   function: 'forward'", None, None)
+    other = logging.LogRecord(_LIMIT_LOGGER, logging.WARNING, __file__, 1, "something else", None, None)
+    recompile = logging.LogRecord(_RECOMPILES_LOGGER, logging.DEBUG, __file__, 1, RECOMPILE_LOG, None, None)
+    recorder.emit(other)
+    assert not recorder.limit_hit and recorder.records == []
+    recorder.emit(warn)
+    recorder.emit(recompile)
+    assert recorder.limit_hit
+    assert [(r.step, r.measured, r.reason) for r in recorder.records] == [(5, True, "self.tag == 'b'")]

@@ -158,10 +158,10 @@ def render_table(report: RunReport) -> str:
         grid.add_row(label, Text(value))
     console.print(grid)
 
-    table = Table(title="Modes (step times in s: median, min-max; speedups: ratios of median step times)",
-                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1))
+    table = Table(title="Modes (step times and compile time in s; speedups: ratios of median step times)",
+                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     columns = [("mode", "left"), ("status", "left"), ("tok/s", "right"), ("step s", "right"), ("min-max", "right"),
-               ("compile s", "right"), ("peak MiB", "right"), ("graphs", "right"), ("recomp", "right"),
+               ("compile", "right"), ("peak MiB", "right"), ("graphs", "right"), ("recomp", "right"),
                ("x eager", "right"), ("x best", "right")]
     for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
@@ -169,7 +169,7 @@ def render_table(report: RunReport) -> str:
         style = "red" if m.status != "ok" else ("yellow" if m.recompiles or m.diverged else "green")
         ok = m.status == "ok"
         table.add_row(Text(m.mode + (" *" if m.mode == report.best_baseline else ""), style=style),
-                      Text(_short_status(m)), _tokens(m.tokens_per_s), _fixed(m.step_time_median_s, 3),
+                      Text(_short_status(m)), _tokens(m.tokens_per_s), _num(m.step_time_median_s, 3),
                       _range(m), _fixed(m.compile_time_s), _fixed(m.peak_memory_mib, 0),
                       str(m.graphs) if ok else "-", str(m.recompiles) if ok else "-",
                       _ratio(m.speedup_vs_eager), _ratio(m.speedup_vs_best_baseline))
@@ -235,7 +235,7 @@ def _short_status(mode: ModeResult) -> str:
 def _range(mode: ModeResult) -> str:
     if mode.step_time_min_s is None or mode.step_time_max_s is None:
         return "-"
-    return f"{mode.step_time_min_s:.3f}-{mode.step_time_max_s:.3f}"
+    return f"{mode.step_time_min_s:.3g}-{mode.step_time_max_s:.3g}"
 
 
 # --------------------------------------------------------------------------- markdown
