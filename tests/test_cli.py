@@ -8,7 +8,9 @@ from typer.testing import CliRunner
 
 from gbdoctor.cli import app
 
-from conftest import FIXTURES
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 runner = CliRunner()
 

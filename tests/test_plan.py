@@ -10,7 +10,9 @@ from gbdoctor.plan import dump_plan, load_plan, plan_strategy, propose_plan
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
 
-from conftest import FIXTURES
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)

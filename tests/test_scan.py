@@ -11,7 +11,9 @@ from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
 from gbdoctor.summary import summarize
 
-from conftest import FIXTURES
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _planted():
