@@ -91,22 +91,20 @@ def build_and_setup(job: ScanJob, session: CaptureSession | None = None,
                     fake_mode: Any = None) -> tuple[Setup, Any]:
     """Build the model on this rank's device and apply the training setup.
 
-    With ``fake_mode`` (simulated scans) the model is built on meta and its tensors become that
-    mode's fake tensors before the same setup is applied."""
+    With ``fake_mode`` (simulated scans) the model is built and set up on meta, then becomes that
+    mode's fake tensors (``simulate.simulated_setup``)."""
     from gbdoctor.models import build_model
+    from gbdoctor.simulate import simulated_setup
 
     spec = job.spec
     torch.manual_seed(spec.training.seed)
     meshes = build_meshes(spec.parallelism, job.device)
-    if fake_mode is not None:
-        from gbdoctor.simulate import build_simulated_model
-
-        model = build_simulated_model(spec.model, fake_mode, job.device)
-    else:
-        model = build_model(spec.model, device=meshes.device, max_seq_len=spec.training.seq_len)
+    device = "meta" if fake_mode is not None else meshes.device
+    model = build_model(spec.model, device=device, max_seq_len=spec.training.seq_len)
     try:
-        setup = apply_setup(model, spec, meshes, strategy=job.strategy,
-                            compile_fn=session.compile_fn if session else None)
+        with simulated_setup(model, fake_mode) if fake_mode is not None else contextlib.nullcontext():
+            setup = apply_setup(model, spec, meshes, strategy=job.strategy,
+                                compile_fn=session.compile_fn if session else None)
     except (ValueError, AssertionError, RuntimeError) as exc:
         raise SetupError(f"could not apply the training setup: {exc}",
                          hint="check the parallel degrees and the model's structure (--debug for details)") from exc

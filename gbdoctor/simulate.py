@@ -1,22 +1,30 @@
 """Simulated scans: production-size specs on one machine, with nothing allocated at full size.
 
-``gbdoctor scan SPEC --simulate`` (and, with a notice, any spec whose world size exceeds what
-this machine can run as local ranks, see ``local_world_limit``) scans rank 0 of the spec's world
-in this process:
+``gbdoctor scan SPEC --simulate`` (and, automatically and with a notice in the report, any spec
+whose world size exceeds what this machine can run as local ranks: ``local_world_limit``) scans
+rank 0 of the spec's world in this process:
 
-- the process group is PyTorch's ``fake`` backend at the spec's world size: collectives return at
-  once without peers, so the real FSDP2 and EP code (the same ``apply_setup``) runs unchanged;
-- the model is built on the meta device, then its parameters and buffers become fake tensors
-  (meta-backed, on ``cpu``) before the setup is applied; the warm-up step and every capture run
-  under that fake mode, so every eager op and every compiled graph computes shapes only;
-- values that depend on data that does not exist come from a documented stand-in, *uniform
-  routing*: each MoE's token counts (``torch.histc`` over the chosen experts) are the tokens
-  spread evenly over the experts, identical on every rank. Those few small integer tensors carry
-  real values through the ops that use them (the all-to-all of counts, the sums, ``.tolist()``),
-  so EP's device-to-host sync and split sizes run the real code path and yield
-  ``tokens * top_k / ep`` per rank. Floating-point values read on the host (the loss) are NaN.
+1. The process group is PyTorch's ``fake`` backend at the spec's world size: collectives return
+   at once without peers and move no data, so the real FSDP2 and EP code runs unchanged. The
+   device meshes are the real ones (``build_meshes``), rank 0 of N.
+2. The model is built on the meta device and set up there by the same ``apply_setup`` as a real
+   scan (EP -> AC -> compile -> FSDP2 -> optimizer), then materialized the way torchtitan does it
+   (``model.to_empty`` after ``fully_shard``), except that the new tensors are *fake*
+   (meta-backed, on ``cpu``): every eager op and every compiled graph afterwards computes shapes
+   only. ``apply_setup`` skips the optimizer for a model on meta because such a model cannot be
+   stepped; here it is stepped only after materialization, so that check is lifted for the call
+   (``to_empty`` swaps the sharded parameters in place, so the optimizer keeps them).
+3. The warm-up training step and every capture run under that fake mode. Values that depend on
+   data that does not exist come from one documented stand-in, *uniform routing* (see
+   ``UniformRouting``): each MoE's token counts are its routed tokens spread evenly over the
+   experts, identical on every rank. Those small integer tensors carry real values through the
+   ops that use them (the all-to-all of counts, the sums, ``.to("cpu")``, ``.tolist()``), so EP's
+   device-to-host sync and its split sizes run the real code path, eagerly and inside compiled
+   graphs alike. Floating-point values read on the host (the loss, optimizer step counters) are
+   NaN: numerics are not simulated.
 
-Nothing here re-implements FSDP2, EP or AC; it only swaps the tensors and the process group.
+Nothing here re-implements FSDP2, EP, AC or the capture; it only swaps the process group and the
+tensors. What a simulated scan cannot see is listed in ``ScanReport.notes``.
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import math
 import os
 from dataclasses import replace
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -33,35 +42,35 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gbdoctor.errors import SetupError
-from gbdoctor.records import ModelSpec, ScanReport, Spec
+from gbdoctor.records import ScanReport, Spec
 
 Progress = Callable[[str, int, int], None]
 
 _aten = torch.ops.aten
-_MAX_TRACKED_NUMEL = 1 << 16
-"""Tensors with more elements never carry stand-in values (counts are per-expert sized)."""
+_MAX_VALUE_NUMEL = 1 << 16
+"""Tensors larger than this never carry stand-in values (token counts are per-expert sized)."""
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
 
 
 # ------------------------------------------------------------------------------ when
 
 
 def local_world_limit() -> int:
-    """Most ranks a real (non-simulated) scan spawns on this machine: two per CPU core.
+    """Most ranks a real scan spawns on this machine: two per CPU core.
 
-    Every local rank holds a full copy of the model and its own Dynamo; past about two per core
-    a CPU machine thrashes, and a production world (64, 256 ranks) could never run at all.
+    Every local rank holds a full copy of the model and runs its own Dynamo; past about two per
+    core a CPU machine thrashes, and a production world (64, 256 ranks) could not run at all.
     """
     return max(2, 2 * (os.cpu_count() or 1))
 
 
 def simulation_reason(spec: Spec) -> str | None:
-    """Why ``spec`` is scanned simulated (None: scan it on real ranks)."""
-    world = spec.parallelism.world_size
+    """Why ``spec`` is scanned simulated, or None to scan it on real local ranks."""
     if spec.gbdoctor.simulate:
         return "requested"
-    limit = local_world_limit()
+    world, limit = spec.parallelism.world_size, local_world_limit()
     if world > limit:
-        return (f"world size {world} exceeds the {limit} ranks this machine can run locally "
+        return (f"world size {world} exceeds the {limit} ranks this machine runs locally "
                 f"(2 per CPU core), so the scan was simulated automatically")
     return None
 
@@ -71,9 +80,9 @@ def simulation_reason(spec: Spec) -> str | None:
 
 @contextlib.contextmanager
 def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
-    """Rank ``rank`` of a ``world_size`` process group on PyTorch's fake backend (no peers)."""
+    """Rank ``rank`` of a ``world_size`` default process group on PyTorch's fake backend."""
     import torch.distributed as dist
-    # Importing registers the "fake" backend with torch.distributed.
+    # Importing it registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
@@ -85,7 +94,7 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-# ------------------------------------------------------------------------------ tensors
+# ------------------------------------------------------------------------------ stand-in values
 
 
 class SimulatedValueError(RuntimeError):
@@ -93,25 +102,28 @@ class SimulatedValueError(RuntimeError):
 
 
 class UniformRouting:
-    """The uniform-routing stand-in for the values EP must read on the host, on a fake mode.
+    """The uniform-routing stand-in, installed on one ``FakeTensorMode`` instance.
 
-    Installed on a ``FakeTensorMode`` instance (not a subclass: higher-order ops such as
-    checkpoint look their fake rules up by the mode's exact type), it sees every op on that
-    mode's tensors. The output of ``histc`` (the MoE token count) gets a stand-in value: its
-    input's elements spread evenly over the bins. Ops whose tensor inputs all carry values compute
-    their outputs' values on the real (small) tensors; collectives assume every rank holds the
-    same values as this one. ``.item()`` / ``.tolist()`` of a tensor with a value returns it; of
-    any other floating-point tensor, NaN; of any other integer tensor, an error.
+    It sees every op on that mode's tensors (eager ops, and the ops of compiled graphs when they
+    run). The output of ``histc`` - how torchtitan-style MoEs count tokens per expert - gets a
+    stand-in value: its input's elements spread evenly over the bins. An op whose tensor inputs
+    all carry values computes its outputs' values on those real, small tensors; a functional
+    collective assumes every rank holds the same values as this one (what uniform routing
+    means). Reading a tensor on the host (``.item()``, ``.tolist()``, ``float()``) returns its
+    value; a floating-point tensor without one reads as NaN; an integer without one is an error
+    (``SimulatedValueError``), so a data-dependent value never silently becomes a made-up one.
     """
 
     def __init__(self) -> None:
         self.values: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self.stand_in_reads = 0
-        """Host reads answered from stand-in values."""
+        """Host reads answered from stand-in values (EP split sizes, ...)."""
         self.nan_reads = 0
         """Host reads of floating-point values without one (answered NaN)."""
 
     def install(self, mode: FakeTensorMode) -> FakeTensorMode:
+        """Wrap ``mode.dispatch`` (an instance attribute, not a subclass: higher-order ops such as
+        checkpoint look their fake rules up by the mode's exact type)."""
         fake_dispatch = mode.dispatch
 
         def dispatch(func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -121,17 +133,15 @@ class UniformRouting:
             out = fake_dispatch(func, types, args, kwargs)
             try:
                 self._propagate(func, args, kwargs, out)
-            except Exception:  # noqa: BLE001 - a value we cannot compute is simply not tracked
-                self._forget_mutated(func, args, kwargs)
+            except Exception:  # noqa: BLE001 - a value that cannot be computed is not tracked
+                self._forget_written(func, args, kwargs)
             return out
 
         mode.dispatch = dispatch  # type: ignore[method-assign]
         return mode
 
-
-    # ------------------------------------------------------------------ host reads
     def _host_read(self, func: Any, tensor: Any) -> Any:
-        if not isinstance(tensor, FakeTensor):  # a real tensor (an RNG state, a mesh): read it
+        if not isinstance(tensor, FakeTensor):  # real host state (an RNG state, a mesh table)
             with unset_fake_temporarily():
                 return func(tensor)
         value = self.values.get(tensor)
@@ -142,73 +152,55 @@ class UniformRouting:
             self.nan_reads += 1
             return math.nan
         raise SimulatedValueError(
-            f"simulation has no value for a data-dependent {tensor.dtype} read on the host "
-            f"({func}); only MoE token counts (uniform routing) have a stand-in")
+            f"a simulated scan has no value for this data-dependent {tensor.dtype} read on the host "
+            f"({func}); only MoE token counts (torch.histc, uniform routing) have a stand-in")
 
-    # ------------------------------------------------------------------ propagation
     def _propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         if func is _aten.histc.default:
             self._uniform_counts(args, kwargs, out)
             return
-        flat, _ = tree_flatten((args, kwargs))
-        tensors = [t for t in flat if isinstance(t, torch.Tensor)]
-        if not tensors or not any(t in self.values for t in tensors):
-            self._forget_mutated(func, args, kwargs)
+        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        if not tensors or not all(t in self.values for t in tensors):
+            self._forget_written(func, args, kwargs)
             return
-        if not all(t in self.values for t in tensors):
-            self._forget_mutated(func, args, kwargs)
-            return
-        real = self._real_result(func, args, kwargs)
-        outs, _ = tree_flatten(out)
-        reals, _ = tree_flatten(real)
+        outs, reals = tree_flatten(out)[0], tree_flatten(self._values_of(func, args, kwargs))[0]
         if len(outs) != len(reals):
+            self._forget_written(func, args, kwargs)
             return
         for fake, value in zip(outs, reals):
             if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor) \
-                    and tuple(fake.shape) == tuple(value.shape) and value.numel() <= _MAX_TRACKED_NUMEL:
+                    and fake.shape == value.shape and value.numel() <= _MAX_VALUE_NUMEL:
                 self.values[fake] = value
 
     def _uniform_counts(self, args: Any, kwargs: Any, out: Any) -> None:
-        """``histc(selected experts)`` under uniform routing: n elements spread over the bins."""
+        """``histc(expert ids)`` under uniform routing: the ids spread evenly over the bins."""
         bins = int(kwargs.get("bins", args[1] if len(args) > 1 else 100))
-        n = args[0].numel()
-        base, extra = divmod(n, bins)
+        base, extra = divmod(args[0].numel(), bins)
         counts = torch.full((bins,), base, dtype=torch.int64)
         counts[:extra] += 1
         self.values[out] = counts.to(out.dtype)
 
-    def _real_result(self, func: Any, args: Any, kwargs: Any) -> Any:
+    def _values_of(self, func: Any, args: Any, kwargs: Any) -> Any:
         real = lambda x: self.values[x] if isinstance(x, torch.Tensor) else x  # noqa: E731
         rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
-        namespace = getattr(func, "namespace", "")
-        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        if namespace in ("_c10d_functional", "c10d_functional", "c10d"):
-            return _collective_values(name, rargs, rkwargs)
+        if getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES:
+            return _collective_values(func.overloadpacket.__name__, rargs)
+        if rkwargs.get("device") is not None:
+            rkwargs = dict(rkwargs, device="cpu")  # values live on the host
         with unset_fake_temporarily():
-            if "device" in rkwargs and rkwargs["device"] is not None:
-                rkwargs = dict(rkwargs, device="cpu")
             return func(*rargs, **rkwargs)
 
-    def _forget_mutated(self, func: Any, args: Any, kwargs: Any) -> None:
+    def _forget_written(self, func: Any, args: Any, kwargs: Any) -> None:
+        """An op that writes into a tensor with a value, without computing it, drops the value."""
         schema = getattr(func, "_schema", None)
         if schema is None or not schema.is_mutable:
             return
         for i, arg in enumerate(schema.arguments):
             if arg.alias_info is not None and arg.alias_info.is_write:
-                value = args[i] if i < len(args) else kwargs.get(arg.name)
-                for t in tree_flatten(value)[0]:
+                written = args[i] if i < len(args) else kwargs.get(arg.name)
+                for t in tree_flatten(written)[0]:
                     if isinstance(t, torch.Tensor):
                         self.values.pop(t, None)
-
-
-def simulation_mode() -> tuple[FakeTensorMode, UniformRouting]:
-    """A fresh fake mode (no shape env: sizes stay concrete) with the routing stand-in.
-
-    Non-fake inputs are allowed: the few real tensors that meet fake ones are small host state
-    (the CPU RNG state that checkpointed regions save and restore, device-mesh rank tables).
-    """
-    routing = UniformRouting()
-    return routing.install(FakeTensorMode(allow_non_fake_inputs=True)), routing
 
 
 def _group_rank_and_size(group_name: Any) -> tuple[int, int]:
@@ -219,96 +211,90 @@ def _group_rank_and_size(group_name: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _collective_values(name: str, args: Any, kwargs: Any) -> Any:
-    """Values of a functional collective when every rank holds what this rank holds."""
+def _collective_values(name: str, args: Any) -> Any:
+    """A functional collective's result when every rank holds what this rank holds."""
     if name == "wait_tensor":
         return args[0]
     if name == "all_to_all_single":
-        tensor, out_splits, in_splits, group_name = args[:4]
+        tensor, _, in_splits, group_name = args[:4]
         rank, size = _group_rank_and_size(group_name)
         if in_splits is None:
             in_splits = [tensor.shape[0] // size] * size
         start = sum(in_splits[:rank])
-        mine = tensor[start:start + in_splits[rank]]
-        return torch.cat([mine] * size) if size > 1 else mine.clone()
+        mine = tensor[start:start + in_splits[rank]]  # what each peer sends to this rank
+        return torch.cat([mine] * size)
     if name == "all_reduce":
         tensor, op, group_name = args[:3]
         _, size = _group_rank_and_size(group_name)
         return tensor * size if str(op).lower() == "sum" else tensor.clone()
     if name == "all_gather_into_tensor":
-        tensor, group_size = args[0], args[1]
-        return torch.cat([tensor] * int(group_size))
-    raise NotImplementedError(name)  # untracked: the caller drops the value
+        return torch.cat([args[0]] * int(args[1]))
+    raise NotImplementedError(f"no stand-in values for collective {name}")
 
 
-def materialize_fake(model: nn.Module, mode: FakeTensorMode, device: str = "cpu") -> nn.Module:
-    """Swap every meta parameter and buffer of ``model`` for an empty fake tensor on ``device``.
+def simulation_mode() -> tuple[FakeTensorMode, UniformRouting]:
+    """A fresh fake mode with the routing stand-in installed.
 
-    What ``to_empty`` does for a real run, except that the new tensors are fake (no storage).
-    Tied parameters stay tied.
+    No shape env: sizes stay concrete, as in a real run. Non-fake inputs are allowed: the few real
+    tensors that meet fake ones are small host state (the CPU RNG state a checkpointed region
+    saves and restores, device-mesh rank tables)."""
+    routing = UniformRouting()
+    return routing.install(FakeTensorMode(allow_non_fake_inputs=True)), routing
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+@contextlib.contextmanager
+def simulated_setup(model: nn.Module, mode: FakeTensorMode, device: str = "cpu") -> Iterator[None]:
+    """Around ``apply_setup`` of a meta-built ``model``: afterwards, materialize it as ``mode``'s
+    fake tensors on ``device`` (``to_empty``, as torchtitan materializes after ``fully_shard``).
+
+    ``apply_setup`` builds no optimizer for a model on meta (it could not step it); this one is
+    stepped only after materialization, so that check is lifted for the call. ``to_empty`` swaps
+    the (FSDP-sharded) parameters in place, which keeps the optimizer's references valid; that is
+    verified.
     """
-    memo: dict[int, torch.Tensor] = {}
+    from gbdoctor.setup import apply as apply_mod
 
-    def fake_like(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in memo:
-            with mode:
-                memo[id(t)] = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
-        return memo[id(t)]
-
-    params: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is None:
-                continue
-            if id(p) not in params:
-                params[id(p)] = nn.Parameter(fake_like(p), requires_grad=p.requires_grad)
-            module._parameters[name] = params[id(p)]
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                module._buffers[name] = fake_like(b)
-    return model
-
-
-def build_simulated_model(spec: ModelSpec, mode: FakeTensorMode, device: str = "cpu") -> nn.Module:
-    """The spec's model built on meta (nothing allocated), with fake parameters on ``device``."""
-    from gbdoctor.models import build_model
-
-    return materialize_fake(build_model(spec, device="meta"), mode, device)
+    with mock.patch.object(apply_mod, "_on_meta", lambda _model: False):
+        yield
+    params = [id(p) for p in model.parameters()]
+    with mode:
+        model.to_empty(device=device)
+    if [id(p) for p in model.parameters()] != params:
+        raise SetupError("materializing the simulated model replaced its parameters instead of "
+                         "swapping them in place (the optimizer would step stale ones)")
+    leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
+                if not isinstance(getattr(t, "_local_tensor", t), FakeTensor)]
+    if leftover:
+        raise SetupError(f"simulation could not make these tensors fake: {', '.join(leftover[:5])}")
 
 
 # ------------------------------------------------------------------------------ scan
 
 
-def simulation_notes(spec: Spec, routing: UniformRouting | None, reason: str | None) -> tuple[str, ...]:
-    """What a simulated scan could not see, for the report header."""
+def simulation_notes(spec: Spec, reason: str | None) -> tuple[str, ...]:
+    """What a simulated scan does not see, for the report header."""
     p = spec.parallelism
     notes = []
     if reason and reason != "requested":
-        notes.append(f"notice: {reason}; pass --simulate to request it, or scan on a machine with "
-                     f"{p.world_size} ranks for a real capture")
-    notes.append(f"simulated: rank 0 of {p.world_size} on a fake process group (no peers: collectives return "
-                 "immediately and move no data); the model was built on the meta device and ran as fake "
-                 "tensors through the same EP/AC/compile/FSDP2 setup code as a real scan")
-    notes.append("not simulated: numerics (values, NaN/overflow, the loss: read as NaN), timing, memory use, "
-                 "communication, and other ranks (rank divergence cannot be detected)")
-    if p.expert_parallel_degree > 1 or _has_experts(spec):
-        per_rank = spec.capture_batch_size * spec.capture_seq_len
-        notes.append("stand-in: uniform routing - each MoE's token counts are its routed tokens spread evenly "
-                     "over the experts, identical on every rank, so EP split sizes are "
-                     f"tokens x top_k / {p.expert_parallel_degree} per rank ({per_rank} tokens per rank); "
-                     "breaks or recompiles that depend on real, uneven split sizes are not seen")
-    if routing is not None and routing.nan_reads:
-        notes.append(f"{routing.nan_reads} host read(s) of floating-point values returned NaN (no numerics)")
+        notes.append(f"notice: {reason}; pass --simulate to ask for it explicitly, or scan on a "
+                     f"machine with {p.world_size} ranks for a real capture")
+    notes.append(f"simulated: rank 0 of {p.world_size} on a fake process group (collectives return at once "
+                 "and move no data); the model was built on the meta device, set up by the same "
+                 "EP/AC/compile/FSDP2 code as a real scan, and run as fake tensors (shapes only)")
+    notes.append("not simulated: numerics (values, NaN/overflow; host reads of floats such as the loss "
+                 "return NaN), timing, memory use, communication, and the other ranks (no "
+                 "rank_divergence events)")
+    if p.expert_parallel_degree > 1:
+        tokens = spec.capture_batch_size * spec.capture_seq_len
+        notes.append(f"stand-in: uniform routing - each MoE's token counts are its routed tokens spread "
+                     f"evenly over the experts, identical on every rank, so each of the "
+                     f"{p.expert_parallel_degree} EP ranks sends and receives {tokens} x top_k / "
+                     f"{p.expert_parallel_degree} tokens; breaks or recompiles that depend on real, uneven "
+                     "split sizes are not seen")
     return tuple(notes)
-
-
-def _has_experts(spec: Spec) -> bool:
-    from gbdoctor.models import num_experts
-
-    try:
-        return num_experts(spec.model.name, spec.model.flavor) is not None
-    except Exception:  # noqa: BLE001 - custom models: unknown
-        return False
 
 
 def simulate_scan(spec: Spec, *, strategy: Any = None, dedupe: bool = True, progress: Progress | None = None,
@@ -320,13 +306,14 @@ def simulate_scan(spec: Spec, *, strategy: Any = None, dedupe: bool = True, prog
     if not isinstance(strategy, Strategy):
         strategy = strategy_for(spec, strategy)
     world = spec.parallelism.world_size
-    # Fake tensors live on cpu whatever the spec's device: the fake backend needs no GPU.
+    # Fake tensors live on cpu whatever the spec's device: the fake backend needs no accelerator.
     job = ScanJob(spec=spec, strategy=strategy, device="cpu", dedupe=dedupe, strict=strict)
-    mode, routing = simulation_mode()
+    mode, _ = simulation_mode()
     if progress:
-        progress(f"simulating rank 0 of {world}", 0, 1)
+        progress(f"simulating rank 0 of {world} ranks" + ("" if reason == "requested" else
+                                                          f" ({reason})"), 0, 1)
     with fake_process_group(world):
         rank0 = scan_rank(job, progress, fake_mode=mode)
     report = merge_ranks(spec, job, [rank0])
     return replace(report, setup=replace(report.setup, simulated=True),
-                   notes=simulation_notes(spec, routing, reason) + report.notes)
+                   notes=simulation_notes(spec, reason) + report.notes)

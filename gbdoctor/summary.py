@@ -144,8 +144,10 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
         events=max(len(block.events) for block in blocks),
         errors=len(errors),
         causes=tuple(sorted(causes)),
-        break_records=_unique([b for block in blocks for b in block.breaks]),
-        event_records=_unique([e for block in blocks for e in block.events]),
+        # The captured representative's records stand for the kind (shared layers carry the
+        # same records re-addressed to their own FQNs).
+        break_records=_unique([b for block in blocks if block.same_as is None for b in block.breaks]),
+        event_records=_unique([e for block in blocks if block.same_as is None for e in block.events]),
         error=errors[0] if errors else None,
     )
 
