@@ -49,7 +49,7 @@ class RawCapture:
     breaks: list[tuple[RawBreak, str]] = field(default_factory=list)
     """(break, region fqn) pairs, one per break Dynamo logged."""
     frame_skips: list[tuple[RawBreak, str]] = field(default_factory=list)
-    seen: set[Any] = field(default_factory=set)
+    seen: list[tuple[Any, tuple[Location, ...]]] = field(default_factory=list)
     counter_types: dict[str, int] = field(default_factory=dict)
     """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
     error: str | None = None
@@ -176,12 +176,13 @@ class CaptureSession:
     def _add(self, result: RawCapture, reason: str, frames: tuple[Location, ...], hop: str | None,
              region: str) -> None:
         parts = causes.parse_reasons(reason)
-        key = (parts[0].gb_type, frames[-1] if frames else None, hop, len(parts))
-        if key in result.seen:
-            # Dynamo meets the same break again when it restarts analysis, and once more when
-            # the inner function is traced as a frame of its own: one source line, one break.
-            return
-        result.seen.add(key)
+        key = (parts[0].gb_type, hop, len(parts))
+        # Dynamo meets the same break again when it restarts analysis (same stack), and once
+        # more when the inner function is traced as a frame of its own (a suffix of the stack).
+        for seen_key, seen_frames in result.seen:
+            if seen_key == key and _is_suffix(frames, seen_frames):
+                return
+        result.seen.append((key, frames))
         # "Failed to handle graph break gracefully ... another graph break occurred": the first
         # part is the real break, the last one says the whole frame was skipped (GB7000).
         result.breaks.append((self._raw(parts[0], reason, frames, hop), region))
@@ -193,6 +194,10 @@ class CaptureSession:
         if parsed is not None:
             reason, frames = parsed
             self._add(result, reason, frames, None, "")
+
+
+def _is_suffix(short: tuple[Location, ...], long: tuple[Location, ...]) -> bool:
+    return len(short) <= len(long) and tuple(long[len(long) - len(short):]) == tuple(short)
 
 
 def count_ops(gm: torch.fx.GraphModule) -> int:
