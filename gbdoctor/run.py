@@ -71,6 +71,9 @@ LOSS_RTOL = 2e-2
 """Relative tolerance on the first step's loss vs eager. bf16 parameters (the torchtitan
 default) make differences of ~1e-3 normal between eager and compiled runs."""
 
+NOISY_SPREAD = 2.0
+"""A mode whose slowest measured step took more than this many times its fastest gets a note."""
+
 LOSSES_SHOWN = 3
 """Losses per mode that the table shows (the records keep every step's loss)."""
 
@@ -497,7 +500,8 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
     ``backend``: None means ``aot_eager`` on CPU, ``inductor`` on CUDA.
     ``nproc``: must equal the spec's world size when given.
     A mode that fails (compile error, crash, timeout) is a failed record; the others still run.
-    Bad input (unknown mode or backend, --nproc mismatch, bad plan) raises SpecError.
+    Bad input (unknown mode or backend, --nproc mismatch, bad plan, a model factory that fails)
+    raises SpecError (BaselineError for an unreadable plan file).
     """
     from gbdoctor.capture import torch_version
     from gbdoctor.setup.dist import resolve_device, run_ranks
@@ -525,7 +529,9 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
         strategies["plan"] = plan_strategy(load_plan(plan_path), spec)
 
     raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]] = []
+    loads: list[float] = []
     for i, mode in enumerate(chosen):
+        loads.append(_load_average())
         if progress:
             progress(f"{mode}: {warmup} warm-up + {steps} steps on {world} rank(s)", i, len(chosen))
         cache = tempfile.mkdtemp(prefix="gbdoctor-run-cache-")
@@ -537,6 +543,8 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
             raw.append((mode, job.strategy, ranks, None))
         except ModeFailure as exc:
             raw.append((mode, job.strategy, None, (_strip_rank(exc.message, world), exc.hint or "runtime")))
+        except SpecError:
+            raise  # bad input (e.g. a broken model factory) fails every mode alike: exit 2
         except GbdoctorError as exc:
             kind = "timeout" if "did not finish" in exc.message else "crash"
             raw.append((mode, job.strategy, None, (_strip_rank(exc.message, world), kind)))
@@ -545,7 +553,16 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
     if progress:
         progress("done", len(chosen), len(chosen))
     return build_report(spec, raw, device=device, backend=backend, warmup=warmup, steps=steps,
-                        torch_version=torch_version())
+                        torch_version=torch_version(), load=(max(loads), os.cpu_count() or 1))
+
+
+def _load_average() -> float:
+    """1-minute load average before a mode starts (0 where the OS has none). It still counts the
+    previous mode's ranks for a while, hence the margin of ``world`` in ``build_report``."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
 
 
 def _strip_rank(message: str, world: int) -> str:
@@ -585,7 +602,8 @@ def _mode_from_ranks(mode: str, strategy: Strategy, ranks: list[RankRun], tokens
 
 
 def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]], *,
-                 device: str, backend: str, warmup: int, steps: int, torch_version: str) -> RunReport:
+                 device: str, backend: str, warmup: int, steps: int, torch_version: str,
+                 load: tuple[float, int] | None = None) -> RunReport:
     """Per-rank measurements -> records, with speedups, loss checks, duplicates and findings."""
     world = spec.parallelism.world_size
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
@@ -622,6 +640,13 @@ def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None
             if same is not None:
                 updates["same_regions_as"] = same
                 notes.append(_same_layout_note(res, results[same]))
+            if res.step_time_min_s and res.step_time_max_s / res.step_time_min_s > NOISY_SPREAD:
+                notes.append(f"measured step times vary {res.step_time_max_s / res.step_time_min_s:.1f}x "
+                             f"({res.step_time_min_s:.3g}-{res.step_time_max_s:.3g} s) with no recompile in "
+                             "between: the machine is probably busy; compare modes with care"
+                             if not res.graphs_measured else
+                             f"measured step times vary {res.step_time_max_s / res.step_time_min_s:.1f}x "
+                             "(recompiles in the measured steps)")
             if res.recompiles:
                 first = next(e for e in res.recompile_events if e.measured)
                 findings.append(f"{mode}: {res.recompiles} recompile(s) during the measured steps "
@@ -639,6 +664,10 @@ def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None
         report_notes.append("no successful baseline mode: speedups vs the best baseline are unavailable")
     if device == "cpu":
         report_notes.append("peak memory on CPU is the rank process's peak RSS (torch and compilation included)")
+    if load is not None and load[0] > load[1] + world:
+        report_notes.append(f"the machine was busy: 1-minute load average up to {load[0]:.1f} on {load[1]} cores "
+                            f"(this run's own ranks add at most {world}); timings include contention from other "
+                            "processes")
     if world > 1:
         report_notes.append(f"step times are the slowest of {world} ranks per step; losses are global (all-reduced)")
     ac = spec.activation_checkpoint

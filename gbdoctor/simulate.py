@@ -159,8 +159,10 @@ class UniformRouting:
         if func is _aten.histc.default:
             self._uniform_counts(args, kwargs, out)
             return
-        tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        if not tensors or not all(t in self.values for t in tensors):
+        with_value = [t in self.values for t in _tensor_args(args, kwargs)]
+        if not any(with_value):  # the common case: nothing to compute, no value to drop
+            return
+        if not all(with_value):
             self._forget_written(func, args, kwargs)
             return
         outs, reals = tree_flatten(out)[0], tree_flatten(self._values_of(func, args, kwargs))[0]
@@ -201,6 +203,15 @@ class UniformRouting:
                 for t in tree_flatten(written)[0]:
                     if isinstance(t, torch.Tensor):
                         self.values.pop(t, None)
+
+
+def _tensor_args(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:
+    """Tensors among an aten op's arguments (top level, and in lists such as ``cat``'s)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, torch.Tensor))
 
 
 def _group_rank_and_size(group_name: Any) -> tuple[int, int]:

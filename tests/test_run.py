@@ -123,6 +123,22 @@ def test_a_timeout_is_a_failed_mode(tmp_path):
     assert "did not finish" in mode.error
 
 
+def test_plan_mode_runs_the_plan_file(tmp_path):
+    from gbdoctor.plan import Plan, dump_plan
+
+    spec = _spec(tmp_path, "planted.py", "clean")
+    # An empty plan: every block kind falls back to the plan strategy's default (whole block, fullgraph).
+    plan = Plan(spec=spec.path, model="custom/clean", torch_version="x", baseline_strategy="titan-v0.2.0",
+                flags=(), flag_costs=(), kinds=(), verified=True, rounds=1)
+    path = tmp_path / "plan.json"
+    path.write_text(dump_plan(plan))
+    report = run_modes(spec, modes=["plan"], steps=1, warmup=1, plan_path=str(path))
+    (mode,) = report.modes
+    assert (mode.mode, mode.strategy, mode.status) == ("plan", "plan", "ok")
+    assert mode.fullgraph_regions == 2 and mode.graphs >= 1
+    assert report.best_baseline is None and mode.speedup_vs_best_baseline is None
+
+
 # --------------------------------------------------------------------------- bad input
 
 
@@ -261,3 +277,15 @@ def test_recorder_flags_the_recompile_limit_warning():
     recorder.emit(recompile)
     assert recorder.limit_hit
     assert [(r.step, r.measured, r.reason) for r in recorder.records] == [(5, True, "self.tag == 'b'")]
+
+
+def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "clean")
+    raw = [("eager", STRATEGIES["none"], [_rank([1.0, 3.5, 1.1], [5.0, 4.9, 4.8])], None)]
+    report = build_report(spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x",
+                          load=(6.0, 2))
+    assert any("machine was busy" in n for n in report.notes)
+    assert any("vary 3.5x" in n for n in report.modes[0].notes)
+    quiet = build_report(spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x",
+                         load=(0.5, 2))
+    assert not any("busy" in n for n in quiet.notes)
