@@ -78,7 +78,9 @@ class CaptureSession:
         self._current: RawCapture | None = None
         self._region_stack: list[str] = []
         self.locator: Any = None
-        """Callable(frames) -> (module fqn, component); set by the scanner per capture."""
+        """Callable(frames, root) -> (module fqn, component); set by the scanner."""
+        self.root = ""
+        """FQN of the block being captured (frames are attributed inside it)."""
 
     # ------------------------------------------------------------------ compile side
     def compile_fn(self, module: nn.Module, fqn: str, fullgraph: bool) -> nn.Module:
@@ -162,7 +164,7 @@ class CaptureSession:
         return self._region_stack[-1] if self._region_stack else ""
 
     def _raw(self, reason: Any, message: str, frames: tuple[Location, ...], hop: str | None) -> RawBreak:
-        module, component = self.locator(frames) if self.locator else ("", "model")
+        module, component = self.locator(frames, self.root) if self.locator else (self.root, "model")
         hop = hop or reason.hop
         return RawBreak(gb_type=reason.gb_type, message=message, frames=frames, module=module,
                         component=component, in_checkpoint=bool(hop and "checkpoint" in hop), hop=hop,

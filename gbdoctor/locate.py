@@ -128,6 +128,10 @@ def find_hooks(model: nn.Module, installed: Iterable[Any]) -> list[FoundHook]:
     return found
 
 
+def _within(fqn: str, root: str) -> bool:
+    return not root or fqn == root or fqn.startswith(root + ".")
+
+
 class Locator:
     """Frames -> (module FQN, component) for one model as set up."""
 
@@ -156,19 +160,22 @@ class Locator:
                     if not any(s == span for s, _, _ in self._hooks):
                         self._hooks.append((span, clean_fqn(name), "user-hook"))
 
-    def __call__(self, frames: tuple[Location, ...]) -> tuple[str, str]:
+    def __call__(self, frames: tuple[Location, ...], root: str = "") -> tuple[str, str]:
+        """``root``: the FQN of the block being captured; frames are matched inside it only
+        (every layer shares its class's code, so code alone cannot tell layers apart)."""
         component = "model" if any(not is_torch_path(f.file) for f in frames) else "torch"
-        module = ""
+        module = root
         for frame in frames:  # outermost first: the last match is the innermost module
             if os.path.abspath(frame.file).startswith(_FSDP_DIR):
                 component = "fsdp"
-            hooks = [(owner, installer) for span, owner, installer in self._hooks if span.contains(frame)]
+            hooks = [(owner, installer) for span, owner, installer in self._hooks
+                     if span.contains(frame) and _within(owner, root)]
             if hooks:
                 # One hook function may serve many modules (every layer's experts): take the
                 # one inside the module matched so far.
                 inside = [h for h in hooks if not module or h[0] == module or h[0].startswith(module + ".")]
                 module, component = min(inside or hooks)
-            candidates = [fqn for span, fqn in self._spans if span.contains(frame)]
+            candidates = [fqn for span, fqn in self._spans if span.contains(frame) and _within(fqn, root)]
             if candidates:
                 # Several instances of one class share a forward: prefer the one inside the
                 # module matched so far, and the shallowest such (nearest descendant).

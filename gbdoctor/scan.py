@@ -104,6 +104,7 @@ def build_and_setup(job: ScanJob, session: CaptureSession | None = None,
     try:
         with simulated_setup(model, fake_mode) if fake_mode is not None else contextlib.nullcontext():
             setup = apply_setup(model, spec, meshes, strategy=job.strategy,
+                                build_optimizer=True if fake_mode is not None else None,
                                 compile_fn=session.compile_fn if session else None)
     except (ValueError, AssertionError, RuntimeError) as exc:
         raise SetupError(f"could not apply the training setup: {exc}",
@@ -303,6 +304,7 @@ def capture_block(session: CaptureSession, setup: Setup, slot: Any, inputs: Any,
                            regions=slot.regions, fullgraph_regions=slot.fullgraph_regions)
     args, kwargs = fresh_inputs(inputs)
     strict = strict and bool(slot.regions) and set(slot.regions) == set(slot.fullgraph_regions)
+    session.root = slot.fqn
     with session.capture() as raw:
         try:
             if strict:

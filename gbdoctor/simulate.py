@@ -33,7 +33,6 @@ import math
 import os
 from dataclasses import replace
 from typing import Any, Callable, Iterator
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -261,15 +260,11 @@ def simulated_setup(model: nn.Module, mode: FakeTensorMode, device: str = "cpu")
     """Around ``apply_setup`` of a meta-built ``model``: afterwards, materialize it as ``mode``'s
     fake tensors on ``device`` (``to_empty``, as torchtitan materializes after ``fully_shard``).
 
-    ``apply_setup`` builds no optimizer for a model on meta (it could not step it); this one is
-    stepped only after materialization, so that check is lifted for the call. ``to_empty`` swaps
-    the (FSDP-sharded) parameters in place, which keeps the optimizer's references valid; that is
-    verified.
+    The caller asks ``apply_setup`` for the optimizer explicitly (``build_optimizer=True``): it
+    is stepped only after materialization. ``to_empty`` swaps the (FSDP-sharded) parameters in
+    place, which keeps the optimizer's references valid; that is verified.
     """
-    from gbdoctor.setup import apply as apply_mod
-
-    with mock.patch.object(apply_mod, "_on_meta", lambda _model: False):
-        yield
+    yield
     params = [id(p) for p in model.parameters()]
     with mode:
         model.to_empty(device=device)
@@ -296,16 +291,25 @@ def simulation_notes(spec: Spec, reason: str | None) -> tuple[str, ...]:
                  "and move no data); the model was built on the meta device, set up by the same "
                  "EP/AC/compile/FSDP2 code as a real scan, and run as fake tensors (shapes only)")
     notes.append("not simulated: numerics (values, NaN/overflow; host reads of floats such as the loss "
-                 "return NaN), timing, memory use, communication, and the other ranks (no "
-                 "rank_divergence events)")
+                 "return NaN), timing, memory use, communication, the other ranks (no rank_divergence "
+                 "events), and accelerator-only code paths (tensors are fake CPU tensors)")
     if p.expert_parallel_degree > 1:
-        tokens = spec.capture_batch_size * spec.capture_seq_len
-        notes.append(f"stand-in: uniform routing - each MoE's token counts are its routed tokens spread "
-                     f"evenly over the experts, identical on every rank, so each of the "
-                     f"{p.expert_parallel_degree} EP ranks sends and receives {tokens} x top_k / "
-                     f"{p.expert_parallel_degree} tokens; breaks or recompiles that depend on real, uneven "
-                     "split sizes are not seen")
+        ep, tokens, top_k = p.expert_parallel_degree, spec.capture_batch_size * spec.capture_seq_len, _top_k(spec)
+        per_peer = f"{tokens * top_k // ep}" if top_k else f"{tokens} x top_k / {ep}"
+        notes.append(f"stand-in: uniform routing - each MoE's token counts are its routed tokens spread evenly "
+                     f"over the experts, identical on every rank, so EP's split sizes (read on the host) are "
+                     f"{per_peer} tokens to and from each of the {ep} EP ranks; breaks or recompiles that depend "
+                     "on real, uneven split sizes are not seen")
     return tuple(notes)
+
+
+def _top_k(spec: Spec) -> int | None:
+    from gbdoctor.models import flavor_args
+
+    try:
+        return flavor_args(spec.model.name, spec.model.flavor).moe.top_k
+    except Exception:  # noqa: BLE001 - custom or dense models: not known from the spec
+        return None
 
 
 def simulate_scan(spec: Spec, *, strategy: Any = None, dedupe: bool = True, progress: Progress | None = None,

@@ -106,8 +106,12 @@ def default_compile_fn(backend: str) -> CompileFn:
 
 def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy | str,
                 compile_fn: CompileFn | None = None, backend: str | None = None,
-                fsdp: bool = True, lr: float = 8e-4) -> Setup:
-    """Set ``model`` up in place in torchtitan's order and return what was installed where."""
+                fsdp: bool = True, lr: float = 8e-4, build_optimizer: bool | None = None) -> Setup:
+    """Set ``model`` up in place in torchtitan's order and return what was installed where.
+
+    ``build_optimizer``: None builds the optimizer unless the model is on meta (it could not
+    step); simulation passes True because it materializes the model (as fakes) before stepping.
+    """
     if isinstance(strategy, str):
         strategy = STRATEGIES[strategy]
     if compile_fn is None:
@@ -154,7 +158,9 @@ def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy
 
     # 5. Optimizer with the expert-bias pre-step hook.
     optimizer = None
-    if any(p.requires_grad for p in model.parameters()) and not _on_meta(model):
+    if build_optimizer is None:
+        build_optimizer = not _on_meta(model)
+    if build_optimizer and any(p.requires_grad for p in model.parameters()):
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
         moes = load_balanced_moes(model)
         if moes:
