@@ -211,6 +211,39 @@ def plan(
 
 @app.command()
 @handle_errors
+def run(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    modes: Annotated[Optional[str], typer.Option("--modes", help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan")] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps per mode (compile happens here)")] = 2,
+    backend: Annotated[Optional[str], typer.Option("--backend", help="inductor|aot_eager (default: aot_eager on CPU, inductor on CUDA)")] = None,
+    plan_file: Annotated[Optional[Path], typer.Option("--plan", help="A gbdoctor plan.json: adds the 'plan' mode")] = None,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks (must match the spec's world size)")] = None,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown")] = "table",
+    csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write one CSV row per mode")] = None,
+    output: OutputOpt = None,
+    strict: StrictOpt = False,
+    debug: DebugOpt = False,
+) -> None:
+    """Train for real under eager, the torchtitan baselines and the plan; compare throughput."""
+    from gbdoctor.report.run_formats import render_run, write_csv
+    from gbdoctor.run import run_modes
+
+    loaded = _load(spec, set_)
+    chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+    with _ProgressBar() as bar:
+        report = run_modes(loaded, modes=chosen, steps=steps, warmup=warmup, backend=backend,
+                           plan_path=str(plan_file) if plan_file else None, nproc=nproc, progress=bar)
+    _emit(render_run(report, format), output)
+    if csv is not None:
+        write_csv(report, csv)
+    if strict and report.has_findings:
+        raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+@app.command()
+@handle_errors
 def gate(
     specs: Annotated[Optional[list[Path]], typer.Argument(help="Spec TOMLs to scan and gate", show_default=False)] = None,
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline JSON (gbdoctor gate --update-baseline writes it)")] = Path("gbdoctor-baseline.json"),

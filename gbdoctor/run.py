@@ -279,7 +279,7 @@ def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
 
         Recompiling function forward in /path/model.py:86
             triggered by the following guard failure(s):
-            - 0/2: self.owner_step == 3   # code  # path:89 in forward (HINT: ...)
+            - 0/2: self.tag == 'b'   # code  # path:89 in forward (HINT: ...)
             - User stack trace:
             -   File "/path/model.py", line 89, in forward
             - 0/1: ...
