@@ -33,24 +33,28 @@ Definitions (also in the README):
 """
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
 import shutil
 import statistics
 import tempfile
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gbdoctor.errors import GbdoctorError, SetupError, SpecError
+from gbdoctor.errors import GbdoctorError, SpecError
 from gbdoctor.records import Spec
 from gbdoctor.setup.compile import STRATEGIES, Strategy
-
-RUN_SCHEMA_VERSION = 1
-
-_REC = dict(frozen=True, kw_only=True, slots=True)
+from gbdoctor.run_records import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, Recompile, RunReport  # noqa: F401
+from gbdoctor.run_worker import (  # noqa: F401 - re-exported: the worker's API is part of run's
+    _LIMIT_LOGGER,
+    _RECOMPILES_LOGGER,
+    ModeFailure,
+    ModeJob,
+    RankRun,
+    _RecompileRecorder,
+    parse_recompile,
+    run_mode_rank,
+)
 
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
@@ -67,10 +71,6 @@ MODES: tuple[str, ...] = (*MODE_STRATEGIES, "plan")
 BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 """Modes that compete for "best baseline"."""
 
-LOSS_RTOL = 2e-2
-"""Relative tolerance on the first step's loss vs eager. bf16 parameters (the torchtitan
-default) make differences of ~1e-3 normal between eager and compiled runs."""
-
 NOISY_SPREAD = 2.0
 """A mode whose slowest measured step took more than this many times its fastest gets a note."""
 
@@ -79,386 +79,6 @@ LOSSES_SHOWN = 3
 
 DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 3
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(**_REC)
-class Recompile:
-    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
-
-    step: int
-    """Training step (0-based, warm-up steps included) during which it happened."""
-    measured: bool
-    """It happened during a measured step (a finding: steady-state training recompiles)."""
-    function: str
-    """The recompiled code: ``forward at /path/model.py:86``."""
-    reason: str
-    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
-    location: str | None = None
-    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
-    hint: str = ""
-    """Dynamo's HINT for this guard, if any."""
-    failed_entries: int = 1
-    """How many cache entries' guards failed (the cache size at that moment)."""
-
-
-@dataclass(**_REC)
-class ModeResult:
-    """One compile configuration, trained in its own processes."""
-
-    mode: str
-    """``eager``, ``titan-v0.2.0``, ``titan-v0.2.2``, ``block-fullgraph`` or ``plan``."""
-    strategy: str
-    """Compile strategy name the mode ran (``none``, ``block``, ..., or the plan's)."""
-    status: str
-    """``ok`` or ``failed``."""
-    error: str | None = None
-    """One line: what failed, where (setup, warm-up step k, measured step k)."""
-    error_kind: str | None = None
-    """``graph-break`` (fullgraph compile hit a break), ``recompile-limit`` (a fullgraph region
-    hit ``recompile_limit``), ``compile`` (other Dynamo/backend error), ``runtime`` (the training
-    step raised), ``setup``, ``timeout`` or ``crash`` (a rank died)."""
-    step_times_s: tuple[float, ...] = ()
-    """Measured step times (slowest rank per step)."""
-    warmup_times_s: tuple[float, ...] = ()
-    step_time_median_s: float | None = None
-    step_time_min_s: float | None = None
-    step_time_max_s: float | None = None
-    tokens_per_s: float | None = None
-    """Global tokens per second (all ranks) at the median step time."""
-    compile_time_s: float | None = None
-    """Warm-up wall time minus ``warmup`` x the median step time, clamped at 0."""
-    dynamo_compile_s: float | None = None
-    """Dynamo's own frame-compile time during the warm-up steps (``_compile.compile_inner``:
-    tracing plus the backend's forward/joint compile; excludes lazily compiled backward graphs),
-    rank 0. A cross-check of ``compile_time_s``."""
-    peak_memory_mib: float | None = None
-    memory_metric: str = ""
-    """``cuda_max_allocated_measured`` or ``cpu_peak_rss_process``."""
-    graphs: int = 0
-    """Graphs Dynamo compiled (``unique_graphs``), rank 0, warm-up and measured steps."""
-    graphs_measured: int = 0
-    """Graphs compiled during the measured steps (non-zero means recompiles)."""
-    graph_breaks: int = 0
-    """Dynamo's ``graph_break`` counter total (a lower bound; ``gbdoctor scan`` is the full count)."""
-    regions: int = 0
-    """Compiled regions per the strategy (all blocks)."""
-    fullgraph_regions: int = 0
-    recompiles: int = 0
-    """Recompiles during the measured steps (max over ranks)."""
-    recompile_events: tuple[Recompile, ...] = ()
-    """Every recompile (warm-up ones too), of the rank with most measured recompiles."""
-    recompile_limit_hit: bool = False
-    """Dynamo hit ``recompile_limit`` and fell back to eager for some frame."""
-    losses: tuple[float, ...] = ()
-    """Global loss of every step, warm-up steps first."""
-    loss_rel_diff: float | None = None
-    """|loss0 - eager loss0| / |eager loss0| (None for eager or without an eager run)."""
-    diverged: bool = False
-    speedup_vs_eager: float | None = None
-    """Eager median step time / this mode's (>1 is faster)."""
-    speedup_vs_best_baseline: float | None = None
-    dynamo_config: tuple[tuple[str, str], ...] = ()
-    """The strategy's Dynamo settings, as (name, repr(value))."""
-    same_regions_as: str | None = None
-    """An earlier mode that compiled exactly the same regions with the same fullgraph settings."""
-    notes: tuple[str, ...] = ()
-
-
-@dataclass(**_REC)
-class RunReport:
-    spec: str
-    model: str
-    torch_version: str
-    device: str
-    backend: str
-    world_size: int
-    batch_size: int
-    """Local (per-rank) batch size."""
-    seq_len: int
-    warmup: int
-    steps: int
-    seed: int
-    tokens_per_step: int
-    """Global tokens per training step."""
-    ac_mode: str
-    ac_option: str
-    modes: tuple[ModeResult, ...]
-    best_baseline: str | None = None
-    loss_rtol: float = LOSS_RTOL
-    findings: tuple[str, ...] = ()
-    """Failed modes, measured-step recompiles, recompile-limit hits, diverged losses."""
-    notes: tuple[str, ...] = ()
-    schema_version: int = RUN_SCHEMA_VERSION
-
-    @property
-    def has_findings(self) -> bool:
-        return bool(self.findings)
-
-
-# --------------------------------------------------------------------------- per rank
-
-
-@dataclass(frozen=True)
-class ModeJob:
-    """What a rank needs to run one mode (picklable: sent to spawned ranks)."""
-
-    spec: Spec
-    mode: str
-    strategy: Strategy
-    device: str
-    backend: str
-    warmup: int
-    steps: int
-    cache_dir: str | None = None
-    """A fresh compile-cache folder for this mode (made and removed by ``run_modes``): every mode
-    compiles cold, none profits from a cache another mode filled."""
-
-
-@dataclass
-class RankRun:
-    """One rank's measurements of one mode."""
-
-    rank: int
-    warmup_times: list[float]
-    step_times: list[float]
-    losses: list[float]
-    peak_memory_mib: float
-    memory_metric: str
-    graphs: int
-    graphs_measured: int
-    graph_breaks: int
-    dynamo_compile_s: float
-    recompiles: list[Recompile]
-    recompile_limit_hit: bool
-    layout: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
-    """(block fqn, regions, fullgraph regions) as the setup placed them."""
-
-
-class ModeFailure(SetupError):
-    """A mode failed on a rank. Raised (not returned) so ``run_ranks`` stops every rank at once;
-    the failure kind travels in ``hint`` because ``run_ranks`` re-raises GbdoctorErrors with
-    message and hint only. ``run_modes`` turns it into a failed :class:`ModeResult`."""
-
-
-_RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
-_LIMIT_LOGGER = "torch._dynamo.convert_frame"
-
-
-class _RecompileRecorder(logging.Handler):
-    """Collects recompile log records, tagged with the training step they happened in."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.step = 0
-        self.measured = False
-        self.records: list[Recompile] = []
-        self.limit_hit = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record never breaks training
-            return
-        if record.name == _LIMIT_LOGGER:
-            if "recompile_limit" in text or "cache_size_limit" in text:
-                self.limit_hit = True
-            return
-        self.records.append(parse_recompile(text, step=self.step, measured=self.measured))
-
-
-_ENTRY = re.compile(r"^\d+/\d+: ")
-_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
-_HEADER = re.compile(r"Recompiling function (\S+) in (.+)$")
-
-
-def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
-    """A :class:`Recompile` from one ``recompiles`` log message (torch 2.13 layout)::
-
-        Recompiling function forward in /path/model.py:86
-            triggered by the following guard failure(s):
-            - 0/2: self.tag == 'b'   # code  # path:89 in forward (HINT: ...)
-            - User stack trace:
-            -   File "/path/model.py", line 89, in forward
-            - 0/1: ...
-    """
-    lines = text.splitlines()
-    function = lines[0].strip() if lines else ""
-    m = _HEADER.match(function)
-    if m:
-        function = f"{m.group(1)} at {m.group(2)}"
-    entries: list[list[str]] = []
-    for line in lines[1:]:
-        item = line.strip()
-        if not item.startswith("-"):
-            continue
-        item = item[1:].strip()
-        if _ENTRY.match(item):
-            entries.append([item])
-        elif entries:
-            entries[-1].append(item)
-    if not entries:
-        rest = " ".join(line.strip() for line in lines[1:] if line.strip())
-        return Recompile(step=step, measured=measured, function=function, reason=rest[:400] or "unknown")
-    # The failure of the newest cache entry (highest N in "F/N"); Dynamo lists entries newest
-    # first with its LRU cache on, oldest first with it off (as under AC).
-    first = max(entries, key=_entry_index)
-    head = _ENTRY.sub("", first[0])
-    hint = ""
-    if "(HINT:" in head:
-        head, _, hint = head.partition("(HINT:")
-        hint = hint.strip().rstrip(")").strip()
-    reason = " ".join(head.split("#", 1)[0].split())
-    location = None
-    for item in first[1:]:
-        fm = _FILE_LINE.search(item)
-        if fm:
-            location = f"{fm.group(1)}:{fm.group(2)}"
-    return Recompile(step=step, measured=measured, function=function, reason=reason[:400] or head.strip()[:400],
-                     location=location, hint=hint[:400], failed_entries=len(entries))
-
-
-def _entry_index(entry: list[str]) -> int:
-    m = re.match(r"^\d+/(\d+): ", entry[0])
-    return int(m.group(1)) if m else -1
-
-
-def _first_line(exc: BaseException) -> str:
-    """One line for an exception; wrapped backend errors ("backend='x' raised:") get the
-    wrapped error's line appended."""
-    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    first = text[0] if text else ""
-    if first.endswith(":") and len(text) > 1:
-        first = f"{first} {text[1]}"
-    return (f"{type(exc).__name__}: {first}" if first else type(exc).__name__)[:400]
-
-
-def _failure_kind(exc: BaseException) -> str:
-    import torch._dynamo.exc as dexc
-
-    if isinstance(exc, getattr(dexc, "FailOnRecompileLimitHit", ())):
-        return "recompile-limit"  # fullgraph=True turns hitting recompile_limit into an error
-    if isinstance(exc, dexc.Unsupported):
-        return "graph-break"
-    if isinstance(exc, dexc.TorchDynamoException):
-        return "compile"
-    return "runtime"
-
-
-def _peak_memory(device_type: str) -> tuple[float, str]:
-    if device_type == "cuda":
-        import torch
-
-        return torch.cuda.max_memory_allocated() / 2**20, "cuda_max_allocated_measured"
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss_process"
-
-
-def _counter_totals() -> tuple[int, int]:
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"]), int(sum(counters["graph_break"].values()))
-
-
-def _dynamo_compile_s() -> float:
-    from torch._dynamo.utils import compilation_time_metrics
-
-    return float(sum(compilation_time_metrics.get("_compile.compile_inner", [])))
-
-
-def run_mode_rank(job: ModeJob) -> RankRun:
-    """One rank of one mode (a ``run_ranks`` target; the process group is initialized)."""
-    if job.cache_dir is not None:
-        # Read lazily by inductor (and triton), so setting them before the first compile works.
-        rank_dir = os.path.join(job.cache_dir, f"rank{os.environ.get('RANK', '0')}")
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = rank_dir
-        os.environ["TRITON_CACHE_DIR"] = os.path.join(rank_dir, "triton")
-    return _run_mode_rank(job)
-
-
-def _run_mode_rank(job: ModeJob) -> RankRun:
-    import torch
-    import torch._logging
-    import torch.distributed as dist
-
-    from gbdoctor.models import build_model, vocab_size
-    from gbdoctor.setup.apply import apply_setup, recipe_context
-    from gbdoctor.setup.dist import build_meshes
-    from gbdoctor.setup.train import synthetic_batch, train_step
-
-    spec = job.spec
-    rank, world = dist.get_rank(), dist.get_world_size()
-    cuda = job.device == "cuda"
-    try:
-        torch.manual_seed(spec.training.seed)
-        meshes = build_meshes(spec.parallelism, job.device)
-        model = build_model(spec.model, device=meshes.device)
-        setup = apply_setup(model, spec, meshes, strategy=job.strategy, backend=job.backend)
-        vocab = vocab_size(model)
-    except GbdoctorError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
-        raise ModeFailure(f"setup: {_first_line(exc)}", "setup") from exc
-    layout = tuple((s.fqn, s.regions, s.fullgraph_regions) for s in setup.blocks)
-
-    recorder = _RecompileRecorder()
-    rec_logger = logging.getLogger(_RECOMPILES_LOGGER)
-    limit_logger = logging.getLogger(_LIMIT_LOGGER)
-    torch._logging.set_logs(recompiles=True)
-    rec_logger.addHandler(recorder)
-    rec_logger.propagate = False  # keep the user's stderr clean
-    limit_logger.addHandler(recorder)
-
-    warmup_times: list[float] = []
-    step_times: list[float] = []
-    losses: list[float] = []
-    graphs_before_measured = 0
-    warmup_compile_s = 0.0
-    total = job.warmup + job.steps
-    try:
-        with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
-            for step in range(total):
-                measured = step >= job.warmup
-                if step == job.warmup:
-                    graphs_before_measured = _counter_totals()[0]
-                    warmup_compile_s = _dynamo_compile_s()
-                    if cuda:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
-                recorder.step, recorder.measured = step, measured
-                tokens, labels = synthetic_batch(seed=spec.training.seed, step=step, vocab=vocab,
-                                                 local_batch=spec.capture_batch_size, seq_len=spec.capture_seq_len,
-                                                 rank=rank, world_size=world, device=meshes.device)
-                if world > 1:
-                    dist.barrier()
-                if cuda:
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                try:
-                    loss = train_step(setup, tokens, labels)
-                    if cuda:
-                        torch.cuda.synchronize()
-                except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
-                    phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
-                    raise ModeFailure(f"{phase}: {_first_line(exc)}", _failure_kind(exc)) from exc
-                elapsed = time.perf_counter() - start
-                (step_times if measured else warmup_times).append(elapsed)
-                losses.append(loss)
-    finally:
-        rec_logger.removeHandler(recorder)
-        limit_logger.removeHandler(recorder)
-        rec_logger.propagate = True
-        torch._logging.set_logs()
-    graphs, breaks = _counter_totals()
-    peak, metric = _peak_memory(job.device)
-    return RankRun(rank=rank, warmup_times=warmup_times, step_times=step_times, losses=losses,
-                   peak_memory_mib=peak, memory_metric=metric, graphs=graphs,
-                   graphs_measured=graphs - graphs_before_measured, graph_breaks=breaks,
-                   dynamo_compile_s=warmup_compile_s, recompiles=recorder.records,
-                   recompile_limit_hit=recorder.limit_hit, layout=layout)
 
 
 # --------------------------------------------------------------------------- driver
@@ -538,7 +158,7 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
         job = ModeJob(spec=spec, mode=mode, strategy=strategies[mode], device=device, backend=backend,
                       warmup=warmup, steps=steps, cache_dir=cache)
         try:
-            ranks = run_ranks("gbdoctor.run:run_mode_rank", job, world_size=world, device_type=device,
+            ranks = run_ranks("gbdoctor.run_worker:run_mode_rank", job, world_size=world, device_type=device,
                               timeout_s=spec.gbdoctor.timeout_s)
             raw.append((mode, job.strategy, ranks, None))
         except ModeFailure as exc:
@@ -748,3 +368,4 @@ def report_from_json(text: str) -> RunReport:
     except json.JSONDecodeError as exc:
         raise BaselineError(f"run report is not valid JSON: {exc}") from None
     return from_dict(RunReport, data)
+
