@@ -6,6 +6,7 @@ documented exit code; ``--debug`` (or ``GBDOCTOR_DEBUG=1``) adds the traceback.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -88,7 +89,11 @@ def _emit(text: str, output: Optional[Path]) -> None:
 
 
 class _ProgressBar:
-    """A rich progress bar on stderr driven by the library's (message, done, total) callback."""
+    """A rich progress bar on stderr driven by the library's (message, done, total) callback.
+
+    While it is shown, Python-level prints (a model's own ``print`` calls, which scans run) go
+    to stderr, so that stdout holds only the report (``--format json`` stays parseable).
+    """
 
     def __init__(self) -> None:
         self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -96,12 +101,15 @@ class _ProgressBar:
         self._task: Any = None
 
     def __enter__(self) -> "_ProgressBar":
+        self._redirect = contextlib.redirect_stdout(sys.stderr)
+        self._redirect.__enter__()
         self._progress.__enter__()
         self._task = self._progress.add_task("starting", total=1)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._progress.__exit__(*exc)
+        self._redirect.__exit__(*exc)
 
     def __call__(self, message: str, done: int, total: int) -> None:
         self._progress.update(self._task, description=message, completed=done, total=max(total, 1))
@@ -162,7 +170,8 @@ def inspect(
     from gbdoctor.report.inspect import render_inspect
 
     loaded = _load(spec, set_)
-    report = inspect_spec(loaded, strategy=_strategy(loaded, strategy, None))
+    with contextlib.redirect_stdout(sys.stderr):
+        report = inspect_spec(loaded, strategy=_strategy(loaded, strategy, None))
     _emit(render_inspect(report, format), output)
 
 
