@@ -116,3 +116,24 @@ def test_sac_scenario_splits_the_wrapping_and_keeps_attention_compiled():
     block = next(b for b in report.blocks if b.kind == "moe+sac" and b.same_as is None)
     assert f"{block.fqn}.attention" in block.fullgraph_regions
     assert dict(block.region_ops)[f"{block.fqn}.attention"] > 0 and not block.breaks and not block.events
+
+
+def _planted_flavors():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planted_for_plan", FIXTURES / "models" / "planted.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return sorted(f for f, cause in module.EXPECTED_CAUSE.items() if cause)
+
+
+@pytest.mark.parametrize("flavor", _planted_flavors())
+def test_every_planted_break_is_removed_or_isolated_and_proven(flavor, tmp_path):
+    path = tmp_path / f"{flavor}.toml"
+    path.write_text(f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FIXTURES / "models" / "planted.py"}:build"\n'
+                    '[training]\nlocal_batch_size = 2\nseq_len = 16\n[activation_checkpoint]\nmode = "none"\n')
+    plan = propose_plan(load_spec(path))
+    (kind,) = plan.kinds
+    assert kind.breaks_before >= 1 and kind.breaks_after == 0 and kind.verified, kind
+    # either a flag removed it (block stays whole) or the breaking code stays eager
+    assert plan.flags or kind.mode == "children"
