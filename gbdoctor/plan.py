@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from gbdoctor.errors import BaselineError
 from gbdoctor.records import BlockReport, Break, ScanReport, Spec

@@ -28,7 +28,7 @@ from gbdoctor.capture import (
     strict_breaks,
     torch_version,
 )
-from gbdoctor.errors import GbdoctorError, SetupError
+from gbdoctor.errors import SetupError
 from gbdoctor.locate import Locator, innermost_user_location
 from gbdoctor.records import Break, BlockReport, Event, RawBreak, ScanReport, SetupInfo, Spec
 from gbdoctor.setup.apply import Setup, apply_setup, recipe_context
