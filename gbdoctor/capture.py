@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -26,12 +25,7 @@ import torch.nn as nn
 from gbdoctor import causes
 from gbdoctor.records import Location, RawBreak
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
-
-
-def is_torch_file(path: str) -> bool:
-    return os.path.abspath(path).startswith(_TORCH_DIR)
 
 
 def torch_version() -> str:

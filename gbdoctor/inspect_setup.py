@@ -5,7 +5,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from gbdoctor.locate import clean_fqn, find_hooks
+from gbdoctor.locate import clean_fqn, find_hooks, within
 from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
 from gbdoctor.scan import ScanJob, build_and_setup, setup_info, strategy_for
 from gbdoctor.capture import torch_version
@@ -29,10 +29,6 @@ def _is_fsdp(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def _within(fqn: str, root: str) -> bool:
-    return fqn == root or fqn.startswith(root + ".")
-
-
 def inspect_rank(job: ScanJob) -> SetupReport:
     setup, _ = build_and_setup(job)
     model = setup.model
@@ -48,10 +44,10 @@ def inspect_rank(job: ScanJob) -> SetupReport:
         blocks.append(BlockSetup(
             fqn=slot.fqn, kind=slot.kind, moe=slot.is_moe, ac_wrapped=ac, compiled=slot.regions,
             fullgraph=slot.fullgraph_regions,
-            sharded=tuple(s for s in sharded if _within(s, slot.fqn)),
-            hooks=tuple(sorted((h for h in hooks if _within(h.module, slot.fqn)), key=_hook_order)),
+            sharded=tuple(s for s in sharded if within(s, slot.fqn)),
+            hooks=tuple(sorted((h for h in hooks if within(h.module, slot.fqn)), key=_hook_order)),
             params=int(params)))
-    in_block = lambda fqn: any(_within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
+    in_block = lambda fqn: any(within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
     return SetupReport(
         spec=job.spec.path, model=f"{job.spec.model.name}/{job.spec.model.flavor}", torch_version=torch_version(),
         setup=setup_info(job.spec, job, setup), blocks=tuple(blocks),

@@ -128,7 +128,8 @@ def find_hooks(model: nn.Module, installed: Iterable[Any]) -> list[FoundHook]:
     return found
 
 
-def _within(fqn: str, root: str) -> bool:
+def within(fqn: str, root: str) -> bool:
+    """``fqn`` is ``root`` or inside it (an empty root contains everything)."""
     return not root or fqn == root or fqn.startswith(root + ".")
 
 
@@ -169,13 +170,13 @@ class Locator:
             if os.path.abspath(frame.file).startswith(_FSDP_DIR):
                 component = "fsdp"
             hooks = [(owner, installer) for span, owner, installer in self._hooks
-                     if span.contains(frame) and _within(owner, root)]
+                     if span.contains(frame) and within(owner, root)]
             if hooks:
                 # One hook function may serve many modules (every layer's experts): take the
                 # one inside the module matched so far.
                 inside = [h for h in hooks if not module or h[0] == module or h[0].startswith(module + ".")]
                 module, component = min(inside or hooks)
-            candidates = [fqn for span, fqn in self._spans if span.contains(frame) and _within(fqn, root)]
+            candidates = [fqn for span, fqn in self._spans if span.contains(frame) and within(fqn, root)]
             if candidates:
                 # Several instances of one class share a forward: prefer the one inside the
                 # module matched so far, and the shallowest such (nearest descendant).

@@ -23,6 +23,7 @@ from typing import Callable
 from gbdoctor.errors import BaselineError
 from gbdoctor.records import BlockReport, Break, ScanReport, Spec
 from gbdoctor.report.serialize import dumps, from_dict
+from gbdoctor.locate import within
 from gbdoctor.setup.compile import BlockRecipe, Strategy
 
 PLAN_SCHEMA_VERSION = 1
@@ -90,10 +91,16 @@ class Plan:
 
 def plan_strategy(plan: Plan, spec: Spec | None = None) -> Strategy:
     """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification)."""
-    per_kind = tuple((k.kind.split("#", 1)[0], BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager,
-                                                          split_ac=k.split_ac)) for k in plan.kinds)
-    return Strategy(name="plan", dense=BlockRecipe(), moe=BlockRecipe(mode="children"), flags=plan.flags,
-                    per_kind=per_kind, summary=f"gbdoctor plan for {plan.spec}")
+    recipes = {k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
+               for k in plan.kinds}
+    return _plan_strategy(recipes, plan.flags, summary=f"gbdoctor plan for {plan.spec}")
+
+
+def _plan_strategy(recipes: dict[str, BlockRecipe], flags: tuple[tuple[str, bool], ...], summary: str = "") -> Strategy:
+    """Per-kind recipes keyed by the setup's kind label (a scan's ``#2`` suffix dropped)."""
+    per_kind = tuple((kind.split("#", 1)[0], recipe) for kind, recipe in sorted(recipes.items()))
+    return Strategy(name="plan", dense=BlockRecipe(), moe=BlockRecipe(mode="children"), flags=flags,
+                    per_kind=per_kind, summary=summary)
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -141,9 +148,8 @@ def _representatives(report: ScanReport) -> list[BlockReport]:
 
 
 def _relative(module: str, block_fqn: str) -> str:
-    if module == block_fqn:
-        return ""
-    return module[len(block_fqn) + 1:] if module.startswith(block_fqn + ".") else ""
+    """``module`` relative to the block ("" for the block itself or a module outside it)."""
+    return module[len(block_fqn) + 1:] if module != block_fqn and within(module, block_fqn) else ""
 
 
 def _flag_for(brk: Break) -> tuple[str, ...]:
@@ -265,9 +271,7 @@ def _without_ac(spec: Spec) -> Spec:
 
 
 def _strategy(cands: dict[str, _Candidate], flags: set[str]) -> Strategy:
-    per_kind = tuple((k.split("#", 1)[0], c.recipe()) for k, c in sorted(cands.items()))
-    return Strategy(name="plan", dense=BlockRecipe(), moe=BlockRecipe(mode="children"),
-                    flags=tuple((f, True) for f in sorted(flags)), per_kind=per_kind)
+    return _plan_strategy({k: c.recipe() for k, c in cands.items()}, tuple((f, True) for f in sorted(flags)))
 
 
 def _assemble(spec: Spec, before: ScanReport, final: ScanReport, cands: dict[str, _Candidate],

@@ -29,7 +29,7 @@ from gbdoctor.capture import (
     torch_version,
 )
 from gbdoctor.errors import SetupError
-from gbdoctor.locate import Locator, innermost_user_location
+from gbdoctor.locate import Locator, innermost_user_location, within
 from gbdoctor.records import Break, BlockReport, Event, RawBreak, ScanReport, SetupInfo, Spec
 from gbdoctor.setup.apply import Setup, apply_setup, recipe_context
 from gbdoctor.setup.compile import STRATEGIES, Strategy
@@ -169,7 +169,7 @@ def _scan_set_up(job: ScanJob, session: CaptureSession, setup: Setup, meshes: An
 
 
 def _rebase_fqn(name: str, old: str, new: str) -> str:
-    return new + name[len(old):] if name == old or name.startswith(old + ".") else name
+    return new + name[len(old):] if old and within(name, old) else name
 
 
 def rebase(report: BlockReport, old: str, new: str) -> BlockReport:

@@ -1,8 +1,6 @@
 """Layout of ``gbdoctor causes [ID]``."""
 from __future__ import annotations
 
-import io
-
 from gbdoctor.errors import SpecError
 from gbdoctor.report.serialize import dumps
 
@@ -15,10 +13,11 @@ def render_causes(cause_id: str | None, fmt: str) -> str:
         return dumps({"schema_version": 1, "causes": selected})
     if fmt != "table":
         raise SpecError(f"unknown format {fmt!r} for causes", hint="use --format table or json")
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=120, record=True, file=io.StringIO(), force_terminal=False)
+    from gbdoctor.report.table import plain_text, recording_console
+
+    console = recording_console()
     if cause_id:
         c = selected[0]
         console.print(f"[bold]{c.id}[/]: {c.title}")
@@ -26,11 +25,11 @@ def render_causes(cause_id: str | None, fmt: str) -> str:
         console.print(f"owner: {c.owner}   effort: {c.effort}")
         for fix in c.fixes:
             console.print(f"  - {fix}")
-        return console.export_text()
+        return plain_text(console)
     table = Table()
     for col in ("id", "what", "owner", "effort", "first fix"):
         table.add_column(col)
     for c in selected:
         table.add_row(c.id, c.explanation, c.owner, c.effort, c.fixes[0] if c.fixes else "")
     console.print(table)
-    return console.export_text()
+    return plain_text(console)

@@ -1,8 +1,6 @@
 """Layout of ``gbdoctor inspect``: a rich tree per block, or stable JSON."""
 from __future__ import annotations
 
-import io
-
 from gbdoctor.errors import SpecError
 from gbdoctor.records import SetupReport
 from gbdoctor.report.serialize import dumps
@@ -13,11 +11,12 @@ def render_inspect(report: SetupReport, fmt: str) -> str:
         return dumps(report)
     if fmt != "table":
         raise SpecError(f"unknown format {fmt!r} for inspect", hint="use --format table or json")
-    from rich.console import Console
     from rich.table import Table
+
+    from gbdoctor.report.table import plain_text, recording_console
     from rich.tree import Tree
 
-    console = Console(width=120, record=True, file=io.StringIO(), force_terminal=False)
+    console = recording_console()
     s = report.setup
     console.print(f"[bold]{report.spec}[/] model={report.model} torch={report.torch_version}")
     console.print(f"strategy={s.strategy} device={s.device} world_size={s.world_size} ep={s.ep_degree} "
@@ -45,4 +44,4 @@ def render_inspect(report: SetupReport, fmt: str) -> str:
     console.print(tree)
     if report.other_sharded:
         console.print("FSDP-sharded outside blocks: " + ", ".join(report.other_sharded))
-    return console.export_text()
+    return plain_text(console)

@@ -1,16 +1,15 @@
 """Layout of ``gbdoctor plan``: one row per block kind, then reasons and flag costs."""
 from __future__ import annotations
 
-import io
-
 from gbdoctor.plan import Plan
 
 
 def render_plan_table(plan: Plan) -> str:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=120, record=True, file=io.StringIO(), force_terminal=False)
+    from gbdoctor.report.table import plain_text, recording_console
+
+    console = recording_console()
     status = "verified" if plan.verified else "NOT fully verified"
     console.print(f"[bold]gbdoctor plan[/] {plan.spec} ({plan.model}), torch {plan.torch_version}: {status} "
                   f"after {plan.rounds} round(s); baseline = {plan.baseline_strategy}")
@@ -35,4 +34,4 @@ def render_plan_table(plan: Plan) -> str:
             console.print(f"  cost: {cost}", markup=False)
     for s in plan.suggestions:
         console.print(f"  also possible: {s}", markup=False)
-    return console.export_text()
+    return plain_text(console)

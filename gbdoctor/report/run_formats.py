@@ -8,7 +8,6 @@ pandas). Everything shown is computed by ``gbdoctor.run``; these only lay it out
 """
 from __future__ import annotations
 
-import io
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +15,6 @@ from gbdoctor.errors import SpecError
 from gbdoctor.report import serialize
 
 if TYPE_CHECKING:
-    from rich.console import Console
-
     from gbdoctor.run import ModeResult, RunReport
 
 __all__ = ["RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
@@ -131,15 +128,6 @@ def _mode_details(mode: ModeResult) -> list[str]:
 # --------------------------------------------------------------------------- table
 
 
-def _console() -> Console:
-    from rich.console import Console
-
-    return Console(width=WIDTH, record=True, file=io.StringIO(), force_terminal=False,
-                   color_system=None, highlight=False, emoji=False)
-
-
-def _plain(console: Console) -> str:
-    return "".join(line.rstrip() + "\n" for line in console.export_text(styles=False).splitlines())
 
 
 def render_table(report: RunReport) -> str:
@@ -147,9 +135,10 @@ def render_table(report: RunReport) -> str:
     from rich.table import Table
     from rich.text import Text
 
+    from gbdoctor.report.table import plain_text, recording_console
     from gbdoctor.run import LOSSES_SHOWN
 
-    console = _console()
+    console = recording_console()
     console.print(Text("gbdoctor run", style="bold"))
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
@@ -221,7 +210,7 @@ def render_table(report: RunReport) -> str:
                            style="green"))
     for note in report.notes:
         console.print(Text(f"note: {note}"))
-    return _plain(console)
+    return plain_text(console)
 
 
 def _short_status(mode: ModeResult) -> str:

@@ -18,7 +18,7 @@ from gbdoctor.summary import fix_hint, summarize
 if TYPE_CHECKING:
     from gbdoctor.gate import GateResult
 
-__all__ = ["GateTableFormat", "TableFormat", "recording_console", "render_gate_table", "render_table"]
+__all__ = ["GateTableFormat", "TableFormat", "plain_text", "recording_console", "render_gate_table", "render_table"]
 
 WIDTH = 120
 
@@ -29,7 +29,7 @@ def recording_console() -> Console:
                    color_system=None, highlight=False, emoji=False)
 
 
-def _plain(console: Console) -> str:
+def plain_text(console: Console) -> str:
     """The recorded text without styles or the padding rich adds at line ends."""
     return "".join(line.rstrip() + "\n" for line in console.export_text(styles=False).splitlines())
 
@@ -103,7 +103,7 @@ class TableFormat:
     def render(self, report: ScanReport) -> str:
         console = recording_console()
         render_table(report, console)
-        return _plain(console)
+        return plain_text(console)
 
 
 # --------------------------------------------------------------------------- gate
@@ -144,4 +144,4 @@ class GateTableFormat:
     def render(self, result: GateResult) -> str:
         console = recording_console()
         render_gate_table(result, console)
-        return _plain(console)
+        return plain_text(console)
