@@ -11,6 +11,7 @@ Not a test: numbers depend on the machine and on whatever else it is running (th
 before and after is recorded). Nothing here favours any mode; every mode gets the same spec, seed,
 data, warm-up and step count, each in its own fresh processes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SPECS = ("fixtures/llama3_debug.toml", "fixtures/llama4_debug.toml", "fixtures/deepseek_v3_debug.toml")
+DEFAULT_SPECS = (
+    "fixtures/llama3_debug.toml",
+    "fixtures/llama4_debug.toml",
+    "fixtures/deepseek_v3_debug.toml",
+)
 
 
 def cpu_model() -> str:
@@ -57,7 +62,11 @@ def machine() -> dict[str, object]:
 def _fmt(value: object, spec: str = ".3f") -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
-    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+    return (
+        format(value, spec)
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        else str(value)
+    )
 
 
 def markdown(info: dict[str, object], settings: dict[str, object], reports: list) -> str:
@@ -84,15 +93,19 @@ def markdown(info: dict[str, object], settings: dict[str, object], reports: list
             if row["diverged"]:
                 status += ", DIVERGED"
             median = row["step_time_median_s"]
-            step = "-" if median is None else (f"{median:.3f} [{row['step_time_min_s']:.3f}-"
-                                               f"{row['step_time_max_s']:.3f}]")
+            step = (
+                "-"
+                if median is None
+                else (f"{median:.3f} [{row['step_time_min_s']:.3f}-{row['step_time_max_s']:.3f}]")
+            )
             best = " (best)" if row["mode"] == report.best_baseline else ""
             lines.append(
                 f"| {name} | {row['mode']}{best} | {status} | {_fmt(row['tokens_per_s'], ',.0f')} | {step} | "
                 f"{_fmt(row['compile_time_s'], '.2f')} | {_fmt(row['peak_memory_mib'], '.0f')} | "
                 f"{row['graphs'] if row['status'] == 'ok' else '-'} | "
                 f"{row['recompiles'] if row['status'] == 'ok' else '-'} | "
-                f"{_fmt(row['speedup_vs_eager'], '.2f')} | {_fmt(row['speedup_vs_best_baseline'], '.2f')} |")
+                f"{_fmt(row['speedup_vs_eager'], '.2f')} | {_fmt(row['speedup_vs_best_baseline'], '.2f')} |"
+            )
             if row["error"]:
                 notes.append(f"- {name} / {row['mode']}: {row['error']}")
         for mode in report.modes:
@@ -106,15 +119,19 @@ def markdown(info: dict[str, object], settings: dict[str, object], reports: list
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--specs", nargs="+", default=list(DEFAULT_SPECS))
-    parser.add_argument("--set", nargs="*", default=[], dest="overrides", help="spec overrides section.key=value")
+    parser.add_argument(
+        "--set", nargs="*", default=[], dest="overrides", help="spec overrides section.key=value"
+    )
     parser.add_argument("--modes", nargs="*", default=None)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--backend", default=None, help="default: aot_eager on CPU, inductor on CUDA")
+    parser.add_argument(
+        "--backend", default=None, help="default: aot_eager on CPU, inductor on CUDA"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
-    from gbdoctor.report.serialize import to_jsonable
+    from gbdoctor.records.io import to_jsonable
     from gbdoctor.run import run_modes
     from gbdoctor.spec import load_spec
 
@@ -124,19 +141,37 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.specs:
         spec = load_spec(ROOT / path if not Path(path).is_absolute() else path, args.overrides)
         print(f"[run_bench] {path}", file=sys.stderr, flush=True)
-        report = run_modes(spec, modes=args.modes, steps=args.steps, warmup=args.warmup, backend=args.backend,
-                           progress=lambda msg, done, total: print(f"[run_bench]   {msg} ({done}/{total})",
-                                                                   file=sys.stderr, flush=True))
+        report = run_modes(
+            spec,
+            modes=args.modes,
+            steps=args.steps,
+            warmup=args.warmup,
+            backend=args.backend,
+            progress=lambda msg, done, total: print(
+                f"[run_bench]   {msg} ({done}/{total})", file=sys.stderr, flush=True
+            ),
+        )
         reports.append(report)
     if hasattr(os, "getloadavg"):
         info["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    settings = {"steps": args.steps, "warmup": args.warmup, "backend": reports[0].backend if reports else args.backend,
-                "overrides": args.overrides, "wall_s": time.perf_counter() - started}
+    settings = {
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "backend": reports[0].backend if reports else args.backend,
+        "overrides": args.overrides,
+        "wall_s": time.perf_counter() - started,
+    }
     host = re.sub(r"[^A-Za-z0-9_.-]", "_", str(info["host"]))
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"run_{host}.json"
-    out.write_text(json.dumps({"machine": info, "settings": settings, "reports": to_jsonable(reports)},
-                              indent=2, sort_keys=True) + "\n")
+    out.write_text(
+        json.dumps(
+            {"machine": info, "settings": settings, "reports": to_jsonable(reports)},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
     print(f"[run_bench] wrote {out}", file=sys.stderr)
     sys.stdout.write(markdown(info, settings, reports))
     return 0

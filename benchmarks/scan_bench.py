@@ -7,6 +7,7 @@ setup), and their ratio. Run from the repository root:
 
     python benchmarks/scan_bench.py                # llama4 debug (real) + 48-layer 17bx16e (meta)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,18 @@ def naive_explain_loop(spec, device: str) -> tuple[float, int]:
     torch.manual_seed(0)
     model = build_model(spec.model, device=device, max_seq_len=spec.training.seq_len)
     inputs: dict[str, tuple] = {}
-    hooks = [block.register_forward_pre_hook(lambda m, a, k, key=key: inputs.setdefault(key, (a, k)), with_kwargs=True)
-             for key, block in model.layers.items()]
-    tokens = torch.randint(0, model.tok_embeddings.num_embeddings,
-                           (spec.capture_batch_size, spec.capture_seq_len), device=device)
+    hooks = [
+        block.register_forward_pre_hook(
+            lambda m, a, k, key=key: inputs.setdefault(key, (a, k)), with_kwargs=True
+        )
+        for key, block in model.layers.items()
+    ]
+    tokens = torch.randint(
+        0,
+        model.tok_embeddings.num_embeddings,
+        (spec.capture_batch_size, spec.capture_seq_len),
+        device=device,
+    )
     with torch.no_grad():
         model(tokens)
     for h in hooks:
@@ -56,18 +65,34 @@ def main() -> None:
     args = parser.parse_args()
     cases = [("llama4 debugmodel (6 layers, CPU, real)", "fixtures/llama4_debug.toml", [], "cpu")]
     if not args.skip_full_size:
-        cases.append(("llama4 17bx16e (48 layers, meta, simulated)", "fixtures/llama4_debug.toml",
-                      ["model.flavor=17bx16e", "gbdoctor.simulate=true", "gbdoctor.batch_size=1",
-                       "gbdoctor.seq_len=128"], "meta"))
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}")
-    print("| case | layers | captured kinds | gbdoctor scan (s) | naive explain loop (s) | loop / scan |")
+        cases.append(
+            (
+                "llama4 17bx16e (48 layers, meta, simulated)",
+                "fixtures/llama4_debug.toml",
+                [
+                    "model.flavor=17bx16e",
+                    "gbdoctor.simulate=true",
+                    "gbdoctor.batch_size=1",
+                    "gbdoctor.seq_len=128",
+                ],
+                "meta",
+            )
+        )
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}"
+    )
+    print(
+        "| case | layers | captured kinds | gbdoctor scan (s) | naive explain loop (s) | loop / scan |"
+    )
     print("|---|---|---|---|---|---|")
     for name, path, overrides, device in cases:
         spec = load_spec(path, overrides)
         scan_s, layers, captured = timed_scan(spec)
         loop_s, _ = naive_explain_loop(spec, device)
-        print(f"| {name} | {layers} | {captured} | {scan_s:.1f} | {loop_s:.1f} | {loop_s / scan_s:.2f} |")
+        print(
+            f"| {name} | {layers} | {captured} | {scan_s:.1f} | {loop_s:.1f} | {loop_s / scan_s:.2f} |"
+        )
     print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 

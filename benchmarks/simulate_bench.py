@@ -11,6 +11,7 @@ library call ``gbdoctor scan SPEC --simulate`` makes, and reports:
 
 Specs live in ``benchmarks/specs/`` (torchtitan's presets with the layout gbdoctor supports).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,9 +50,12 @@ def child(spec_path: str) -> dict:
                 return fn(*args, **kwargs)
             finally:
                 phases[name] = phases.get(name, 0.0) + time.perf_counter() - t
+
         return wrapper
 
-    scan_mod.build_and_setup = timed("build+setup (meta) + fake materialize", scan_mod.build_and_setup)
+    scan_mod.build_and_setup = timed(
+        "build+setup (meta) + fake materialize", scan_mod.build_and_setup
+    )
     scan_mod.warm_up = timed("eager warm-up step", scan_mod.warm_up)
     scan_mod.capture_block = timed("block captures", scan_mod.capture_block)
 
@@ -66,7 +70,7 @@ def child(spec_path: str) -> dict:
         "spec": os.path.relpath(spec_path, ROOT),
         "model": report.model,
         "layout": f"world {p.world_size}, FSDP {p.dp_shard}, EP {p.expert_parallel_degree}, AC "
-                  + _ac(spec.activation_checkpoint),
+        + _ac(spec.activation_checkpoint),
         "capture_input": f"batch {spec.capture_batch_size} x seq {spec.capture_seq_len}",
         "params": _param_count(spec),
         "blocks": len(report.blocks),
@@ -110,8 +114,12 @@ def main() -> int:
             continue
         print(f"== {name}: {spec.relative_to(ROOT)}", flush=True)
         t = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--child", str(spec)], capture_output=True, text=True,
-                              cwd=ROOT)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", str(spec)],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
         if proc.returncode != 0:
             print(proc.stderr[-4000:])
             return 1
@@ -120,16 +128,24 @@ def main() -> int:
         results[name] = res
         ok_t = "ok" if res["scan_s"] < TARGET_S else "OVER"
         ok_m = "ok" if res["peak_rss_mib"] < TARGET_GIB * 1024 else "OVER"
-        print(f"   model {res['model']} ({res['params'] / 1e9:.0f}B params), {res['layout']}, "
-              f"input {res['capture_input']}")
-        print(f"   {res['blocks']} blocks, {res['captured_kinds']} kind(s) captured; {res['breaks']} break(s), "
-              f"{res['events']} event(s), {res['errors']} error(s); simulated={res['simulated']}")
-        print(f"   scan wall {res['scan_s']:.1f} s [{ok_t} vs {TARGET_S:.0f} s]; whole process "
-              f"{res['process_s']:.1f} s (imports {res['imports_s']:.1f} s)")
+        print(
+            f"   model {res['model']} ({res['params'] / 1e9:.0f}B params), {res['layout']}, "
+            f"input {res['capture_input']}"
+        )
+        print(
+            f"   {res['blocks']} blocks, {res['captured_kinds']} kind(s) captured; {res['breaks']} break(s), "
+            f"{res['events']} event(s), {res['errors']} error(s); simulated={res['simulated']}"
+        )
+        print(
+            f"   scan wall {res['scan_s']:.1f} s [{ok_t} vs {TARGET_S:.0f} s]; whole process "
+            f"{res['process_s']:.1f} s (imports {res['imports_s']:.1f} s)"
+        )
         print(f"   peak RSS {res['peak_rss_mib']:.0f} MiB [{ok_m} vs {TARGET_GIB:.0f} GiB]")
         for phase, s in sorted(res["phases_s"].items(), key=lambda kv: -kv[1]):
             print(f"     {phase:40s} {s:6.1f} s")
-    print(f"machine: {os.cpu_count()} CPU core(s); load average {os.getloadavg()[0]:.2f} at the end")
+    print(
+        f"machine: {os.cpu_count()} CPU core(s); load average {os.getloadavg()[0]:.2f} at the end"
+    )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

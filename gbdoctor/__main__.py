@@ -1,4 +1,5 @@
 """`python -m gbdoctor` is the same as the `gbdoctor` console script."""
+
 from gbdoctor.cli import main
 
 if __name__ == "__main__":

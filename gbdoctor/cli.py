@@ -4,6 +4,7 @@ Each command parses, calls the library, renders and returns an exit code. Errors
 library (``GbdoctorError``) become one line ``Error: ...`` plus ``Hint: ...`` on stderr and the
 documented exit code; ``--debug`` (or ``GBDOCTOR_DEBUG=1``) adds the traceback.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +12,9 @@ import functools
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,18 +22,35 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from gbdoctor.errors import ExitCode, GbdoctorError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Find, explain, fix and gate torch.compile graph breaks under real training setups.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="Find, explain, fix and gate torch.compile graph breaks under real training setups.",
+)
 err_console = Console(stderr=True)
 
-SpecArg = Annotated[Path, typer.Argument(help="torchtitan v0.2.x TOML train config", show_default=False)]
-SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override a spec key: section.key=value (repeatable)", show_default=False)]
-StrategyOpt = Annotated[Optional[str], typer.Option(
-    "--strategy", help="Compile strategy preset (default: the spec's [gbdoctor] strategy, else 'block')")]
-OutputOpt = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to FILE")]
+SpecArg = Annotated[
+    Path, typer.Argument(help="torchtitan v0.2.x TOML train config", show_default=False)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="Override a spec key: section.key=value (repeatable)", show_default=False
+    ),
+]
+StrategyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--strategy",
+        help="Compile strategy preset (default: the spec's [gbdoctor] strategy, else 'block')",
+    ),
+]
+OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors")]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="Exit 1 when any break, event or error is found")]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="Exit 1 when any break, event or error is found")
+]
 
 
 def _debug_enabled(debug: bool) -> bool:
@@ -57,28 +76,34 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             err_console.print(f"Error: {exc.message}", markup=False, highlight=False)
             if exc.hint:
                 err_console.print(f"Hint: {exc.hint}", markup=False, highlight=False)
-            raise typer.Exit(int(exc.exit_code))
+            raise typer.Exit(int(exc.exit_code)) from None
         except KeyboardInterrupt:
             err_console.print("Interrupted.")
-            raise typer.Exit(130)
+            raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - last line of defence: no raw traceback
             if debug:
                 err_console.print(traceback.format_exc(), markup=False, highlight=False)
             first = (str(exc).strip().splitlines() or [""])[0]
-            err_console.print(f"Error: internal error: {type(exc).__name__}: {first}", markup=False, highlight=False)
-            err_console.print("Hint: rerun with --debug and report the traceback", markup=False, highlight=False)
-            raise typer.Exit(int(ExitCode.ENVIRONMENT))
+            err_console.print(
+                f"Error: internal error: {type(exc).__name__}: {first}",
+                markup=False,
+                highlight=False,
+            )
+            err_console.print(
+                "Hint: rerun with --debug and report the traceback", markup=False, highlight=False
+            )
+            raise typer.Exit(int(ExitCode.ENVIRONMENT)) from None
 
     return wrapper
 
 
-def _load(spec: Path, overrides: Optional[list[str]]) -> Any:
+def _load(spec: Path, overrides: list[str] | None) -> Any:
     from gbdoctor.spec import load_spec
 
     return load_spec(spec, overrides or ())
 
 
-def _emit(text: str, output: Optional[Path]) -> None:
+def _emit(text: str, output: Path | None) -> None:
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -96,11 +121,17 @@ class _ProgressBar:
     """
 
     def __init__(self) -> None:
-        self._progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                  TimeElapsedColumn(), console=err_console, transient=True)
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
         self._task: Any = None
 
-    def __enter__(self) -> "_ProgressBar":
+    def __enter__(self) -> _ProgressBar:
         self._redirect = contextlib.redirect_stdout(sys.stderr)
         self._redirect.__enter__()
         self._progress.__enter__()
@@ -121,12 +152,20 @@ def scan(
     spec: SpecArg,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
-    plan: Annotated[Optional[Path], typer.Option("--plan", help="Scan with a gbdoctor plan.json applied")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")] = "table",
+    plan: Annotated[
+        Path | None, typer.Option("--plan", help="Scan with a gbdoctor plan.json applied")
+    ] = None,
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
+    ] = "table",
     output: OutputOpt = None,
     strict: StrictOpt = False,
-    simulate: Annotated[bool, typer.Option("--simulate", help="Meta tensors + fake process group")] = False,
-    no_dedupe: Annotated[bool, typer.Option("--no-dedupe", help="Capture every layer, not one per kind")] = False,
+    simulate: Annotated[
+        bool, typer.Option("--simulate", help="Meta tensors + fake process group")
+    ] = False,
+    no_dedupe: Annotated[
+        bool, typer.Option("--no-dedupe", help="Capture every layer, not one per kind")
+    ] = False,
     debug: DebugOpt = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
@@ -140,7 +179,7 @@ def scan(
         raise typer.Exit(int(ExitCode.FINDINGS))
 
 
-def _strategy(spec: Any, strategy: Optional[str], plan: Optional[Path]) -> Any:
+def _strategy(spec: Any, strategy: str | None, plan: Path | None) -> Any:
     if plan is not None:
         if strategy is not None:
             raise typer.BadParameter("--plan and --strategy are mutually exclusive")
@@ -151,7 +190,9 @@ def _strategy(spec: Any, strategy: Optional[str], plan: Optional[Path]) -> Any:
         from gbdoctor.setup.compile import STRATEGIES
 
         if strategy not in STRATEGIES:
-            raise typer.BadParameter(f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}")
+            raise typer.BadParameter(
+                f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}"
+            )
     return strategy
 
 
@@ -166,8 +207,8 @@ def inspect(
     debug: DebugOpt = False,
 ) -> None:
     """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
-    from gbdoctor.inspect_setup import inspect_spec
     from gbdoctor.report.inspect import render_inspect
+    from gbdoctor.scan.inspect import inspect_spec
 
     loaded = _load(spec, set_)
     with contextlib.redirect_stdout(sys.stderr):
@@ -178,7 +219,7 @@ def inspect(
 @app.command()
 @handle_errors
 def causes(
-    cause_id: Annotated[Optional[str], typer.Argument(help="Explain one cause id")] = None,
+    cause_id: Annotated[str | None, typer.Argument(help="Explain one cause id")] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
     debug: DebugOpt = False,
 ) -> None:
@@ -193,15 +234,17 @@ def causes(
 def plan(
     spec: SpecArg,
     set_: SetOpt = None,
-    emit_config: Annotated[Optional[str], typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")] = None,
+    emit_config: Annotated[
+        str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
+    ] = None,
     output: OutputOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Propose a per-block compile/wrapping plan, verify it by re-scanning, emit it.
 
     Exit 1 when some block kind could not be verified (it is then left out of emitted code)."""
-    from gbdoctor.emit import EMITTERS, emit
     from gbdoctor.plan import propose_plan
+    from gbdoctor.plan.emit import EMITTERS, emit
     from gbdoctor.report.plan_table import render_plan_table
 
     if emit_config is not None and emit_config not in EMITTERS:
@@ -223,14 +266,33 @@ def plan(
 def run(
     spec: SpecArg,
     set_: SetOpt = None,
-    modes: Annotated[Optional[str], typer.Option("--modes", help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan")] = None,
+    modes: Annotated[
+        str | None,
+        typer.Option(
+            "--modes",
+            help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan",
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode")] = 5,
-    warmup: Annotated[int, typer.Option("--warmup", help="Warm-up steps per mode (compile happens here)")] = 2,
-    backend: Annotated[Optional[str], typer.Option("--backend", help="inductor|aot_eager (default: aot_eager on CPU, inductor on CUDA)")] = None,
-    plan_file: Annotated[Optional[Path], typer.Option("--plan", help="A gbdoctor plan.json: adds the 'plan' mode")] = None,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Ranks (must match the spec's world size)")] = None,
+    warmup: Annotated[
+        int, typer.Option("--warmup", help="Warm-up steps per mode (compile happens here)")
+    ] = 2,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend", help="inductor|aot_eager (default: aot_eager on CPU, inductor on CUDA)"
+        ),
+    ] = None,
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="A gbdoctor plan.json: adds the 'plan' mode")
+    ] = None,
+    nproc: Annotated[
+        int | None, typer.Option("--nproc", help="Ranks (must match the spec's world size)")
+    ] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown")] = "table",
-    csv: Annotated[Optional[Path], typer.Option("--csv", help="Also write one CSV row per mode")] = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Also write one CSV row per mode")
+    ] = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
     debug: DebugOpt = False,
@@ -242,8 +304,16 @@ def run(
     loaded = _load(spec, set_)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     with _ProgressBar() as bar:
-        report = run_modes(loaded, modes=chosen, steps=steps, warmup=warmup, backend=backend,
-                           plan_path=str(plan_file) if plan_file else None, nproc=nproc, progress=bar)
+        report = run_modes(
+            loaded,
+            modes=chosen,
+            steps=steps,
+            warmup=warmup,
+            backend=backend,
+            plan_path=str(plan_file) if plan_file else None,
+            nproc=nproc,
+            progress=bar,
+        )
     _emit(render_run(report, format), output)
     if csv is not None:
         write_csv(report, csv)
@@ -254,20 +324,49 @@ def run(
 @app.command()
 @handle_errors
 def gate(
-    specs: Annotated[Optional[list[Path]], typer.Argument(help="Spec TOMLs to scan and gate", show_default=False)] = None,
-    baseline: Annotated[Path, typer.Option("--baseline", "-b", help="Baseline JSON (gbdoctor gate --update-baseline writes it)")] = Path("gbdoctor-baseline.json"),
-    scan_json: Annotated[Optional[list[Path]], typer.Option("--scan", help="Use a saved `scan --format json` instead of scanning (repeatable)")] = None,
-    update_baseline: Annotated[bool, typer.Option("--update-baseline", help="Write the baseline from this scan and pass")] = False,
-    strict_improvements: Annotated[bool, typer.Option("--strict-improvements", help="Fail on improvements too (keep the baseline tight)")] = False,
-    recompiles: Annotated[bool, typer.Option("--recompiles", help="Also fail when a kind's graph count rises")] = False,
+    specs: Annotated[
+        list[Path] | None, typer.Argument(help="Spec TOMLs to scan and gate", show_default=False)
+    ] = None,
+    baseline: Annotated[
+        Path,
+        typer.Option(
+            "--baseline", "-b", help="Baseline JSON (gbdoctor gate --update-baseline writes it)"
+        ),
+    ] = Path("gbdoctor-baseline.json"),
+    scan_json: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--scan", help="Use a saved `scan --format json` instead of scanning (repeatable)"
+        ),
+    ] = None,
+    update_baseline: Annotated[
+        bool, typer.Option("--update-baseline", help="Write the baseline from this scan and pass")
+    ] = False,
+    strict_improvements: Annotated[
+        bool,
+        typer.Option(
+            "--strict-improvements", help="Fail on improvements too (keep the baseline tight)"
+        ),
+    ] = False,
+    recompiles: Annotated[
+        bool, typer.Option("--recompiles", help="Also fail when a kind's graph count rises")
+    ] = False,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")] = "table",
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
+    ] = "table",
     output: OutputOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
-    from gbdoctor.gate import baseline_from_reports, check_gate, dump_baseline, load_baseline, merge_baselines
+    from gbdoctor.gate import (
+        baseline_from_reports,
+        check_gate,
+        dump_baseline,
+        load_baseline,
+        merge_baselines,
+    )
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
@@ -282,8 +381,12 @@ def gate(
         baseline.write_text(dump_baseline(merge_baselines(old, baseline_from_reports(reports))))
         err_console.print(f"baseline written: {baseline}")
         return
-    result = check_gate(reports, load_baseline(baseline), strict_improvements=strict_improvements,
-                        recompiles=recompiles)
+    result = check_gate(
+        reports,
+        load_baseline(baseline),
+        strict_improvements=strict_improvements,
+        recompiles=recompiles,
+    )
     _emit(render_gate(result, format), output)
     raise typer.Exit(result.exit_code)
 
@@ -294,7 +397,9 @@ def diff(
     old: Annotated[Path, typer.Argument(help="Earlier `scan --format json` output")],
     new: Annotated[Path, typer.Argument(help="Later `scan --format json` output")],
     strict_improvements: Annotated[bool, typer.Option("--strict-improvements")] = False,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")] = "table",
+    format: Annotated[
+        str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
+    ] = "table",
     output: OutputOpt = None,
     debug: DebugOpt = False,
 ) -> None:
@@ -303,7 +408,9 @@ def diff(
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
-    result = diff_reports(load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements)
+    result = diff_reports(
+        load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements
+    )
     _emit(render_gate(result, format), output)
     raise typer.Exit(result.exit_code)
 

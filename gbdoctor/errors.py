@@ -3,6 +3,7 @@
 Library code raises these; only ``cli.main`` maps them to an exit code and a one-line message
 (``Error: ...`` plus ``Hint: ...``). Findings (exit 1) and failures (2, 3) never share a code.
 """
+
 from __future__ import annotations
 
 from enum import IntEnum

@@ -28,17 +28,31 @@ rises, a block that traced now errors, or a scanned spec is missing from the bas
 Improvements are reported and fail only with ``strict_improvements``; a torch version other
 than the baseline's is a warning.
 """
+
 from __future__ import annotations
 
 import json
 import posixpath
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any, Iterable
+from typing import Any
 
-from gbdoctor.errors import BaselineError, ExitCode
-from gbdoctor.records import Break, Location, ScanReport
+from gbdoctor.errors import BaselineError
+from gbdoctor.records import (
+    BASELINE_SCHEMA_VERSION,
+    SEVERITIES,
+    Baseline,
+    Break,
+    EventKind,
+    Finding,
+    GateResult,
+    KindCounts,
+    Location,
+    ScanReport,
+    Severity,
+)
+from gbdoctor.records.io import check_schema_version, parse_json_object, read_text
 from gbdoctor.summary import fix_hint, group_by_kind
 
 __all__ = [
@@ -61,133 +75,11 @@ __all__ = [
     "spec_key",
 ]
 
-BASELINE_SCHEMA_VERSION = 1
-
-SEVERITIES = ("regression", "warning", "improvement", "info")
-"""Finding severities, most severe first (findings are sorted in this order)."""
-
-FAILING_EVENTS = ("region_eager", "frame_skipped")
+FAILING_EVENTS = (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED)
 """Event kinds whose rising count fails the gate; other kinds (rank_divergence) warn."""
 
-_REC = dict(frozen=True, kw_only=True, slots=True)
-_UPDATE_HINT = "review the change, then accept it with --update-baseline"
-
-
-# --------------------------------------------------------------------------- records
-
-
-@dataclass(**_REC)
-class KindCounts:
-    """What the baseline keeps for one block kind of one spec."""
-
-    layers: int
-    """Number of blocks of this kind (informational: more layers never fail the gate)."""
-    graph_count: int
-    """Graphs of the representative block."""
-    breaks: tuple[tuple[str, int], ...] = ()
-    """(``"<cause>|<gb_type>"``, count) for the representative block, sorted by key."""
-    events: tuple[tuple[str, int], ...] = ()
-    """(event kind, count) for the representative block, sorted by kind."""
-    error: bool = False
-    """A block of this kind could not be traced."""
-
-    @property
-    def break_count(self) -> int:
-        """Breaks of the representative block."""
-        return sum(n for _, n in self.breaks)
-
-    @property
-    def causes(self) -> frozenset[str]:
-        """Cause ids present among the breaks."""
-        return frozenset(key.partition("|")[0] for key, _ in self.breaks)
-
-
 _EMPTY = KindCounts(layers=0, graph_count=0)
-
-
-@dataclass(**_REC)
-class Baseline:
-    """Accepted per-kind counts of every spec: the contents of a baseline file."""
-
-    torch_version: str
-    specs: tuple[tuple[str, tuple[tuple[str, KindCounts], ...]], ...] = ()
-    """(spec key, ((kind, counts), ...)), both levels sorted by key."""
-    schema_version: int = BASELINE_SCHEMA_VERSION
-
-    def kinds(self, spec: str) -> dict[str, KindCounts] | None:
-        """Kind -> counts of ``spec`` (a spec key); None when the baseline lacks the spec."""
-        for key, kinds in self.specs:
-            if key == spec:
-                return dict(kinds)
-        return None
-
-
-@dataclass(**_REC)
-class Finding:
-    """One difference between a scan and its baseline."""
-
-    severity: str
-    """``regression``, ``improvement``, ``warning`` or ``info`` (see :data:`SEVERITIES`)."""
-    spec: str
-    """Spec key (POSIX relative path of the spec)."""
-    kind: str
-    """Block kind; ``""`` for spec-level findings (torch version, spec missing)."""
-    what: str
-    """``break count 0 -> 1``, ``new cause fsdp-hook``, ``new event region_eager``, ..."""
-    cause: str = ""
-    gb_type: str = ""
-    locations: tuple[Location, ...] = ()
-    """file:line of each break/event behind the finding, from the new scan (for annotations)."""
-    hint: str = ""
-    """First fix of the cause, or what to do next."""
-
-    @property
-    def location(self) -> Location | None:
-        """The first of :attr:`locations`, if any."""
-        return self.locations[0] if self.locations else None
-
-
-@dataclass(**_REC)
-class GateResult:
-    """The findings of one gate run; ``passed``/``exit_code`` follow the failing rules."""
-
-    findings: tuple[Finding, ...]
-    strict_improvements: bool = False
-    """Improvements fail too (the baseline must be updated to lock them in)."""
-    specs: tuple[str, ...] = ()
-    """Spec keys that were checked."""
-    kinds: tuple[tuple[str, str], ...] = ()
-    """(spec key, kind) of every block kind that was checked, sorted."""
-
-    def fails(self, finding: Finding) -> bool:
-        """Whether this finding fails the gate."""
-        return finding.severity == "regression" or (self.strict_improvements and finding.severity == "improvement")
-
-    @property
-    def failures(self) -> tuple[Finding, ...]:
-        """The findings that fail the gate."""
-        return tuple(f for f in self.findings if self.fails(f))
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    @property
-    def exit_code(self) -> int:
-        """0 when passed, 1 when any finding fails."""
-        return int(ExitCode.OK if self.passed else ExitCode.FINDINGS)
-
-    def count(self, severity: str) -> int:
-        """Number of findings of one severity."""
-        return sum(1 for f in self.findings if f.severity == severity)
-
-    @property
-    def headline(self) -> str:
-        """``FAILED: 1 regression, 0 improvements, 1 warning over 1 spec(s)``."""
-        verdict = "PASSED" if self.passed else "FAILED"
-        parts = ", ".join(f"{self.count(s)} {s}(s)" for s in SEVERITIES[:3])
-        strict = " (strict improvements)" if self.strict_improvements else ""
-        return f"{verdict}: {parts} over {len(self.specs)} spec(s){strict}"
+_UPDATE_HINT = "review the change, then accept it with --update-baseline"
 
 
 # --------------------------------------------------------------------------- keys and counts
@@ -252,8 +144,10 @@ def baseline_from_reports(reports: Iterable[ScanReport]) -> Baseline:
             raise BaselineError(f"two scans for spec {key!r}: a baseline holds one scan per spec")
         specs[key] = kind_counts(report)
     torch_version = reports[0].torch_version if reports else ""
-    return Baseline(torch_version=torch_version,
-                    specs=tuple(sorted((k, _sorted_kinds(v)) for k, v in specs.items())))
+    return Baseline(
+        torch_version=torch_version,
+        specs=tuple(sorted((k, _sorted_kinds(v)) for k, v in specs.items())),
+    )
 
 
 def merge_baselines(old: Baseline | None, new: Baseline) -> Baseline:
@@ -290,9 +184,12 @@ def dump_baseline(baseline: Baseline) -> str:
     return json.dumps(_baseline_data(baseline), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
 
 
+_REGENERATE = "regenerate it with --update-baseline"
+
+
 def _expect(cond: bool, name: str, where: str, what: str) -> None:
     if not cond:
-        raise BaselineError(f"{name}: {where}: {what}", hint="regenerate it with --update-baseline")
+        raise BaselineError(f"{name}: {where}: {what}", hint=_REGENERATE)
 
 
 def _is_int(value: Any) -> bool:
@@ -303,7 +200,9 @@ def _counts(value: Any, name: str, where: str, *, pipe: bool) -> tuple[tuple[str
     _expect(isinstance(value, dict), name, where, "expected an object of counts")
     for key, n in value.items():
         _expect(_is_int(n), name, f"{where}.{key}", "expected a non-negative integer")
-        _expect(not pipe or "|" in key, name, f"{where}.{key}", "expected a '<cause>|<gb_type>' key")
+        _expect(
+            not pipe or "|" in key, name, f"{where}.{key}", "expected a '<cause>|<gb_type>' key"
+        )
     return tuple(sorted(value.items()))
 
 
@@ -316,61 +215,66 @@ def _kind(value: Any, name: str, where: str) -> KindCounts:
     _expect(not missing, name, where, f"missing key(s) {missing}")
     _expect(not unknown, name, where, f"unknown key(s) {unknown}")
     _expect(_is_int(value["layers"]), name, f"{where}.layers", "expected a non-negative integer")
-    _expect(_is_int(value["graph_count"]), name, f"{where}.graph_count", "expected a non-negative integer")
+    _expect(
+        _is_int(value["graph_count"]),
+        name,
+        f"{where}.graph_count",
+        "expected a non-negative integer",
+    )
     _expect(isinstance(value["error"], bool), name, f"{where}.error", "expected true or false")
-    return KindCounts(layers=value["layers"], graph_count=value["graph_count"],
-                      breaks=_counts(value["breaks"], name, f"{where}.breaks", pipe=True),
-                      events=_counts(value["events"], name, f"{where}.events", pipe=False),
-                      error=value["error"])
+    return KindCounts(
+        layers=value["layers"],
+        graph_count=value["graph_count"],
+        breaks=_counts(value["breaks"], name, f"{where}.breaks", pipe=True),
+        events=_counts(value["events"], name, f"{where}.events", pipe=False),
+        error=value["error"],
+    )
 
 
 def parse_baseline(text: str, name: str = "baseline") -> Baseline:
     """A :class:`Baseline` from JSON text; :class:`BaselineError` naming what is wrong."""
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
-                            hint="regenerate it with --update-baseline") from None
-    _expect(isinstance(data, dict), name, "$", f"expected a JSON object, got {type(data).__name__}")
+    data = parse_json_object(text, name, hint=_REGENERATE)
     if "blocks" in data and "specs" not in data:
-        raise BaselineError(f"{name}: this is a scan report, not a baseline",
-                            hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`")
-    version = data.get("schema_version")
-    _expect(version is not None, name, "$", "missing key 'schema_version' (not a gbdoctor baseline?)")
-    if version != BASELINE_SCHEMA_VERSION:
-        raise BaselineError(f"{name}: baseline schema_version {version!r}, this gbdoctor reads "
-                            f"{BASELINE_SCHEMA_VERSION}", hint="regenerate it with --update-baseline")
+        raise BaselineError(
+            f"{name}: this is a scan report, not a baseline",
+            hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
+        )
+    check_schema_version(data, BASELINE_SCHEMA_VERSION, name, "baseline", hint=_REGENERATE)
     unknown = sorted(set(data) - {"schema_version", "torch_version", "specs"})
     _expect(not unknown, name, "$", f"unknown key(s) {unknown}")
     _expect("specs" in data, name, "$", "missing key 'specs'")
-    _expect(isinstance(data.get("torch_version", ""), str), name, "$.torch_version", "expected a string")
+    _expect(
+        isinstance(data.get("torch_version", ""), str), name, "$.torch_version", "expected a string"
+    )
     _expect(isinstance(data["specs"], dict), name, "$.specs", "expected an object of specs")
     specs = []
     for spec, kinds in sorted(data["specs"].items()):
         where = f"$.specs[{spec!r}]"
         _expect(isinstance(kinds, dict), name, where, "expected an object of block kinds")
-        specs.append((spec, tuple((kind, _kind(v, name, f"{where}[{kind!r}]")) for kind, v in sorted(kinds.items()))))
+        specs.append(
+            (
+                spec,
+                tuple(
+                    (kind, _kind(v, name, f"{where}[{kind!r}]"))
+                    for kind, v in sorted(kinds.items())
+                ),
+            )
+        )
     return Baseline(torch_version=data.get("torch_version", ""), specs=tuple(specs))
 
 
 def load_baseline(path: str | Path) -> Baseline:
     """Read a baseline file; :class:`BaselineError` (exit 2) for a missing, unreadable or malformed file."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: no such baseline file",
-                            hint="create it with `gbdoctor gate SPEC --baseline FILE --update-baseline`") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"{path}: cannot read baseline ({exc.__class__.__name__}: {exc})") from None
-    return parse_baseline(text, str(path))
+    hint = "create it with `gbdoctor gate SPEC --baseline FILE --update-baseline`"
+    return parse_baseline(read_text(path, "baseline", hint), str(path))
 
 
 # --------------------------------------------------------------------------- comparison
 
 
-def _locations(report: ScanReport | None, kind: str, *, key: str | None = None,
-               event: str | None = None) -> tuple[Location, ...]:
+def _locations(
+    report: ScanReport | None, kind: str, *, key: str | None = None, event: str | None = None
+) -> tuple[Location, ...]:
     """Distinct file:line of the breaks (by key) or events (by kind) of a kind's blocks."""
     if report is None:
         return ()
@@ -379,29 +283,39 @@ def _locations(report: ScanReport | None, kind: str, *, key: str | None = None,
         if block.kind != kind:
             continue
         if key is not None:
-            found.update((b.location, None) for b in block.breaks if b.location and break_key(b) == key)
+            found.update(
+                (b.location, None) for b in block.breaks if b.location and break_key(b) == key
+            )
         if event is not None:
             found.update((e.location, None) for e in block.events if e.location and e.kind == event)
     return tuple(sorted(found, key=lambda loc: (loc.file, loc.line, loc.function)))
 
 
-def _compare_kind(spec: str, kind: str, old: KindCounts, new: KindCounts, *, new_report: ScanReport | None,
-                  old_report: ScanReport | None, recompiles: bool) -> list[Finding]:
+def _compare_kind(
+    spec: str,
+    kind: str,
+    old: KindCounts,
+    new: KindCounts,
+    *,
+    new_report: ScanReport | None,
+    old_report: ScanReport | None,
+    recompiles: bool,
+) -> list[Finding]:
     out: list[Finding] = []
 
     def add(severity: str, what: str, **kw: Any) -> None:
         out.append(Finding(severity=severity, spec=spec, kind=kind, what=what, **kw))
 
     if old.layers and new.layers != old.layers:
-        add("info", f"layers {old.layers} -> {new.layers}")
+        add(Severity.INFO, f"layers {old.layers} -> {new.layers}")
     if new.error and not old.error:
-        add("regression", "block now errors", cause="error", hint=fix_hint("error"))
+        add(Severity.REGRESSION, "block now errors", cause="error", hint=fix_hint("error"))
     elif old.error and not new.error:
-        add("improvement", "block traces again", cause="error", hint=_UPDATE_HINT)
+        add(Severity.IMPROVEMENT, "block traces again", cause="error", hint=_UPDATE_HINT)
     if old.error or new.error:
         # No trustworthy break counts on the side that errored: the error finding says it all.
         if old.error and not new.error and new.break_count:
-            add("info", f"break count (unknown) -> {new.break_count}")
+            add(Severity.INFO, f"break count (unknown) -> {new.break_count}")
         return out
 
     old_breaks, new_breaks = dict(old.breaks), dict(new.breaks)
@@ -418,65 +332,136 @@ def _compare_kind(spec: str, kind: str, old: KindCounts, new: KindCounts, *, new
                 what = f"new gb_type {gb_type!r} (breaks 0 -> {now})"
             else:
                 what = f"break count {was} -> {now}"
-            add("regression", what, cause=cause, gb_type=gb_type, hint=fix_hint(cause),
-                locations=_locations(new_report, kind, key=key))
+            add(
+                Severity.REGRESSION,
+                what,
+                cause=cause,
+                gb_type=gb_type,
+                hint=fix_hint(cause),
+                locations=_locations(new_report, kind, key=key),
+            )
         else:
-            what = f"cause {cause} gone (breaks {was} -> 0)" if now == 0 and cause not in new.causes \
+            what = (
+                f"cause {cause} gone (breaks {was} -> 0)"
+                if now == 0 and cause not in new.causes
                 else f"break count {was} -> {now}"
-            add("improvement", what, cause=cause, gb_type=gb_type, hint=_UPDATE_HINT,
-                locations=_locations(old_report, kind, key=key))
+            )
+            add(
+                Severity.IMPROVEMENT,
+                what,
+                cause=cause,
+                gb_type=gb_type,
+                hint=_UPDATE_HINT,
+                locations=_locations(old_report, kind, key=key),
+            )
 
     old_events, new_events = dict(old.events), dict(new.events)
     for name in sorted(set(old_events) | set(new_events)):
         was, now = old_events.get(name, 0), new_events.get(name, 0)
         if now > was:
             what = f"new event {name}" if was == 0 else f"event {name} count {was} -> {now}"
-            add("regression" if name in FAILING_EVENTS else "warning", what,
+            add(
+                Severity.REGRESSION if name in FAILING_EVENTS else Severity.WARNING,
+                what,
                 locations=_locations(new_report, kind, event=name),
                 hint="a break inside the region sent it to eager; fix the breaks listed for this kind"
-                if name in FAILING_EVENTS else "")
+                if name in FAILING_EVENTS
+                else "",
+            )
         elif now < was:
             what = f"event {name} gone" if now == 0 else f"event {name} count {was} -> {now}"
-            add("improvement", what, hint=_UPDATE_HINT, locations=_locations(old_report, kind, event=name))
+            add(
+                Severity.IMPROVEMENT,
+                what,
+                hint=_UPDATE_HINT,
+                locations=_locations(old_report, kind, event=name),
+            )
 
     if new.graph_count != old.graph_count and old.layers:
-        severity = "regression" if recompiles and new.graph_count > old.graph_count else "info"
-        add(severity, f"graph count {old.graph_count} -> {new.graph_count}",
-            hint="more graphs per block means more compiles" if severity == "regression" else "")
+        severity = (
+            Severity.REGRESSION
+            if recompiles and new.graph_count > old.graph_count
+            else Severity.INFO
+        )
+        add(
+            severity,
+            f"graph count {old.graph_count} -> {new.graph_count}",
+            hint="more graphs per block means more compiles"
+            if severity == Severity.REGRESSION
+            else "",
+        )
     return out
 
 
-def _compare_spec(spec: str, old: dict[str, KindCounts], new: dict[str, KindCounts], *,
-                  new_report: ScanReport | None = None, old_report: ScanReport | None = None,
-                  recompiles: bool = False) -> list[Finding]:
+def _compare_spec(
+    spec: str,
+    old: dict[str, KindCounts],
+    new: dict[str, KindCounts],
+    *,
+    new_report: ScanReport | None = None,
+    old_report: ScanReport | None = None,
+    recompiles: bool = False,
+) -> list[Finding]:
     out: list[Finding] = []
     for kind in new:
         if kind not in old:
-            out.append(Finding(severity="info", spec=spec, kind=kind, what=f"new kind ({new[kind].layers} layer(s))"))
-        out += _compare_kind(spec, kind, old.get(kind, _EMPTY), new[kind], new_report=new_report,
-                             old_report=old_report, recompiles=recompiles)
+            out.append(
+                Finding(
+                    severity=Severity.INFO,
+                    spec=spec,
+                    kind=kind,
+                    what=f"new kind ({new[kind].layers} layer(s))",
+                )
+            )
+        out += _compare_kind(
+            spec,
+            kind,
+            old.get(kind, _EMPTY),
+            new[kind],
+            new_report=new_report,
+            old_report=old_report,
+            recompiles=recompiles,
+        )
     for kind in old:
         if kind not in new:
-            out.append(Finding(severity="warning", spec=spec, kind=kind,
-                               what=f"kind removed (baseline: {old[kind].layers} layer(s), "
-                                    f"{old[kind].break_count} break(s))",
-                               hint="the block kinds changed (setup or model edit?); " + _UPDATE_HINT))
+            out.append(
+                Finding(
+                    severity=Severity.WARNING,
+                    spec=spec,
+                    kind=kind,
+                    what=f"kind removed (baseline: {old[kind].layers} layer(s), "
+                    f"{old[kind].break_count} break(s))",
+                    hint="the block kinds changed (setup or model edit?); " + _UPDATE_HINT,
+                )
+            )
     return out
 
 
 def _torch_warning(spec: str, baseline_torch: str, torch: str) -> list[Finding]:
     if not baseline_torch or baseline_torch == torch:
         return []
-    return [Finding(severity="warning", spec=spec, kind="", what=f"torch version {baseline_torch} -> {torch}",
-                    hint="breaks may differ across torch versions; " + _UPDATE_HINT)]
+    return [
+        Finding(
+            severity=Severity.WARNING,
+            spec=spec,
+            kind="",
+            what=f"torch version {baseline_torch} -> {torch}",
+            hint="breaks may differ across torch versions; " + _UPDATE_HINT,
+        )
+    ]
 
 
 def _order(f: Finding) -> tuple[Any, ...]:
     return (SEVERITIES.index(f.severity), f.spec, f.kind, f.cause, f.gb_type, f.what)
 
 
-def check_gate(reports: Iterable[ScanReport], baseline: Baseline, *, strict_improvements: bool = False,
-               recompiles: bool = False) -> GateResult:
+def check_gate(
+    reports: Iterable[ScanReport],
+    baseline: Baseline,
+    *,
+    strict_improvements: bool = False,
+    recompiles: bool = False,
+) -> GateResult:
     """Compare scans with the baseline.
 
     ``recompiles=True`` also fails when a kind's graph count rises (more graphs, more compiles);
@@ -492,17 +477,30 @@ def check_gate(reports: Iterable[ScanReport], baseline: Baseline, *, strict_impr
         findings += _torch_warning(key, baseline.torch_version, report.torch_version)
         old = baseline.kinds(key)
         if old is None:
-            findings.append(Finding(severity="regression", spec=key, kind="",
-                                    what="spec not in baseline (run --update-baseline)",
-                                    hint="record it with `gbdoctor gate SPEC --baseline FILE --update-baseline`"))
+            findings.append(
+                Finding(
+                    severity=Severity.REGRESSION,
+                    spec=key,
+                    kind="",
+                    what="spec not in baseline (run --update-baseline)",
+                    hint="record it with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
+                )
+            )
             continue
-        findings += _compare_spec(key, old, kind_counts(report), new_report=report, recompiles=recompiles)
-    return GateResult(findings=tuple(sorted(findings, key=_order)), strict_improvements=strict_improvements,
-                      specs=tuple(specs), kinds=tuple(sorted(kinds)))
+        findings += _compare_spec(
+            key, old, kind_counts(report), new_report=report, recompiles=recompiles
+        )
+    return GateResult(
+        findings=tuple(sorted(findings, key=_order)),
+        strict_improvements=strict_improvements,
+        specs=tuple(specs),
+        kinds=tuple(sorted(kinds)),
+    )
 
 
-def diff_reports(old: ScanReport, new: ScanReport, *, strict_improvements: bool = False,
-                 recompiles: bool = False) -> GateResult:
+def diff_reports(
+    old: ScanReport, new: ScanReport, *, strict_improvements: bool = False, recompiles: bool = False
+) -> GateResult:
     """The gate's rules with the old scan as the baseline (``gbdoctor diff OLD.json NEW.json``).
 
     Improvements carry the locations of the breaks that went away (from the old scan).
@@ -510,8 +508,25 @@ def diff_reports(old: ScanReport, new: ScanReport, *, strict_improvements: bool 
     key = spec_key(new.spec)
     findings = _torch_warning(key, old.torch_version, new.torch_version)
     if spec_key(old.spec) != key:
-        findings.append(Finding(severity="info", spec=key, kind="", what=f"comparing with spec {spec_key(old.spec)}"))
-    findings += _compare_spec(key, kind_counts(old), kind_counts(new), new_report=new, old_report=old,
-                              recompiles=recompiles)
-    return GateResult(findings=tuple(sorted(findings, key=_order)), strict_improvements=strict_improvements,
-                      specs=(key,), kinds=tuple(sorted({(key, block.kind) for block in new.blocks})))
+        findings.append(
+            Finding(
+                severity=Severity.INFO,
+                spec=key,
+                kind="",
+                what=f"comparing with spec {spec_key(old.spec)}",
+            )
+        )
+    findings += _compare_spec(
+        key,
+        kind_counts(old),
+        kind_counts(new),
+        new_report=new,
+        old_report=old,
+        recompiles=recompiles,
+    )
+    return GateResult(
+        findings=tuple(sorted(findings, key=_order)),
+        strict_improvements=strict_improvements,
+        specs=(key,),
+        kinds=tuple(sorted({(key, block.kind) for block in new.blocks})),
+    )

@@ -7,6 +7,7 @@ sections and unknown keys in the sections gbdoctor reads are errors, never silen
 
 No torch import here; the model registry (``gbdoctor.models``) is imported lazily.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,25 +64,64 @@ CUSTOM_FAMILY = "custom"
 DEFAULT_FLAVOR = "debugmodel"  # torchtitan's JobConfig.model.flavor default
 
 # Field lists of torchtitan v0.2.2 JobConfig sections (job_config.py @ v0.2.2).
-_TITAN_MODEL = ("name", "flavor", "hf_assets_path", "tokenizer_path", "converters",
-                "print_after_conversion")
-_TITAN_TRAINING = ("dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len",
-                   "max_norm", "steps", "enable_cpu_offload", "dtype", "mixed_precision_param",
-                   "mixed_precision_reduce", "gc_freq", "gc_debug", "dataloader")
-_TITAN_PARALLELISM = (
-    "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
-    "tensor_parallel_degree", "disable_loss_parallel", "enable_async_tensor_parallel",
-    "pipeline_parallel_degree", "module_fqns_per_model_part",
-    "pipeline_parallel_first_stage_less_layers", "pipeline_parallel_last_stage_less_layers",
-    "pipeline_parallel_layers_per_stage", "pipeline_parallel_schedule",
-    "pipeline_parallel_schedule_csv", "pipeline_parallel_microbatch_size",
-    "pipeline_parallel_expert_parallel_overlap", "context_parallel_degree",
-    "context_parallel_load_balancer", "context_parallel_rotate_method", "expert_parallel_degree",
-    "expert_tensor_parallel_degree", "expert_parallel_comm_backend",
+_TITAN_MODEL = (
+    "name",
+    "flavor",
+    "hf_assets_path",
+    "tokenizer_path",
+    "converters",
+    "print_after_conversion",
 )
-_TITAN_AC = ("mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns",
-             "early_stop", "memory_budget", "visualize_memory_budget_pareto",
-             "preserve_rng_state", "determinism_check", "debug")
+_TITAN_TRAINING = (
+    "dataset",
+    "dataset_path",
+    "local_batch_size",
+    "global_batch_size",
+    "seq_len",
+    "max_norm",
+    "steps",
+    "enable_cpu_offload",
+    "dtype",
+    "mixed_precision_param",
+    "mixed_precision_reduce",
+    "gc_freq",
+    "gc_debug",
+    "dataloader",
+)
+_TITAN_PARALLELISM = (
+    "data_parallel_replicate_degree",
+    "data_parallel_shard_degree",
+    "fsdp_reshard_after_forward",
+    "tensor_parallel_degree",
+    "disable_loss_parallel",
+    "enable_async_tensor_parallel",
+    "pipeline_parallel_degree",
+    "module_fqns_per_model_part",
+    "pipeline_parallel_first_stage_less_layers",
+    "pipeline_parallel_last_stage_less_layers",
+    "pipeline_parallel_layers_per_stage",
+    "pipeline_parallel_schedule",
+    "pipeline_parallel_schedule_csv",
+    "pipeline_parallel_microbatch_size",
+    "pipeline_parallel_expert_parallel_overlap",
+    "context_parallel_degree",
+    "context_parallel_load_balancer",
+    "context_parallel_rotate_method",
+    "expert_parallel_degree",
+    "expert_tensor_parallel_degree",
+    "expert_parallel_comm_backend",
+)
+_TITAN_AC = (
+    "mode",
+    "selective_ac_option",
+    "per_op_sac_force_recompute_mm_shapes_by_fqns",
+    "early_stop",
+    "memory_budget",
+    "visualize_memory_budget_pareto",
+    "preserve_rng_state",
+    "determinism_check",
+    "debug",
+)
 _TITAN_COMPILE = ("enable", "components", "backend")
 
 VALID_KEYS: dict[str, frozenset[str]] = {
@@ -94,13 +134,27 @@ VALID_KEYS: dict[str, frozenset[str]] = {
 }
 """Valid keys of every section gbdoctor reads."""
 
-IGNORED_SECTIONS: frozenset[str] = frozenset({
-    # torchtitan v0.2.2 JobConfig sections that cannot change graph breaks ...
-    "job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "quantize", "comm",
-    "memory_estimation", "fault_tolerance", "experimental", "validation", "debug",
-    # ... and top-level sections of earlier TOML-era releases.
-    "float8", "mx",
-})
+IGNORED_SECTIONS: frozenset[str] = frozenset(
+    {
+        # torchtitan v0.2.2 JobConfig sections that cannot change graph breaks ...
+        "job",
+        "profiling",
+        "metrics",
+        "optimizer",
+        "lr_scheduler",
+        "checkpoint",
+        "quantize",
+        "comm",
+        "memory_estimation",
+        "fault_tolerance",
+        "experimental",
+        "validation",
+        "debug",
+        # ... and top-level sections of earlier TOML-era releases.
+        "float8",
+        "mx",
+    }
+)
 """Sections accepted and ignored as a whole (``debug.seed`` alone is read, as the capture seed)."""
 
 _RECORDS: dict[str, type] = {
@@ -112,14 +166,30 @@ _RECORDS: dict[str, type] = {
     "gbdoctor": ToolSpec,
 }
 
-_DEGREES = ("data_parallel_replicate_degree", "data_parallel_shard_degree",
-            "expert_parallel_degree", "expert_tensor_parallel_degree", "tensor_parallel_degree",
-            "context_parallel_degree", "pipeline_parallel_degree")
-_UNSUPPORTED_DEGREES = ("tensor_parallel_degree", "context_parallel_degree",
-                        "pipeline_parallel_degree", "expert_tensor_parallel_degree")
+_DEGREES = (
+    "data_parallel_replicate_degree",
+    "data_parallel_shard_degree",
+    "expert_parallel_degree",
+    "expert_tensor_parallel_degree",
+    "tensor_parallel_degree",
+    "context_parallel_degree",
+    "pipeline_parallel_degree",
+)
+_UNSUPPORTED_DEGREES = (
+    "tensor_parallel_degree",
+    "context_parallel_degree",
+    "pipeline_parallel_degree",
+    "expert_tensor_parallel_degree",
+)
 
-_TYPE_WORDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-               list: "an array", dict: "a table"}
+_TYPE_WORDS = {
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "a table",
+}
 
 
 # --------------------------------------------------------------------------- overrides
@@ -135,8 +205,10 @@ def parse_override(text: str) -> tuple[str, str, object]:
     name, sep, raw = text.partition("=")
     section, dot, key = name.strip().partition(".")
     if not sep or not dot or not section or not key.strip():
-        raise SpecError(f"override {text!r} is not section.key=value",
-                        "write e.g. --set parallelism.expert_parallel_degree=2")
+        raise SpecError(
+            f"override {text!r} is not section.key=value",
+            "write e.g. --set parallelism.expert_parallel_degree=2",
+        )
     return section, key.strip(), _parse_value(raw.strip())
 
 
@@ -199,11 +271,14 @@ def _read_toml(path: str) -> dict[str, Any]:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise SpecError(f"{path}: spec file not found",
-                        "pass the path of a TOML spec, e.g. fixtures/llama3_debug.toml") from None
+        raise SpecError(
+            f"{path}: spec file not found",
+            "pass the path of a TOML spec, e.g. fixtures/llama3_debug.toml",
+        ) from None
     except IsADirectoryError:
-        raise SpecError(f"{path}: is a directory, not a spec file",
-                        "pass the path of a TOML spec file") from None
+        raise SpecError(
+            f"{path}: is a directory, not a spec file", "pass the path of a TOML spec file"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: invalid TOML: {e}", "fix the TOML syntax at that line") from None
     except UnicodeDecodeError as e:
@@ -223,8 +298,10 @@ def _apply_override(data: dict[str, Any], text: str, ctx: _Ctx) -> None:
         _check_key(section, head, ctx, f" (from --set {text})")
     table = data.setdefault(section, {})
     if not isinstance(table, dict):
-        ctx.fail(f"[{section}] must be a table, got {_type_word(table)}",
-                 f"write the keys under a [{section}] header")
+        ctx.fail(
+            f"[{section}] must be a table, got {_type_word(table)}",
+            f"write the keys under a [{section}] header",
+        )
     for part in [head, *rest][:-1]:
         table = table.setdefault(part, {})
         if not isinstance(table, dict):
@@ -237,8 +314,10 @@ def _check_sections(data: Mapping[str, Any], ctx: _Ctx) -> None:
     for section, table in data.items():
         _check_section_name(section, ctx)
         if not isinstance(table, dict):
-            ctx.fail(f"[{section}] must be a table, got {section} = {table!r}",
-                     f"write the keys under a [{section}] header")
+            ctx.fail(
+                f"[{section}] must be a table, got {section} = {table!r}",
+                f"write the keys under a [{section}] header",
+            )
         if section in VALID_KEYS:
             for key in table:
                 _check_key(section, key, ctx)
@@ -248,18 +327,22 @@ def _check_section_name(section: str, ctx: _Ctx, origin: str = "") -> None:
     if section in VALID_KEYS or section in IGNORED_SECTIONS:
         return
     known = sorted(VALID_KEYS) + sorted(IGNORED_SECTIONS)
-    ctx.fail(f"unknown section [{section}]{origin}{_did_you_mean(section, known)}; "
-             f"known sections: {', '.join(known)}",
-             "sections follow torchtitan v0.2.2's JobConfig plus [gbdoctor]; fix the spelling")
+    ctx.fail(
+        f"unknown section [{section}]{origin}{_did_you_mean(section, known)}; "
+        f"known sections: {', '.join(known)}",
+        "sections follow torchtitan v0.2.2's JobConfig plus [gbdoctor]; fix the spelling",
+    )
 
 
 def _check_key(section: str, key: str, ctx: _Ctx, origin: str = "") -> None:
     valid = VALID_KEYS[section]
     if key in valid:
         return
-    ctx.fail(f"[{section}] unknown key '{key}'{origin}{_did_you_mean(key, valid)}; "
-             f"valid keys: {', '.join(sorted(valid))}",
-             f"fix the spelling or remove the key from [{section}]")
+    ctx.fail(
+        f"[{section}] unknown key '{key}'{origin}{_did_you_mean(key, valid)}; "
+        f"valid keys: {', '.join(sorted(valid))}",
+        f"fix the spelling or remove the key from [{section}]",
+    )
 
 
 def _did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
@@ -316,8 +399,10 @@ def _typed_value(value: Any, tp: Any, section: str, key: str, ctx: _Ctx) -> Any:
     else:  # pragma: no cover - a record field of a type this loader does not know
         raise TypeError(f"unsupported spec field type {tp!r} for {section}.{key}")
     want = "an array of strings" if tp is list else _TYPE_WORDS[tp]
-    ctx.fail(f"{ctx.where(section, key)} must be {want}, got {value!r} ({_type_word(value)})",
-             f"fix the value of {key} in [{section}]")
+    ctx.fail(
+        f"{ctx.where(section, key)} must be {want}, got {value!r} ({_type_word(value)})",
+        f"fix the value of {key} in [{section}]",
+    )
 
 
 def _type_word(value: Any) -> str:
@@ -327,37 +412,50 @@ def _type_word(value: Any) -> str:
 # --------------------------------------------------------------------------- checks
 
 
-def _check_model(values: dict[str, Any], data: Mapping[str, Any], spec_dir: str,
-                 ctx: _Ctx) -> ModelSpec:
+def _check_model(
+    values: dict[str, Any], data: Mapping[str, Any], spec_dir: str, ctx: _Ctx
+) -> ModelSpec:
     from gbdoctor.models import FAMILIES, family_flavors
 
     if "model" not in data:
-        ctx.fail("missing [model] section", 'add [model] with name = "llama3" (or llama4, '
-                 'deepseek_v3, custom) and flavor = "debugmodel"')
+        ctx.fail(
+            "missing [model] section",
+            'add [model] with name = "llama3" (or llama4, '
+            'deepseek_v3, custom) and flavor = "debugmodel"',
+        )
     name = values.get("name")
     families = tuple(FAMILIES) + (() if CUSTOM_FAMILY in FAMILIES else (CUSTOM_FAMILY,))
     if name is None:
         ctx.fail("[model] name is required", f"set name to one of: {', '.join(families)}")
     if name not in families:
-        ctx.fail(f"{ctx.where('model', 'name')} = '{name}' is not a known model family"
-                 f"{_did_you_mean(name, families)}; choose one of: {', '.join(families)}",
-                 'for your own model use name = "custom" and factory = "path/to/file.py:build"')
+        ctx.fail(
+            f"{ctx.where('model', 'name')} = '{name}' is not a known model family"
+            f"{_did_you_mean(name, families)}; choose one of: {', '.join(families)}",
+            'for your own model use name = "custom" and factory = "path/to/file.py:build"',
+        )
     flavor = values.get("flavor", DEFAULT_FLAVOR)
     factory = values.get("factory")
     if name == CUSTOM_FAMILY:
         if not factory:
-            ctx.fail("[model] name = 'custom' needs a factory",
-                     'set factory = "path/to/file.py:build" or "package.module:build"')
+            ctx.fail(
+                "[model] name = 'custom' needs a factory",
+                'set factory = "path/to/file.py:build" or "package.module:build"',
+            )
         factory = _resolve_factory(factory, spec_dir, ctx)
     else:
         if factory is not None:
-            ctx.fail(f"{ctx.where('model', 'factory')} is only used with name = 'custom' "
-                     f"(name is '{name}')", "remove factory, or set name = \"custom\"")
+            ctx.fail(
+                f"{ctx.where('model', 'factory')} is only used with name = 'custom' "
+                f"(name is '{name}')",
+                'remove factory, or set name = "custom"',
+            )
         flavors = tuple(family_flavors(name))
         if flavor not in flavors:
-            ctx.fail(f"{ctx.where('model', 'flavor')} = '{flavor}' is not a flavor of {name}"
-                     f"{_did_you_mean(flavor, flavors)}; valid flavors: {', '.join(flavors)}",
-                     f"pick one of the {name} flavors")
+            ctx.fail(
+                f"{ctx.where('model', 'flavor')} = '{flavor}' is not a flavor of {name}"
+                f"{_did_you_mean(flavor, flavors)}; valid flavors: {', '.join(flavors)}",
+                f"pick one of the {name} flavors",
+            )
     return ModelSpec(name=name, flavor=flavor, factory=factory)
 
 
@@ -367,9 +465,11 @@ def _resolve_factory(factory: str, spec_dir: str, ctx: _Ctx) -> str:
     ok_attr = all(part.isidentifier() for part in attr.split("."))
     ok_module = is_path or all(part.isidentifier() for part in target.split("."))
     if not sep or not target or not ok_attr or not ok_module:
-        ctx.fail(f"{ctx.where('model', 'factory')} = '{factory}' is not "
-                 "'path/to/file.py:build' or 'package.module:build'",
-                 "name the file (relative to the spec file) or module, a colon, and the function")
+        ctx.fail(
+            f"{ctx.where('model', 'factory')} = '{factory}' is not "
+            "'path/to/file.py:build' or 'package.module:build'",
+            "name the file (relative to the spec file) or module, a colon, and the function",
+        )
     if not is_path:
         return factory
     resolved = os.path.normpath(os.path.join(spec_dir, os.path.expanduser(target)))
@@ -387,52 +487,75 @@ def _num_experts(model: ModelSpec) -> int | None:
 def _check_training(values: dict[str, Any], ctx: _Ctx) -> TrainingSpec:
     for key in ("local_batch_size", "seq_len", "steps"):
         if key in values and values[key] < 1:
-            ctx.fail(f"{ctx.where('training', key)} must be a positive integer, "
-                     f"got {values[key]}", f"fix {key} in [training]")
+            ctx.fail(
+                f"{ctx.where('training', key)} must be a positive integer, got {values[key]}",
+                f"fix {key} in [training]",
+            )
     for key in ("mixed_precision_param", "mixed_precision_reduce"):
         if key in values and values[key] not in MIXED_PRECISION_DTYPES:
-            ctx.fail(f"{ctx.where('training', key)} = '{values[key]}' is not one of "
-                     f"{', '.join(MIXED_PRECISION_DTYPES)}", f"fix {key} in [training]")
+            ctx.fail(
+                f"{ctx.where('training', key)} = '{values[key]}' is not one of "
+                f"{', '.join(MIXED_PRECISION_DTYPES)}",
+                f"fix {key} in [training]",
+            )
     return TrainingSpec(**values)
 
 
-def _check_parallelism(values: dict[str, Any], model: ModelSpec, n_experts: int | None,
-                       ctx: _Ctx) -> ParallelSpec:
+def _check_parallelism(
+    values: dict[str, Any], model: ModelSpec, n_experts: int | None, ctx: _Ctx
+) -> ParallelSpec:
     comm_backend = values.pop("expert_parallel_comm_backend", "standard")
     p = ParallelSpec(**values)
     for key in _DEGREES:
         degree = getattr(p, key)
         if degree < 1 and not (key == "data_parallel_shard_degree" and degree == -1):
-            allowed = "a positive integer or -1" if key == "data_parallel_shard_degree" else \
-                "a positive integer"
-            ctx.fail(f"{ctx.where('parallelism', key)} must be {allowed}, got {degree}",
-                     "degrees count ranks; 1 means no parallelism along that dimension")
-    unsupported = [f"{ctx.where('parallelism', key)} = {getattr(p, key)}"
-                   for key in _UNSUPPORTED_DEGREES if getattr(p, key) > 1]
+            allowed = (
+                "a positive integer or -1"
+                if key == "data_parallel_shard_degree"
+                else "a positive integer"
+            )
+            ctx.fail(
+                f"{ctx.where('parallelism', key)} must be {allowed}, got {degree}",
+                "degrees count ranks; 1 means no parallelism along that dimension",
+            )
+    unsupported = [
+        f"{ctx.where('parallelism', key)} = {getattr(p, key)}"
+        for key in _UNSUPPORTED_DEGREES
+        if getattr(p, key) > 1
+    ]
     if unsupported:
-        ctx.fail(f"{', '.join(unsupported)}: not supported yet (gbdoctor sets up FSDP, HSDP, EP)",
-                 "set them to 1 (e.g. --set parallelism.tensor_parallel_degree=1) to scan the "
-                 "blocks under FSDP/EP")
+        ctx.fail(
+            f"{', '.join(unsupported)}: not supported yet (gbdoctor sets up FSDP, HSDP, EP)",
+            "set them to 1 (e.g. --set parallelism.tensor_parallel_degree=1) to scan the "
+            "blocks under FSDP/EP",
+        )
     if p.fsdp_reshard_after_forward not in RESHARD_POLICIES:
-        ctx.fail(f"{ctx.where('parallelism', 'fsdp_reshard_after_forward')} = "
-                 f"'{p.fsdp_reshard_after_forward}' is not one of {', '.join(RESHARD_POLICIES)}",
-                 "torchtitan's values: default, always, never")
+        ctx.fail(
+            f"{ctx.where('parallelism', 'fsdp_reshard_after_forward')} = "
+            f"'{p.fsdp_reshard_after_forward}' is not one of {', '.join(RESHARD_POLICIES)}",
+            "torchtitan's values: default, always, never",
+        )
 
     ep = p.expert_parallel_degree
     where = ctx.where("parallelism", "expert_parallel_degree")
     if ep > 1:
         if comm_backend != "standard":
-            ctx.fail(f"{ctx.where('parallelism', 'expert_parallel_comm_backend')} = "
-                     f"'{comm_backend}' with expert parallelism: not supported yet",
-                     "use the standard all-to-all backend: expert_parallel_comm_backend = "
-                     "\"standard\"")
+            ctx.fail(
+                f"{ctx.where('parallelism', 'expert_parallel_comm_backend')} = "
+                f"'{comm_backend}' with expert parallelism: not supported yet",
+                'use the standard all-to-all backend: expert_parallel_comm_backend = "standard"',
+            )
         if model.name != CUSTOM_FAMILY and n_experts is None:
-            ctx.fail(f"{where} = {ep}, but {model.name} '{model.flavor}' is a dense model "
-                     "(no experts)", "set expert_parallel_degree = 1 or pick an MoE model")
+            ctx.fail(
+                f"{where} = {ep}, but {model.name} '{model.flavor}' is a dense model (no experts)",
+                "set expert_parallel_degree = 1 or pick an MoE model",
+            )
         if n_experts is not None and n_experts % ep:
-            ctx.fail(f"{where} = {ep} does not divide the {n_experts} experts of "
-                     f"{model.name} '{model.flavor}'",
-                     f"use a divisor of {n_experts} for expert_parallel_degree")
+            ctx.fail(
+                f"{where} = {ep} does not divide the {n_experts} experts of "
+                f"{model.name} '{model.flavor}'",
+                f"use a divisor of {n_experts} for expert_parallel_degree",
+            )
     # EP borrows its ranks from the FSDP dimension ("dp2ep"), so -1 resolves to the smallest
     # world that hosts EP.
     dp_shard = p.data_parallel_shard_degree
@@ -440,9 +563,11 @@ def _check_parallelism(values: dict[str, Any], model: ModelSpec, n_experts: int 
         dp_shard = max(1, ep)
     elif dp_shard % ep:
         shard_where = ctx.where("parallelism", "data_parallel_shard_degree")
-        ctx.fail(f"{where} = {ep} does not divide {shard_where} = {dp_shard} "
-                 "(EP borrows its ranks from FSDP)",
-                 "make data_parallel_shard_degree a multiple of expert_parallel_degree, or -1")
+        ctx.fail(
+            f"{where} = {ep} does not divide {shard_where} = {dp_shard} "
+            "(EP borrows its ranks from FSDP)",
+            "make data_parallel_shard_degree a multiple of expert_parallel_degree, or -1",
+        )
     world_size = p.data_parallel_replicate_degree * dp_shard
     return dataclasses.replace(p, dp_shard=dp_shard, world_size=world_size)
 
@@ -450,19 +575,25 @@ def _check_parallelism(values: dict[str, Any], model: ModelSpec, n_experts: int 
 def _check_ac(values: dict[str, Any], ctx: _Ctx) -> ACSpec:
     ac = ACSpec(**values)
     if ac.mode not in AC_MODES:
-        ctx.fail(f"{ctx.where('activation_checkpoint', 'mode')} = '{ac.mode}' is not one of "
-                 f"{', '.join(AC_MODES)}{_did_you_mean(ac.mode, AC_MODES)}",
-                 'use mode = "selective", "full" or "none"')
+        ctx.fail(
+            f"{ctx.where('activation_checkpoint', 'mode')} = '{ac.mode}' is not one of "
+            f"{', '.join(AC_MODES)}{_did_you_mean(ac.mode, AC_MODES)}",
+            'use mode = "selective", "full" or "none"',
+        )
     if ac.mode == "memory_budget":
-        ctx.fail(f"{ctx.where('activation_checkpoint', 'mode')} = 'memory_budget': "
-                 "not supported yet", "use mode = \"selective\", \"full\" or \"none\"")
+        ctx.fail(
+            f"{ctx.where('activation_checkpoint', 'mode')} = 'memory_budget': not supported yet",
+            'use mode = "selective", "full" or "none"',
+        )
     option = ac.selective_ac_option.strip()
     if option != "op":
         if not option.isdigit() or int(option) < 1:
-            ctx.fail(f"{ctx.where('activation_checkpoint', 'selective_ac_option')} = "
-                     f"'{ac.selective_ac_option}' must be a positive integer (wrap every Nth "
-                     "block) or 'op' (per-op SAC)",
-                     "write e.g. selective_ac_option = \"2\" or \"op\"")
+            ctx.fail(
+                f"{ctx.where('activation_checkpoint', 'selective_ac_option')} = "
+                f"'{ac.selective_ac_option}' must be a positive integer (wrap every Nth "
+                "block) or 'op' (per-op SAC)",
+                'write e.g. selective_ac_option = "2" or "op"',
+            )
         option = str(int(option))
     return dataclasses.replace(ac, selective_ac_option=option)
 
@@ -471,27 +602,38 @@ def _check_compile(values: dict[str, Any], ctx: _Ctx) -> CompileSpec:
     c = CompileSpec(**values)
     unknown = [x for x in c.components if x not in COMPILE_COMPONENTS]
     if unknown:
-        ctx.fail(f"{ctx.where('compile', 'components')} has unknown component(s) "
-                 f"{', '.join(map(repr, unknown))}; valid: {', '.join(COMPILE_COMPONENTS)}",
-                 'write e.g. components = ["model", "loss"]')
+        ctx.fail(
+            f"{ctx.where('compile', 'components')} has unknown component(s) "
+            f"{', '.join(map(repr, unknown))}; valid: {', '.join(COMPILE_COMPONENTS)}",
+            'write e.g. components = ["model", "loss"]',
+        )
     return c
 
 
 def _check_tool(values: dict[str, Any], ctx: _Ctx) -> ToolSpec:
     t = ToolSpec(**values)
     if t.strategy not in STRATEGY_NAMES:
-        ctx.fail(f"{ctx.where('gbdoctor', 'strategy')} = '{t.strategy}' is not a known strategy"
-                 f"{_did_you_mean(t.strategy, STRATEGY_NAMES)}; choose one of: "
-                 f"{', '.join(STRATEGY_NAMES)}",
-                 "see the README's compile strategies; the default is \"block\"")
+        ctx.fail(
+            f"{ctx.where('gbdoctor', 'strategy')} = '{t.strategy}' is not a known strategy"
+            f"{_did_you_mean(t.strategy, STRATEGY_NAMES)}; choose one of: "
+            f"{', '.join(STRATEGY_NAMES)}",
+            'see the README\'s compile strategies; the default is "block"',
+        )
     if t.device not in DEVICES:
-        ctx.fail(f"{ctx.where('gbdoctor', 'device')} = '{t.device}' is not one of "
-                 f"{', '.join(DEVICES)}", "auto picks cuda when available, else cpu")
+        ctx.fail(
+            f"{ctx.where('gbdoctor', 'device')} = '{t.device}' is not one of {', '.join(DEVICES)}",
+            "auto picks cuda when available, else cpu",
+        )
     for key in ("batch_size", "seq_len"):
         if getattr(t, key) < 0:
-            ctx.fail(f"{ctx.where('gbdoctor', key)} must be a positive integer (or 0 for the "
-                     f"[training] value), got {getattr(t, key)}", f"fix {key} in [gbdoctor]")
+            ctx.fail(
+                f"{ctx.where('gbdoctor', key)} must be a positive integer (or 0 for the "
+                f"[training] value), got {getattr(t, key)}",
+                f"fix {key} in [gbdoctor]",
+            )
     if t.timeout_s <= 0:
-        ctx.fail(f"{ctx.where('gbdoctor', 'timeout_s')} must be positive, got {t.timeout_s}",
-                 "a wall-clock limit in seconds for multi-rank jobs, e.g. 600")
+        ctx.fail(
+            f"{ctx.where('gbdoctor', 'timeout_s')} must be positive, got {t.timeout_s}",
+            "a wall-clock limit in seconds for multi-rank jobs, e.g. 600",
+        )
     return t

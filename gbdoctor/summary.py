@@ -10,12 +10,12 @@ Counting rules:
 - per-kind rows report *per block* numbers (the worst block of the kind; every layer of a
   kind is identical when the scan deduplicated blocks).
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
-from gbdoctor.records import BlockReport, Break, Event, ScanReport
+from gbdoctor.records import BlockReport, KindSummary, ScanReport, ScanSummary
 
 __all__ = [
     "KindSummary",
@@ -29,65 +29,6 @@ __all__ = [
 ]
 
 _REC = dict(frozen=True, kw_only=True, slots=True)
-
-
-@dataclass(**_REC)
-class KindSummary:
-    """One row per block kind (``dense``, ``moe+sac``, ...), in layer order of first appearance."""
-
-    kind: str
-    layers: tuple[str, ...]
-    """FQNs of the blocks of this kind, in report order."""
-    layers_label: str
-    """``layers.1, 3, 5``: the FQNs with the shared prefix written once."""
-    graphs: int
-    """Graphs per block (the largest among the kind's blocks)."""
-    breaks: int
-    """Breaks per block (the largest among the kind's blocks)."""
-    events: int
-    """Events per block (the largest among the kind's blocks)."""
-    errors: int
-    """How many blocks of this kind could not be traced."""
-    causes: tuple[str, ...]
-    """Sorted cause ids of the kind's breaks, plus ``error`` when a block errored."""
-    break_records: tuple[Break, ...]
-    """The kind's distinct breaks (a shared capture's breaks appear once)."""
-    event_records: tuple[Event, ...]
-    """The kind's distinct events."""
-    error: str | None
-    """The first error message among the kind's blocks."""
-
-    @property
-    def clean(self) -> bool:
-        """No break, event or error in any block of this kind."""
-        return not (self.breaks or self.events or self.errors)
-
-
-@dataclass(**_REC)
-class ScanSummary:
-    """Totals over all blocks (every block counts its own copy) and the per-kind rows."""
-
-    blocks: int
-    """Number of blocks (layers) in the report."""
-    breaks: int
-    events: int
-    """Total number of events."""
-    events_by_kind: tuple[tuple[str, int], ...]
-    """(event kind, count), sorted by kind."""
-    errors: int
-    """Number of blocks that could not be traced."""
-    graphs: int
-    """Sum of ``graph_count`` over all blocks."""
-    ops: int
-    """Sum of ``op_count`` over all blocks."""
-    by_cause: tuple[tuple[str, int], ...]
-    """(cause id, break count), sorted by cause id."""
-    kinds: tuple[KindSummary, ...]
-
-    @property
-    def clean(self) -> bool:
-        """Nothing found: no break, event or error anywhere."""
-        return not (self.breaks or self.events or self.errors)
 
 
 def block_break_count(block: BlockReport) -> int:
@@ -146,8 +87,12 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
         causes=tuple(sorted(causes)),
         # The captured representative's records stand for the kind (shared layers carry the
         # same records re-addressed to their own FQNs).
-        break_records=_unique([b for block in blocks if block.same_as is None for b in block.breaks]),
-        event_records=_unique([e for block in blocks if block.same_as is None for e in block.events]),
+        break_records=_unique(
+            [b for block in blocks if block.same_as is None for b in block.breaks]
+        ),
+        event_records=_unique(
+            [e for block in blocks if block.same_as is None for e in block.events]
+        ),
         error=errors[0] if errors else None,
     )
 

@@ -1,4 +1,5 @@
 """Shared test helpers: specs written on the fly, pointing at the repository's fixtures."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,7 @@ def custom_spec(tmp_path: Path):
         path = tmp_path / f"{flavor}.toml"
         path.write_text(
             f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FIXTURES / "models" / factory}:build"\n'
-            f'[training]\nlocal_batch_size = 2\nseq_len = 16\n'
+            f"[training]\nlocal_batch_size = 2\nseq_len = 16\n"
             f'[activation_checkpoint]\nmode = "{ac}"\n'
             f'[gbdoctor]\nstrategy = "titan-v0.2.0"\n{extra}'
         )

@@ -4,6 +4,7 @@ The unit tests use reason texts emitted by torch 2.13 (shared/reference/torch-2.
 Appendix B, and probe/reason_catalog.txt, plus a few captured while building the fixtures).
 The integration test compiles every planted fixture block and classifies what Dynamo logged.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,6 +26,7 @@ from gbdoctor.causes import (
     classify,
     explain_cause,
     gb_id_for,
+    gb_registry,
     parse_reason,
     parse_reasons,
 )
@@ -256,7 +258,9 @@ User code traceback:
 """
 
 TORCH_NN = "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py"
-FSDP_COMMON = "/venv/lib/python3.11/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_common.py"
+FSDP_COMMON = (
+    "/venv/lib/python3.11/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_common.py"
+)
 MODEL = "/repo/model.py"
 
 
@@ -342,10 +346,12 @@ def test_causes_does_not_import_torch():
         "import sys, gbdoctor.records, gbdoctor.errors\n"
         "before = 'torch' in sys.modules\n"
         "from gbdoctor import causes\n"
-        "causes.registry(); causes.classify(causes.RawBreak(gb_type='x', message='x'))\n"
+        "from gbdoctor.records import RawBreak\ncauses.registry(); causes.classify(RawBreak(gb_type='x', message='x'))\n"
         "print(before or 'torch' not in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+    )
     assert out.stdout.strip() == "True"
 
 
@@ -355,11 +361,18 @@ def test_load_registry_variants(tmp_path):
         json.dumps(
             {
                 "GB0001": [
-                    {"Gb_type": "New name", "Context": "", "Explanation": "new", "Hints": ["h1", "h2"]},
+                    {
+                        "Gb_type": "New name",
+                        "Context": "",
+                        "Explanation": "new",
+                        "Hints": ["h1", "h2"],
+                    },
                     {"Gb_type": "Old name", "Context": "", "Explanation": "old", "Hints": []},
                     {"Gb_type": "_gb_type", "Context": "", "Explanation": "", "Hints": []},
                 ],
-                "GB0002": [{"Gb_type": "Old name", "Context": "", "Explanation": "other", "Hints": []}],
+                "GB0002": [
+                    {"Gb_type": "Old name", "Context": "", "Explanation": "other", "Hints": []}
+                ],
             }
         )
     )
@@ -370,7 +383,7 @@ def test_load_registry_variants(tmp_path):
 
 
 def test_gb_id_for_without_registry(monkeypatch):
-    monkeypatch.setattr(causes, "registry_path", lambda: None)
+    monkeypatch.setattr(gb_registry, "registry_path", lambda: None)
     causes.registry.cache_clear()
     try:
         assert causes.registry() == {}
@@ -384,7 +397,9 @@ def test_gb_id_for_without_registry(monkeypatch):
 def test_renamed_gb_type_matches_by_registry_id():
     old = "HigherOrderOperator: Mutating a variable not in the current scope (SideEffects)"
     assert gb_id_for(old) == "GB0067"
-    raw = RawBreak(gb_type=old, message=old, in_checkpoint=True, hop="torch.utils.checkpoint.checkpoint")
+    raw = RawBreak(
+        gb_type=old, message=old, in_checkpoint=True, hop="torch.utils.checkpoint.checkpoint"
+    )
     assert classify(raw) == "inplace-in-sac"
 
 
@@ -405,7 +420,9 @@ def test_parse_reason_empty_fields():
     r = parse_reason(BACKWARD_HOOK)
     assert r.gb_type == "Module-level backwards hooks require compiled autograd."
     assert r.explanation == "" and r.context == ""
-    assert r.hints == ("Enable compiled autograd by setting torch._dynamo.config.compiled_autograd = True.",)
+    assert r.hints == (
+        "Enable compiled autograd by setting torch._dynamo.config.compiled_autograd = True.",
+    )
 
 
 def test_parse_reason_hop_line():
@@ -432,7 +449,10 @@ def test_parse_reason_log_records():
     assert r.gb_type == "Attempted to call function marked as skipped"
     assert r.context.startswith("module: torch._dynamo.decorators, qualname: disable")
     chained = parse_reasons(FSDP_ROOT_RECORD)
-    assert [x.gb_type for x in chained] == ["Attempted to call function marked as skipped", "graph break in loop"]
+    assert [x.gb_type for x in chained] == [
+        "Attempted to call function marked as skipped",
+        "graph break in loop",
+    ]
     assert chained[1].context.startswith("frame skipped: forward")
     inline = parse_reason(INLINE_REASON_RECORD)
     assert inline.gb_type == "Data-dependent branching"
@@ -489,7 +509,10 @@ def test_parse_reason_catalog():
     ],
 )
 def test_classify_by_gb_type(message, expected):
-    assert classify(raw_break(message, module="layers.0", frames=frames((MODEL, 10, "forward")))) == expected
+    assert (
+        classify(raw_break(message, module="layers.0", frames=frames((MODEL, 10, "forward"))))
+        == expected
+    )
 
 
 def test_fsdp_disable_reason_beats_compiler_disabled():
@@ -503,15 +526,22 @@ def test_fsdp_frames_and_component():
     assert classify(raw_break(SKIP_DISABLE, component="fsdp")) == "fsdp-hook"
     assert classify(raw_break(ITEM, component="fsdp")) == "fsdp-hook"
     # An FSDP frame further out (a wrapper's forward around the model) is not an FSDP hook.
-    fsdp1 = "/venv/lib/python3.11/site-packages/torch/distributed/fsdp/fully_sharded_data_parallel.py"
+    fsdp1 = (
+        "/venv/lib/python3.11/site-packages/torch/distributed/fsdp/fully_sharded_data_parallel.py"
+    )
     wrapped = frames((fsdp1, 850, "forward"), (MODEL, 20, "forward"))
     assert classify(raw_break(ITEM, frames=wrapped)) == "data-dependent"
 
 
 def test_ep_dispatch():
     dispatch = frames((MODEL, 50, "forward"), ("/repo/expert_parallel.py", 80, "_token_dispatch"))
-    assert classify(raw_break(LOCAL_SCALAR, frames=dispatch, module="layers.1.moe.experts")) == "ep-dispatch"
-    assert classify(raw_break(ASYNC_OP, frames=frames((MODEL, 9, "token_combine")))) == "ep-dispatch"
+    assert (
+        classify(raw_break(LOCAL_SCALAR, frames=dispatch, module="layers.1.moe.experts"))
+        == "ep-dispatch"
+    )
+    assert (
+        classify(raw_break(ASYNC_OP, frames=frames((MODEL, 9, "token_combine")))) == "ep-dispatch"
+    )
     assert classify(raw_break(LOCAL_SCALAR, component="ep")) == "ep-dispatch"
     # Not data-dependent or collective: the dispatch frame alone does not make it EP.
     assert classify(raw_break(GRAPH_BREAK, frames=dispatch)) == "explicit"
@@ -519,7 +549,14 @@ def test_ep_dispatch():
     loop = frames(("/repo/train.py", 3, "dispatch_batches"), (MODEL, 50, "forward"))
     assert classify(raw_break(LOCAL_SCALAR, frames=loop)) == "data-dependent"
     # Same .tolist() without dispatch code: plain data-dependent.
-    assert classify(raw_break(LOCAL_SCALAR, frames=frames((MODEL, 50, "forward")), module="layers.1.moe.experts")) == "data-dependent"
+    assert (
+        classify(
+            raw_break(
+                LOCAL_SCALAR, frames=frames((MODEL, 50, "forward")), module="layers.1.moe.experts"
+            )
+        )
+        == "data-dependent"
+    )
 
 
 def test_backward_hook_from_user_hook_component():
@@ -532,7 +569,10 @@ def test_backward_hook_from_user_hook_component():
     )
     assert classify(unsafe) == "backward-hook"
     # The same side effect in model code, outside any checkpoint: a Python side effect.
-    assert classify(raw_break(unsafe.message, frames=frames((MODEL, 5, "forward")))) == "python-side-effect"
+    assert (
+        classify(raw_break(unsafe.message, frames=frames((MODEL, 5, "forward"))))
+        == "python-side-effect"
+    )
 
 
 def test_side_effect_inside_checkpoint_is_inplace_in_sac():
@@ -540,9 +580,14 @@ def test_side_effect_inside_checkpoint_is_inplace_in_sac():
     assert raw.in_checkpoint
     assert classify(raw) == "inplace-in-sac"
     # HOP known only from the message (capture did not set the flags).
-    assert classify(RawBreak(gb_type="HOP: Non-nullified side effect", message=NON_NULLIFIED)) == "inplace-in-sac"
+    assert (
+        classify(RawBreak(gb_type="HOP: Non-nullified side effect", message=NON_NULLIFIED))
+        == "inplace-in-sac"
+    )
     # Outside a checkpoint the same gb_type is a plain Python side effect.
-    outside = NON_NULLIFIED.replace("  Higher Order Operator: torch.utils.checkpoint.checkpoint\n", "")
+    outside = NON_NULLIFIED.replace(
+        "  Higher Order Operator: torch.utils.checkpoint.checkpoint\n", ""
+    )
     assert classify(raw_break(outside)) == "python-side-effect"
     # Mutation of module state named in the message.
     module_mut = (
@@ -553,7 +598,10 @@ def test_side_effect_inside_checkpoint_is_inplace_in_sac():
 
 
 def test_non_mutation_break_inside_checkpoint_keeps_its_cause():
-    in_ac = PRINT.replace("Failed to trace builtin operator\n", "Failed to trace builtin operator\n  Higher Order Operator: torch.utils.checkpoint.checkpoint\n")
+    in_ac = PRINT.replace(
+        "Failed to trace builtin operator\n",
+        "Failed to trace builtin operator\n  Higher Order Operator: torch.utils.checkpoint.checkpoint\n",
+    )
     raw = raw_break(in_ac)
     assert raw.in_checkpoint and classify(raw) == "python-side-effect"
     item_in_ac = raw_break(ITEM, in_checkpoint=True, hop="torch.utils.checkpoint.checkpoint")
@@ -562,28 +610,56 @@ def test_non_mutation_break_inside_checkpoint_keeps_its_cause():
 
 def test_moe_load_balancing_vs_plain_data_dependent():
     router = frames((MODEL, 90, "forward"), ("/repo/moe.py", 197, "forward"))
-    assert classify(raw_break(BINCOUNT, module="layers.3.moe.router", frames=router)) == "moe-load-balancing"
-    assert classify(raw_break(BINCOUNT, module="layers.3.attention", frames=frames((MODEL, 9, "forward")))) == "data-dependent"
+    assert (
+        classify(raw_break(BINCOUNT, module="layers.3.moe.router", frames=router))
+        == "moe-load-balancing"
+    )
+    assert (
+        classify(
+            raw_break(BINCOUNT, module="layers.3.attention", frames=frames((MODEL, 9, "forward")))
+        )
+        == "data-dependent"
+    )
     counting = frames((MODEL, 90, "forward"), ("/repo/moe.py", 40, "_update_tokens_per_expert"))
-    assert classify(raw_break(BINCOUNT, module="layers.3.moe", frames=counting)) == "moe-load-balancing"
+    assert (
+        classify(raw_break(BINCOUNT, module="layers.3.moe", frames=counting))
+        == "moe-load-balancing"
+    )
     assert classify(raw_break(ITEM, component="load-balancing")) == "moe-load-balancing"
-    assert classify(raw_break(BINCOUNT, module="layers.3.block_sparse_moe.gate")) == "moe-load-balancing"
+    assert (
+        classify(raw_break(BINCOUNT, module="layers.3.block_sparse_moe.gate"))
+        == "moe-load-balancing"
+    )
     # The follow-on "Tensor.add_ marked as skipped" break of the counter update.
-    assert classify(raw_break(SKIP_ADD_, module="layers.3.moe.router", frames=router)) == "moe-load-balancing"
+    assert (
+        classify(raw_break(SKIP_ADD_, module="layers.3.moe.router", frames=router))
+        == "moe-load-balancing"
+    )
     # A side effect in a router inside a checkpoint is still a checkpoint mutation.
     assert classify(raw_break(NON_NULLIFIED, module="layers.3.moe.router")) == "inplace-in-sac"
 
 
 def test_python_side_effect_logging_internals():
-    logging_frames = frames((MODEL, 9, "forward"), ("/usr/lib/python3.11/logging/__init__.py", 2146, "info"))
+    logging_frames = frames(
+        (MODEL, 9, "forward"), ("/usr/lib/python3.11/logging/__init__.py", 2146, "info")
+    )
     assert classify(raw_break(PYTHON_TYPE, frames=logging_frames)) == "python-side-effect"
-    assert classify(raw_break(PYTHON_TYPE)) == "python-side-effect"  # LoggingLoggerVariable in context
+    assert (
+        classify(raw_break(PYTHON_TYPE)) == "python-side-effect"
+    )  # LoggingLoggerVariable in context
     non_print = PRINT.replace("`print`", "`setattr`").replace("builtin print", "builtin setattr")
     assert classify(raw_break(non_print)) == "unsupported"
 
 
 def test_unknown_and_empty_are_unsupported():
-    assert classify(RawBreak(gb_type="A brand new gb_type", message="A brand new gb_type\n  Explanation: x\n")) == "unsupported"
+    assert (
+        classify(
+            RawBreak(
+                gb_type="A brand new gb_type", message="A brand new gb_type\n  Explanation: x\n"
+            )
+        )
+        == "unsupported"
+    )
     assert classify(RawBreak(gb_type="", message="")) == "unsupported"
 
 
@@ -671,8 +747,20 @@ def test_planted_fixture_metadata(planted):
 
 @pytest.mark.parametrize(
     "flavor",
-    ["clean", "backward_hook", "print", "logging", "item_branch", "nonzero", "graph_break",
-     "compiler_disable", "c_extension", "inplace_in_sac", "moe_bincount", "ep_tolist"],
+    [
+        "clean",
+        "backward_hook",
+        "print",
+        "logging",
+        "item_branch",
+        "nonzero",
+        "graph_break",
+        "compiler_disable",
+        "c_extension",
+        "inplace_in_sac",
+        "moe_bincount",
+        "ep_tolist",
+    ],
 )
 def test_planted_flavor_breaks_as_expected(planted, flavor, capsys):
     import torch
@@ -722,14 +810,18 @@ def test_planted_flavor_breaks_as_expected(planted, flavor, capsys):
 
 def test_tiny_custom_model_is_clean_with_hf_style_blocks():
     torch = pytest.importorskip("torch")
-    spec = importlib.util.spec_from_file_location("gbdoctor_fixture_tiny", ROOT / "fixtures" / "models" / "tiny_custom.py")
+    spec = importlib.util.spec_from_file_location(
+        "gbdoctor_fixture_tiny", ROOT / "fixtures" / "models" / "tiny_custom.py"
+    )
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
     model = tiny.build("tiny")
     tokens = torch.randint(0, 256, (2, 16))
     expected = model(tokens)
     seen = []
-    handle = model.layers[0].register_forward_pre_hook(lambda m, a, k: seen.append(sorted(k)), with_kwargs=True)
+    handle = model.layers[0].register_forward_pre_hook(
+        lambda m, a, k: seen.append(sorted(k)), with_kwargs=True
+    )
     for i, layer in enumerate(model.layers):
         model.layers[i] = torch.compile(layer, backend="eager", fullgraph=True)
     torch._dynamo.reset()

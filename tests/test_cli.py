@@ -1,14 +1,14 @@
 """The CLI: exit codes, one-line errors, outputs (typer's CliRunner, stdout/stderr apart)."""
+
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
-
-from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -32,14 +32,29 @@ def _one_line_error(result, *needles: str) -> None:
         assert needle in result.stderr, (needle, result.stderr)
 
 
-@pytest.mark.parametrize("content, needles", [
-    ("[model\nname='llama3'", ["llama3_bad.toml"]),
-    ("[model]\nname='llama3'\nflavor='debugmodel'\n[training]\nseq_lenn=4\n", ["seq_lenn", "training", "seq_len"]),
-    ("[model]\nname='llama3'\nflavor='nope'\n", ["nope"]),
-    ("[model]\nname='llama4'\nflavor='debugmodel'\n[parallelism]\nexpert_parallel_degree=3\n", ["expert_parallel_degree"]),
-    ("[model]\nname='llama3'\nflavor='debugmodel'\n[parallelism]\ntensor_parallel_degree=2\n", ["tensor_parallel_degree"]),
-    ("[model]\nname='custom'\nflavor='x'\nfactory='does_not_exist.py:build'\n", ["does_not_exist.py"]),
-])
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        ("[model\nname='llama3'", ["llama3_bad.toml"]),
+        (
+            "[model]\nname='llama3'\nflavor='debugmodel'\n[training]\nseq_lenn=4\n",
+            ["seq_lenn", "training", "seq_len"],
+        ),
+        ("[model]\nname='llama3'\nflavor='nope'\n", ["nope"]),
+        (
+            "[model]\nname='llama4'\nflavor='debugmodel'\n[parallelism]\nexpert_parallel_degree=3\n",
+            ["expert_parallel_degree"],
+        ),
+        (
+            "[model]\nname='llama3'\nflavor='debugmodel'\n[parallelism]\ntensor_parallel_degree=2\n",
+            ["tensor_parallel_degree"],
+        ),
+        (
+            "[model]\nname='custom'\nflavor='x'\nfactory='does_not_exist.py:build'\n",
+            ["does_not_exist.py"],
+        ),
+    ],
+)
 def test_bad_specs_exit_2_with_one_line(tmp_path, content, needles):
     spec = tmp_path / "llama3_bad.toml"
     spec.write_text(content)
@@ -63,7 +78,9 @@ def test_missing_spec_file():
 
 def test_causes_list_and_explain():
     result = _run("causes")
-    assert result.exit_code == 0 and "fsdp-hook" in result.stdout and "inplace-in-sac" in result.stdout
+    assert (
+        result.exit_code == 0 and "fsdp-hook" in result.stdout and "inplace-in-sac" in result.stdout
+    )
     result = _run("causes", "ep-dispatch")
     assert result.exit_code == 0 and "capture_scalar_outputs" in result.stdout
     result = _run("causes", "nope")
@@ -73,15 +90,23 @@ def test_causes_list_and_explain():
 
 
 def test_inspect_reports_wrappers_and_hooks():
-    result = _run("inspect", "fixtures/llama4_debug.toml", "--strategy", "titan-v0.2.2", "--format", "json")
+    result = _run(
+        "inspect", "fixtures/llama4_debug.toml", "--strategy", "titan-v0.2.2", "--format", "json"
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     moe = next(b for b in data["blocks"] if b["moe"])
     assert moe["ac_wrapped"] == [moe["fqn"]]
-    assert f'{moe["fqn"]}.attention' in moe["compiled"] and f'{moe["fqn"]}.moe.experts' not in moe["compiled"]
+    assert (
+        f"{moe['fqn']}.attention" in moe["compiled"]
+        and f"{moe['fqn']}.moe.experts" not in moe["compiled"]
+    )
     assert moe["sharded"] == [moe["fqn"]]
     assert {h["installer"] for h in moe["hooks"]} == {"fsdp"}
-    assert any(h["installer"] == "load-balancing" and h["kind"] == "optimizer_pre_step" for h in data["other_hooks"])
+    assert any(
+        h["installer"] == "load-balancing" and h["kind"] == "optimizer_pre_step"
+        for h in data["other_hooks"]
+    )
 
 
 def test_scan_strict_and_output_file(tmp_path, custom_spec):
@@ -102,7 +127,12 @@ def test_gate_update_then_pass_then_fail_on_new_break(tmp_path, custom_spec):
     after = tmp_path / "after.json"
     assert _run("scan", str(clean), "-f", "json", "-o", str(before)).exit_code == 0
     baseline = tmp_path / "baseline.json"
-    assert _run("gate", "--scan", str(before), "--baseline", str(baseline), "--update-baseline").exit_code == 0
+    assert (
+        _run(
+            "gate", "--scan", str(before), "--baseline", str(baseline), "--update-baseline"
+        ).exit_code
+        == 0
+    )
     assert _run("gate", "--scan", str(before), "--baseline", str(baseline)).exit_code == 0
     # the same spec path now carries a planted break
     broken = custom_spec("planted.py", "nonzero")
@@ -119,6 +149,8 @@ def test_gate_update_then_pass_then_fail_on_new_break(tmp_path, custom_spec):
 def test_gate_malformed_baseline_exits_2(tmp_path):
     baseline = tmp_path / "baseline.json"
     baseline.write_text("[]")
-    result = _run("gate", "--scan", "fixtures/scans/llama4_before.json", "--baseline", str(baseline))
+    result = _run(
+        "gate", "--scan", "fixtures/scans/llama4_before.json", "--baseline", str(baseline)
+    )
     assert result.exit_code == 2
     _one_line_error(result)

@@ -1,4 +1,5 @@
 """The pre-merge gate: baseline files and the failing rules (recorded scans, no torch)."""
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,9 @@ def edit_kind(report: ScanReport, kind: str, **changes) -> ScanReport:
     blocks = []
     for block in report.blocks:
         if block.kind == kind:
-            block = replace(block, **{k: v(block) if callable(v) else v for k, v in changes.items()})
+            block = replace(
+                block, **{k: v(block) if callable(v) else v for k, v in changes.items()}
+            )
         blocks.append(block)
     return replace(report, blocks=tuple(blocks))
 
@@ -89,7 +92,10 @@ def test_unchanged_scan_passes_without_findings(before) -> None:
     result = check_gate([before], baseline_from_reports([before]))
     assert result.passed and result.findings == ()
     assert result.specs == ("fixtures/llama4_debug_ep2.toml",)
-    assert result.kinds == (("fixtures/llama4_debug_ep2.toml", "dense"), ("fixtures/llama4_debug_ep2.toml", "moe"))
+    assert result.kinds == (
+        ("fixtures/llama4_debug_ep2.toml", "dense"),
+        ("fixtures/llama4_debug_ep2.toml", "moe"),
+    )
 
 
 def test_a_new_cause_fails_even_with_an_unchanged_total(before, after) -> None:
@@ -98,26 +104,36 @@ def test_a_new_cause_fails_even_with_an_unchanged_total(before, after) -> None:
     result = check_gate([swapped], baseline_from_reports([before]))
     assert not result.passed
     assert [f.what for f in regressions(result)] == ["new cause data-dependent (breaks 0 -> 1)"]
-    assert [f.what for f in result.findings if f.severity == "improvement"] == ["break count 2 -> 1"]
+    assert [f.what for f in result.findings if f.severity == "improvement"] == [
+        "break count 2 -> 1"
+    ]
 
 
 def test_a_new_gb_type_of_a_known_cause_fails(before) -> None:
     other = "Skip inlining `torch.compiler.disable()`d function"
-    changed = edit_kind(before, "moe", breaks=lambda b: (b.breaks[0], replace(b.breaks[1], gb_type=other)))
+    changed = edit_kind(
+        before, "moe", breaks=lambda b: (b.breaks[0], replace(b.breaks[1], gb_type=other))
+    )
     [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
     assert finding.what == f"new gb_type {other!r} (breaks 0 -> 1)"
     assert finding.cause == "fsdp-hook" and finding.locations[0].line == 91
 
 
 def test_more_breaks_of_a_known_key_fail(before) -> None:
-    changed = edit_kind(before, "moe", breaks=lambda b: (replace(b.breaks[0], count=2), b.breaks[1]))
+    changed = edit_kind(
+        before, "moe", breaks=lambda b: (replace(b.breaks[0], count=2), b.breaks[1])
+    )
     [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
     assert finding.what == "break count 2 -> 3" and finding.cause == "fsdp-hook"
 
 
 @pytest.mark.parametrize("event_kind", ["region_eager", "frame_skipped"])
 def test_a_new_eager_region_or_skipped_frame_fails(before, event_kind: str) -> None:
-    event = Event(kind=event_kind, module="layers.1", location=Location(file="gbdoctor/models/moe.py", line=88))
+    event = Event(
+        kind=event_kind,
+        module="layers.1",
+        location=Location(file="gbdoctor/models/moe.py", line=88),
+    )
     changed = edit_kind(before, "moe", events=(event,))
     [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
     assert finding.what == f"new event {event_kind}" and finding.kind == "moe"
@@ -133,14 +149,18 @@ def test_a_new_rank_divergence_only_warns(before) -> None:
 def test_a_block_that_now_errors_fails(before) -> None:
     changed = edit_kind(before, "dense", error="RuntimeError: boom", graph_count=0)
     [finding] = regressions(check_gate([changed], baseline_from_reports([before])))
-    assert finding.what == "block now errors" and finding.kind == "dense" and finding.cause == "error"
+    assert (
+        finding.what == "block now errors" and finding.kind == "dense" and finding.cause == "error"
+    )
     back = check_gate([before], baseline_from_reports([changed]))
     assert back.passed and [f.what for f in back.findings] == ["block traces again"]
 
 
 def test_more_layers_of_a_known_kind_are_not_a_regression(before) -> None:
-    extra = tuple(replace(b, fqn=f"layers.{i + 4}", same_as="layers.1" if b.kind == "moe" else "layers.0")
-                  for i, b in enumerate(before.blocks))
+    extra = tuple(
+        replace(b, fqn=f"layers.{i + 4}", same_as="layers.1" if b.kind == "moe" else "layers.0")
+        for i, b in enumerate(before.blocks)
+    )
     bigger = replace(before, blocks=before.blocks + extra)
     result = check_gate([bigger], baseline_from_reports([before]))
     assert result.passed
@@ -157,9 +177,14 @@ def test_another_torch_version_warns_but_passes(before) -> None:
 
 
 def test_a_spec_missing_from_the_baseline_fails(before) -> None:
-    result = check_gate([replace(before, spec="fixtures/other.toml")], baseline_from_reports([before]))
+    result = check_gate(
+        [replace(before, spec="fixtures/other.toml")], baseline_from_reports([before])
+    )
     [finding] = result.findings
-    assert finding.severity == "regression" and finding.what == "spec not in baseline (run --update-baseline)"
+    assert (
+        finding.severity == "regression"
+        and finding.what == "spec not in baseline (run --update-baseline)"
+    )
     assert result.exit_code == 1
 
 
@@ -172,7 +197,9 @@ def test_new_and_removed_kinds(before) -> None:
     assert ("regression", "moe+ac", "new event region_eager") in whats
     assert ("warning", "moe", "kind removed (baseline: 2 layer(s), 2 break(s))") in whats
     severities = [f.severity for f in result.findings]
-    assert severities == sorted(severities, key=["regression", "warning", "improvement", "info"].index)
+    assert severities == sorted(
+        severities, key=["regression", "warning", "improvement", "info"].index
+    )
 
 
 def test_graph_count_fails_only_with_recompiles(before, after) -> None:
@@ -207,11 +234,22 @@ def test_baseline_layout_and_byte_stability(before, after) -> None:
         "torch_version": "2.13.0",
         "specs": {
             "fixtures/llama4_debug_ep2.toml": {
-                "dense": {"breaks": {}, "error": False, "events": {}, "graph_count": 1, "layers": 2},
+                "dense": {
+                    "breaks": {},
+                    "error": False,
+                    "events": {},
+                    "graph_count": 1,
+                    "layers": 2,
+                },
                 "moe": {
-                    "breaks": {"data-dependent|Dynamic shape operator": 1,
-                               "fsdp-hook|Skip calling `torch.compiler.disable()`d function": 2},
-                    "error": False, "events": {}, "graph_count": 4, "layers": 2,
+                    "breaks": {
+                        "data-dependent|Dynamic shape operator": 1,
+                        "fsdp-hook|Skip calling `torch.compiler.disable()`d function": 2,
+                    },
+                    "error": False,
+                    "events": {},
+                    "graph_count": 4,
+                    "layers": 2,
                 },
             }
         },
@@ -231,7 +269,10 @@ def test_load_baseline_round_trip(tmp_path, before) -> None:
 def test_merge_keeps_other_specs(before) -> None:
     other = baseline_from_reports([replace(before, spec="fixtures/other.toml")])
     merged = merge_baselines(other, baseline_from_reports([before]))
-    assert [key for key, _ in merged.specs] == ["fixtures/llama4_debug_ep2.toml", "fixtures/other.toml"]
+    assert [key for key, _ in merged.specs] == [
+        "fixtures/llama4_debug_ep2.toml",
+        "fixtures/other.toml",
+    ]
     assert merge_baselines(None, other) == other
 
 
@@ -249,7 +290,10 @@ def _moe(data: dict) -> dict:
 
 
 def _bad_baselines() -> dict[str, tuple[str, str]]:
-    out = {"bad json": ('{"schema_version": 1,', "not valid JSON"), "not an object": ("[]", "expected a JSON object")}
+    out = {
+        "bad json": ('{"schema_version": 1,', "not valid JSON"),
+        "not an object": ("[]", "expected a JSON object"),
+    }
     data = _valid()
     data["schema_version"] = 2
     out["schema"] = (json.dumps(data), "baseline schema_version 2")
@@ -274,12 +318,26 @@ def _bad_baselines() -> dict[str, tuple[str, str]]:
     data = _valid()
     data["specs"] = []
     out["specs not an object"] = (json.dumps(data), "expected an object of specs")
-    out["a scan report"] = ((SCANS / "llama4_before.json").read_text(encoding="utf-8"), "scan report, not a baseline")
+    out["a scan report"] = (
+        (SCANS / "llama4_before.json").read_text(encoding="utf-8"),
+        "scan report, not a baseline",
+    )
     return out
 
 
-BAD = ("bad json", "not an object", "schema", "no specs", "unknown top-level key", "kind misses a key",
-       "break key without gb_type", "negative count", "error not bool", "specs not an object", "a scan report")
+BAD = (
+    "bad json",
+    "not an object",
+    "schema",
+    "no specs",
+    "unknown top-level key",
+    "kind misses a key",
+    "break key without gb_type",
+    "negative count",
+    "error not bool",
+    "specs not an object",
+    "a scan report",
+)
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -305,12 +363,15 @@ def test_missing_baseline_is_a_baseline_error(tmp_path) -> None:
 # --------------------------------------------------------------------------- spec keys
 
 
-@pytest.mark.parametrize(("given", "key"), [
-    ("fixtures/llama4_debug.toml", "fixtures/llama4_debug.toml"),
-    ("./fixtures/llama4_debug.toml", "fixtures/llama4_debug.toml"),
-    ("fixtures//sub/../llama4_debug.toml", "fixtures/llama4_debug.toml"),
-    ("fixtures\\llama4_debug.toml", "fixtures/llama4_debug.toml"),
-])
+@pytest.mark.parametrize(
+    ("given", "key"),
+    [
+        ("fixtures/llama4_debug.toml", "fixtures/llama4_debug.toml"),
+        ("./fixtures/llama4_debug.toml", "fixtures/llama4_debug.toml"),
+        ("fixtures//sub/../llama4_debug.toml", "fixtures/llama4_debug.toml"),
+        ("fixtures\\llama4_debug.toml", "fixtures/llama4_debug.toml"),
+    ],
+)
 def test_spec_key_is_posix_relative(given: str, key: str) -> None:
     assert spec_key(given) == key
 

@@ -1,16 +1,17 @@
 """plan: propose, verify by re-scan (strict), emit valid code that compiles as planned."""
+
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
-from gbdoctor.emit import EMITTERS, emit
 from gbdoctor.models import build_model
 from gbdoctor.plan import dump_plan, load_plan, plan_strategy, propose_plan
+from gbdoctor.plan.emit import EMITTERS, emit
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
-
-from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -23,8 +24,10 @@ def _repo_cwd(monkeypatch):
 @pytest.fixture(scope="module")
 def print_plan(tmp_path_factory):
     path = tmp_path_factory.mktemp("plan") / "print.toml"
-    path.write_text(f'[model]\nname = "custom"\nflavor = "print"\nfactory = "{FIXTURES / "models" / "planted.py"}:build"\n'
-                    '[training]\nlocal_batch_size = 2\nseq_len = 16\n[activation_checkpoint]\nmode = "full"\n')
+    path.write_text(
+        f'[model]\nname = "custom"\nflavor = "print"\nfactory = "{FIXTURES / "models" / "planted.py"}:build"\n'
+        '[training]\nlocal_batch_size = 2\nseq_len = 16\n[activation_checkpoint]\nmode = "full"\n'
+    )
     spec = load_spec(path)
     return spec, propose_plan(spec)
 
@@ -115,13 +118,19 @@ def test_sac_scenario_splits_the_wrapping_and_keeps_attention_compiled():
     report = scan(spec, strategy=plan_strategy(plan, spec))
     block = next(b for b in report.blocks if b.kind == "moe+sac" and b.same_as is None)
     assert f"{block.fqn}.attention" in block.fullgraph_regions
-    assert dict(block.region_ops)[f"{block.fqn}.attention"] > 0 and not block.breaks and not block.events
+    assert (
+        dict(block.region_ops)[f"{block.fqn}.attention"] > 0
+        and not block.breaks
+        and not block.events
+    )
 
 
 def _planted_flavors():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("planted_for_plan", FIXTURES / "models" / "planted.py")
+    spec = importlib.util.spec_from_file_location(
+        "planted_for_plan", FIXTURES / "models" / "planted.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return sorted(f for f, cause in module.EXPECTED_CAUSE.items() if cause)
@@ -130,8 +139,10 @@ def _planted_flavors():
 @pytest.mark.parametrize("flavor", _planted_flavors())
 def test_every_planted_break_is_removed_or_isolated_and_proven(flavor, tmp_path):
     path = tmp_path / f"{flavor}.toml"
-    path.write_text(f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FIXTURES / "models" / "planted.py"}:build"\n'
-                    '[training]\nlocal_batch_size = 2\nseq_len = 16\n[activation_checkpoint]\nmode = "none"\n')
+    path.write_text(
+        f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FIXTURES / "models" / "planted.py"}:build"\n'
+        '[training]\nlocal_batch_size = 2\nseq_len = 16\n[activation_checkpoint]\nmode = "none"\n'
+    )
     plan = propose_plan(load_spec(path))
     (kind,) = plan.kinds
     assert kind.breaks_before >= 1 and kind.breaks_after == 0 and kind.verified, kind

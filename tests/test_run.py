@@ -3,6 +3,7 @@
 The process-spawning tests use tiny custom models (``fixtures/models``), aot_eager and 1-3 steps;
 everything else runs on synthetic per-rank measurements.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,19 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gbdoctor.capture.counters import parse_recompile
 from gbdoctor.errors import SpecError
+from gbdoctor.records import LOSS_RTOL, RunReport
+from gbdoctor.records.io import dumps
 from gbdoctor.report.run_formats import CSV_COLUMNS, render_run, tokens_bar, write_csv
-from gbdoctor.report.serialize import dumps
-from gbdoctor.run import (
-    LOSS_RTOL,
-    RankRun,
-    RunReport,
-    build_report,
-    parse_recompile,
-    report_from_json,
-    resolve_modes,
-    run_modes,
-)
+from gbdoctor.run import RankRun, build_report, report_from_json, resolve_modes, run_modes
 from gbdoctor.setup.compile import STRATEGIES
 from gbdoctor.spec import load_spec
 
@@ -48,8 +42,13 @@ def _spec(tmp_path: Path, factory: str, flavor: str, extra: str = ""):
 def clean_run(tmp_path_factory):
     spec = _spec(tmp_path_factory.mktemp("run"), "planted.py", "clean")
     calls: list[tuple[str, int, int]] = []
-    report = run_modes(spec, modes=["block-fullgraph", "eager"], steps=2, warmup=1,
-                       progress=lambda msg, done, total: calls.append((msg, done, total)))
+    report = run_modes(
+        spec,
+        modes=["block-fullgraph", "eager"],
+        steps=2,
+        warmup=1,
+        progress=lambda msg, done, total: calls.append((msg, done, total)),
+    )
     return report, calls
 
 
@@ -73,9 +72,15 @@ def test_runner_measures_eager_and_block_fullgraph(clean_run):
         assert m.memory_metric == "cpu_peak_rss_process"
         assert m.recompiles == 0 and not m.diverged
     assert eager.graphs == 0 and eager.regions == 0 and eager.speedup_vs_eager == 1.0
-    assert block.graphs >= 1 and block.graphs_measured == 0 and block.regions == block.fullgraph_regions == 2
+    assert (
+        block.graphs >= 1
+        and block.graphs_measured == 0
+        and block.regions == block.fullgraph_regions == 2
+    )
     assert report.best_baseline == "block-fullgraph" and block.speedup_vs_best_baseline == 1.0
-    assert block.speedup_vs_eager == pytest.approx(eager.step_time_median_s / block.step_time_median_s)
+    assert block.speedup_vs_eager == pytest.approx(
+        eager.step_time_median_s / block.step_time_median_s
+    )
     # Same seed, same data: compiled and eager losses agree within the documented tolerance.
     assert block.loss_rel_diff is not None and block.loss_rel_diff <= LOSS_RTOL
     assert block.losses == pytest.approx(eager.losses, rel=LOSS_RTOL)
@@ -95,7 +100,9 @@ def test_recompiles_during_measured_steps_are_findings(tmp_path):
     assert len(measured) == mode.recompiles
     assert {e.step for e in measured} == {1, 2, 3}
     assert all("owner_tag ==" in e.reason for e in measured)
-    assert any(e.location and e.location.startswith(str(MODELS / "recompiler.py") + ":") for e in measured)
+    assert any(
+        e.location and e.location.startswith(str(MODELS / "recompiler.py") + ":") for e in measured
+    )
     assert any("recompile" in f and "owner_tag" in f for f in report.findings)
     text = render_run(report, "table")
     assert "RECOMPILES" in text and "owner_tag ==" in text
@@ -128,8 +135,17 @@ def test_plan_mode_runs_the_plan_file(tmp_path):
 
     spec = _spec(tmp_path, "planted.py", "clean")
     # An empty plan: every block kind falls back to the plan strategy's default (whole block, fullgraph).
-    plan = Plan(spec=spec.path, model="custom/clean", torch_version="x", baseline_strategy="titan-v0.2.0",
-                flags=(), flag_costs=(), kinds=(), verified=True, rounds=1)
+    plan = Plan(
+        spec=spec.path,
+        model="custom/clean",
+        torch_version="x",
+        baseline_strategy="titan-v0.2.0",
+        flags=(),
+        flag_costs=(),
+        kinds=(),
+        verified=True,
+        rounds=1,
+    )
     path = tmp_path / "plan.json"
     path.write_text(dump_plan(plan))
     report = run_modes(spec, modes=["plan"], steps=1, warmup=1, plan_path=str(path))
@@ -184,15 +200,28 @@ def test_parse_recompile_takes_the_newest_entry():
     assert rec.location == "/src/model.py:89"
     assert rec.hint == "make it a tensor"
     assert rec.failed_entries == 2 and rec.step == 4 and rec.measured
-    odd = parse_recompile("Recompiling function f in x.py:1\n    something else", step=0, measured=False)
+    odd = parse_recompile(
+        "Recompiling function f in x.py:1\n    something else", step=0, measured=False
+    )
     assert odd.reason == "something else" and odd.location is None
 
 
 def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0):
-    return RankRun(rank=0, warmup_times=list(warm), step_times=list(times), losses=list(losses),
-                   peak_memory_mib=100.0, memory_metric="cpu_peak_rss_process", graphs=graphs, graphs_measured=0,
-                   graph_breaks=0, dynamo_compile_s=0.5, recompiles=[], recompile_limit_hit=False,
-                   layout=(("layers.0", tuple(regions), tuple(regions)),))
+    return RankRun(
+        rank=0,
+        warmup_times=list(warm),
+        step_times=list(times),
+        losses=list(losses),
+        peak_memory_mib=100.0,
+        memory_metric="cpu_peak_rss_process",
+        graphs=graphs,
+        graphs_measured=0,
+        graph_breaks=0,
+        dynamo_compile_s=0.5,
+        recompiles=[],
+        recompile_limit_hit=False,
+        layout=(("layers.0", tuple(regions), tuple(regions)),),
+    )
 
 
 def test_build_report_speedups_divergence_and_duplicates(tmp_path):
@@ -200,12 +229,23 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     losses = [5.0, 4.9, 4.8]
     raw = [
         ("eager", STRATEGIES["none"], [_rank([1.0, 1.2, 0.8], losses)], None),
-        ("titan-v0.2.0", STRATEGIES["titan-v0.2.0"], [_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))],
-         None),
-        ("block-fullgraph", STRATEGIES["block"], [_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))], None),
+        (
+            "titan-v0.2.0",
+            STRATEGIES["titan-v0.2.0"],
+            [_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))],
+            None,
+        ),
+        (
+            "block-fullgraph",
+            STRATEGIES["block"],
+            [_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))],
+            None,
+        ),
         ("titan-v0.2.2", STRATEGIES["titan-v0.2.2"], None, ("warm-up step 0: boom", "runtime")),
     ]
-    report = build_report(spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x")
+    report = build_report(
+        spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x"
+    )
     by = {m.mode: m for m in report.modes}
     assert report.best_baseline == "block-fullgraph"
     assert by["eager"].step_time_median_s == 1.0 and by["eager"].tokens_per_s == pytest.approx(32.0)
@@ -221,8 +261,15 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     assert by["titan-v0.2.2"].status == "failed" and by["titan-v0.2.2"].speedup_vs_eager is None
     assert any("diverge" in f for f in report.findings)
     assert any(f.startswith("titan-v0.2.2 failed (runtime)") for f in report.findings)
-    nan = build_report(spec, [("eager", STRATEGIES["none"], [_rank([1.0], [math.nan])], None)], device="cpu",
-                       backend="aot_eager", warmup=1, steps=1, torch_version="x")
+    nan = build_report(
+        spec,
+        [("eager", STRATEGIES["none"], [_rank([1.0], [math.nan])], None)],
+        device="cpu",
+        backend="aot_eager",
+        warmup=1,
+        steps=1,
+        torch_version="x",
+    )
     assert nan.modes[0].diverged
 
 
@@ -232,11 +279,26 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
 def test_json_csv_table_and_markdown(clean_run, tmp_path):
     report, _ = clean_run
     text = render_run(report, "json")
-    assert text == dumps(report) and text == render_run(report, "json")  # byte-stable for one report
+    assert text == dumps(report) and text == render_run(
+        report, "json"
+    )  # byte-stable for one report
     data = json.loads(text)
-    assert data["schema_version"] == 1 and [m["mode"] for m in data["modes"]] == ["eager", "block-fullgraph"]
-    assert {"tokens_per_s", "step_time_median_s", "compile_time_s", "peak_memory_mib", "graphs", "recompiles",
-            "recompile_events", "losses", "speedup_vs_eager", "speedup_vs_best_baseline"} <= set(data["modes"][0])
+    assert data["schema_version"] == 1 and [m["mode"] for m in data["modes"]] == [
+        "eager",
+        "block-fullgraph",
+    ]
+    assert {
+        "tokens_per_s",
+        "step_time_median_s",
+        "compile_time_s",
+        "peak_memory_mib",
+        "graphs",
+        "recompiles",
+        "recompile_events",
+        "losses",
+        "speedup_vs_eager",
+        "speedup_vs_best_baseline",
+    } <= set(data["modes"][0])
     assert report_from_json(text) == report
 
     path = tmp_path / "out" / "run.csv"
@@ -263,29 +325,66 @@ def test_tokens_bar_is_scaled_to_the_best():
 def test_recorder_flags_the_recompile_limit_warning():
     import logging
 
-    from gbdoctor.run import _LIMIT_LOGGER, _RECOMPILES_LOGGER, _RecompileRecorder
+    from gbdoctor.capture.counters import (
+        LIMIT_LOGGER as _LIMIT_LOGGER,
+    )
+    from gbdoctor.capture.counters import (
+        RECOMPILES_LOGGER as _RECOMPILES_LOGGER,
+    )
+    from gbdoctor.capture.counters import (
+        RecompileRecorder as _RecompileRecorder,
+    )
 
     recorder = _RecompileRecorder()
     recorder.step, recorder.measured = 5, True
-    warn = logging.LogRecord(_LIMIT_LOGGER, logging.WARNING, __file__, 1,
-                             "torch._dynamo hit config.recompile_limit (8)\n   function: 'forward'", None, None)
-    other = logging.LogRecord(_LIMIT_LOGGER, logging.WARNING, __file__, 1, "something else", None, None)
-    recompile = logging.LogRecord(_RECOMPILES_LOGGER, logging.DEBUG, __file__, 1, RECOMPILE_LOG, None, None)
+    warn = logging.LogRecord(
+        _LIMIT_LOGGER,
+        logging.WARNING,
+        __file__,
+        1,
+        "torch._dynamo hit config.recompile_limit (8)\n   function: 'forward'",
+        None,
+        None,
+    )
+    other = logging.LogRecord(
+        _LIMIT_LOGGER, logging.WARNING, __file__, 1, "something else", None, None
+    )
+    recompile = logging.LogRecord(
+        _RECOMPILES_LOGGER, logging.DEBUG, __file__, 1, RECOMPILE_LOG, None, None
+    )
     recorder.emit(other)
     assert not recorder.limit_hit and recorder.records == []
     recorder.emit(warn)
     recorder.emit(recompile)
     assert recorder.limit_hit
-    assert [(r.step, r.measured, r.reason) for r in recorder.records] == [(5, True, "self.tag == 'b'")]
+    assert [(r.step, r.measured, r.reason) for r in recorder.records] == [
+        (5, True, "self.tag == 'b'")
+    ]
 
 
 def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
     raw = [("eager", STRATEGIES["none"], [_rank([1.0, 3.5, 1.1], [5.0, 4.9, 4.8])], None)]
-    report = build_report(spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x",
-                          load=(6.0, 2))
+    report = build_report(
+        spec,
+        raw,
+        device="cpu",
+        backend="aot_eager",
+        warmup=1,
+        steps=3,
+        torch_version="x",
+        load=(6.0, 2),
+    )
     assert any("machine was busy" in n for n in report.notes)
     assert any("vary 3.5x" in n for n in report.modes[0].notes)
-    quiet = build_report(spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x",
-                         load=(0.5, 2))
+    quiet = build_report(
+        spec,
+        raw,
+        device="cpu",
+        backend="aot_eager",
+        warmup=1,
+        steps=3,
+        torch_version="x",
+        load=(0.5, 2),
+    )
     assert not any("busy" in n for n in quiet.notes)

@@ -1,7 +1,9 @@
 """scan: real FSDP2 + AC + Dynamo capture on CPU, classified per block kind."""
+
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -9,8 +11,6 @@ from gbdoctor.report import render
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
 from gbdoctor.summary import summarize
-
-from pathlib import Path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -37,7 +37,14 @@ def test_llama3_debug_is_clean_and_deduplicated():
     # selective AC every 2nd layer: two structural kinds, each captured once.
     kinds = {b.kind for b in report.blocks}
     assert kinds == {"dense", "dense+ac"}
-    assert [b.same_as for b in report.blocks] == [None, None, "layers.0", "layers.1", "layers.0", "layers.1"]
+    assert [b.same_as for b in report.blocks] == [
+        None,
+        None,
+        "layers.0",
+        "layers.1",
+        "layers.0",
+        "layers.1",
+    ]
 
 
 def test_scan_json_is_byte_identical_across_runs():
@@ -56,12 +63,17 @@ def test_hugging_face_style_block_arguments_are_replayed():
     assert all(b.error is None and b.graph_count == 1 and not b.breaks for b in report.blocks)
 
 
-@pytest.mark.parametrize("flavor", sorted(f for f in PLANTED.EXPECTED_CAUSE if PLANTED.EXPECTED_CAUSE[f]))
+@pytest.mark.parametrize(
+    "flavor", sorted(f for f in PLANTED.EXPECTED_CAUSE if PLANTED.EXPECTED_CAUSE[f])
+)
 def test_planted_break_gets_its_cause(flavor, custom_spec):
     report = scan(load_spec(custom_spec("planted.py", flavor)))
     rep = report.blocks[0]
     causes = {b.cause for b in rep.breaks}
-    assert PLANTED.EXPECTED_CAUSE[flavor] in causes, (flavor, [(b.cause, b.gb_type) for b in rep.breaks])
+    assert PLANTED.EXPECTED_CAUSE[flavor] in causes, (
+        flavor,
+        [(b.cause, b.gb_type) for b in rep.breaks],
+    )
     assert set(PLANTED.EXPECTED_GB_TYPE[flavor]) & {b.gb_type for b in rep.breaks}
     located = [b for b in rep.breaks if b.cause == PLANTED.EXPECTED_CAUSE[flavor]]
     assert all(b.location is not None and b.location.file.endswith(".py") for b in located)
@@ -79,9 +91,14 @@ def test_break_inside_ac_region_is_never_zero_breaks(custom_spec):
 
 def test_block_that_cannot_trace_is_an_error_record(custom_spec):
     # FlexAttention has no backward on CPU: the block is data with cause error, the scan goes on.
-    report = scan(load_spec("fixtures/llama3_debug.toml", ["model.flavor=debugmodel_flex_attn"]), strategy="block")
+    report = scan(
+        load_spec("fixtures/llama3_debug.toml", ["model.flavor=debugmodel_flex_attn"]),
+        strategy="block",
+    )
     assert all(b.error for b in report.blocks)
-    assert "FlexAttention" in report.blocks[0].error or "NotImplementedError" in report.blocks[0].error
+    assert (
+        "FlexAttention" in report.blocks[0].error or "NotImplementedError" in report.blocks[0].error
+    )
 
 
 @pytest.mark.slow
@@ -100,7 +117,9 @@ def test_llama4_ep2_titan_v020_reproduces_fsdp_and_ep_breaks():
         fsdp = [b for b in block.breaks if b.cause == "fsdp-hook"]
         assert fsdp[0].location.file == "gbdoctor/models/moe.py"
         assert fsdp[0].module == f"{block.fqn}.moe"
-        assert all(b.module == f"{block.fqn}.moe.experts" for b in block.breaks if b.cause == "ep-dispatch")
+        assert all(
+            b.module == f"{block.fqn}.moe.experts" for b in block.breaks if b.cause == "ep-dispatch"
+        )
     assert not any(e.kind == "rank_divergence" for b in report.blocks for e in b.events)
 
 

@@ -1,4 +1,5 @@
 """Simulated scans: fake process group + meta/fake tensors give the real scan's records."""
+
 from __future__ import annotations
 
 import math
@@ -9,9 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from gbdoctor import simulate
-from gbdoctor.scan import scan
-from gbdoctor.simulate import SimulatedValueError, UniformRouting, fake_process_group, simulate_scan, simulation_mode
+from gbdoctor.scan import scan, simulate, simulate_scan
+from gbdoctor.scan.simulate import (
+    SimulatedValueError,
+    UniformRouting,
+    fake_process_group,
+    simulation_mode,
+)
 from gbdoctor.spec import load_spec
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
@@ -41,11 +46,14 @@ def test_simulated_scan_equals_real_two_rank_scan(fixture):
         assert any(e.kind == "region_eager" for b in real.blocks for e in b.events)
     # Caveats of the real scan (e.g. a failing eager step) are reported by the simulation too;
     # only the multi-rank merge note is the real scan's own.
-    assert [n for n in real.notes if MULTI_RANK_NOTE not in n] == \
-        [n for n in simulated.notes if n in real.notes]
+    assert [n for n in real.notes if MULTI_RANK_NOTE not in n] == [
+        n for n in simulated.notes if n in real.notes
+    ]
     assert any(n.startswith("simulated: rank 0 of 2") for n in simulated.notes)
     assert any(n.startswith("not simulated: numerics") for n in simulated.notes)
-    assert any(n.startswith("stand-in: uniform routing") for n in simulated.notes) == (fixture == "llama4_debug_ep2")
+    assert any(n.startswith("stand-in: uniform routing") for n in simulated.notes) == (
+        fixture == "llama4_debug_ep2"
+    )
 
 
 def test_world_too_large_for_local_ranks_is_simulated_with_a_notice(monkeypatch):
@@ -64,8 +72,12 @@ def test_simulation_is_only_chosen_when_asked_or_needed(monkeypatch):
     monkeypatch.setattr(simulate, "local_world_limit", lambda: 4)
     small = load_spec("fixtures/llama4_debug_ep2.toml")
     assert simulate.simulation_reason(small) is None
-    assert simulate.simulation_reason(load_spec("fixtures/llama4_debug_ep2.toml", ["gbdoctor.simulate=true"])) \
+    assert (
+        simulate.simulation_reason(
+            load_spec("fixtures/llama4_debug_ep2.toml", ["gbdoctor.simulate=true"])
+        )
         == "requested"
+    )
 
 
 def test_uniform_routing_gives_ep_dispatch_its_split_sizes():
@@ -90,7 +102,9 @@ def test_uniform_routing_gives_ep_dispatch_its_split_sizes():
             assert received.shape == (tokens * top_k, 32)
             assert local_counts.tolist() == [tokens * top_k // experts * ep] * (experts // ep)
             combined = dispatcher.token_combine(None, (), received)
-            assert combined.shape == routed.shape and isinstance(combined, torch._subclasses.FakeTensor)
+            assert combined.shape == routed.shape and isinstance(
+                combined, torch._subclasses.FakeTensor
+            )
     assert routing.stand_in_reads > 0
 
 
@@ -127,7 +141,9 @@ def test_production_size_setup_allocates_nothing_at_full_size():
         assert meshes.ep.size() == 8 and meshes.edp.size() == 8 and meshes.dp.size() == 64
         params = list(setup.model.parameters())
         assert params and all(isinstance(p._local_tensor, FakeTensor) for p in params)
-        assert setup.optimizer is not None and any(h.installer == "load-balancing" for h in setup.hooks)
+        assert setup.optimizer is not None and any(
+            h.installer == "load-balancing" for h in setup.hooks
+        )
         w1 = setup.blocks[0].block.moe.experts.w1
         assert w1.shape == (16, 8192, 5120)  # global: 16 experts, 5120 -> 8192 hidden
         assert w1._local_tensor.shape == (1, 8192, 5120)  # 2 experts per EP rank, 1 per efsdp shard

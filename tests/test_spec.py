@@ -1,4 +1,5 @@
 """Spec loading: torchtitan v0.2.2 TOML + [gbdoctor], overrides, and one-line SpecErrors."""
+
 from __future__ import annotations
 
 import os
@@ -105,8 +106,14 @@ def test_torchtitan_v022_config_loads_or_is_refused(name):
         for needle in TITAN_REFUSED[name]:
             assert needle in err.message
         # With the unsupported degrees overridden, the same config loads.
-        overrides = [f"parallelism.{k}=1" for k in ("tensor_parallel_degree",
-                     "pipeline_parallel_degree", "expert_tensor_parallel_degree")]
+        overrides = [
+            f"parallelism.{k}=1"
+            for k in (
+                "tensor_parallel_degree",
+                "pipeline_parallel_degree",
+                "expert_tensor_parallel_degree",
+            )
+        ]
         assert load_spec(path, overrides).parallelism.world_size == 1
     else:
         spec = load_spec(path)
@@ -123,7 +130,10 @@ def test_torchtitan_deepseek_16b_resolves_ep8_world():
 
 
 def test_titan_sections_and_keys_are_accepted(tmp_path):
-    path = write(tmp_path, LLAMA4 + """
+    path = write(
+        tmp_path,
+        LLAMA4
+        + """
 hf_assets_path = "./x"
 tokenizer_path = "./t"
 converters = ["float8"]
@@ -161,7 +171,8 @@ x = 1
 [debug]
 seed = 7
 moe_force_load_balance = true
-""")
+""",
+    )
     spec = load_spec(path)
     assert spec.training.seed == 7
     assert spec.activation_checkpoint.mode == "selective"
@@ -175,10 +186,14 @@ moe_force_load_balance = true
     [
         ("compile.enable=true", ("compile", "enable", True)),
         ("parallelism.expert_parallel_degree=2", ("parallelism", "expert_parallel_degree", 2)),
-        ('activation_checkpoint.selective_ac_option="op"',
-         ("activation_checkpoint", "selective_ac_option", "op")),
-        ("activation_checkpoint.selective_ac_option=op",
-         ("activation_checkpoint", "selective_ac_option", "op")),
+        (
+            'activation_checkpoint.selective_ac_option="op"',
+            ("activation_checkpoint", "selective_ac_option", "op"),
+        ),
+        (
+            "activation_checkpoint.selective_ac_option=op",
+            ("activation_checkpoint", "selective_ac_option", "op"),
+        ),
         ('compile.components=["model"]', ("compile", "components", ["model"])),
         ("gbdoctor.strategy=titan-v0.2.2", ("gbdoctor", "strategy", "titan-v0.2.2")),
         ("gbdoctor.timeout_s=1.5", ("gbdoctor", "timeout_s", 1.5)),
@@ -198,19 +213,22 @@ def test_parse_override_malformed(text):
 
 
 def test_overrides_are_applied(tmp_path):
-    spec = load_spec(FIXTURES / "llama4_debug.toml", [
-        "activation_checkpoint.selective_ac_option=2",
-        "activation_checkpoint.mode=full",
-        "compile.enable=true",
-        'compile.components=["model"]',
-        "gbdoctor.strategy=titan-v0.2.2",
-        "gbdoctor.device=cpu",
-        "gbdoctor.simulate=true",
-        "training.seq_len=128",
-        "parallelism.expert_parallel_degree=2",
-        "debug.seed=3",
-        "optimizer.lr=1e-3",
-    ])
+    spec = load_spec(
+        FIXTURES / "llama4_debug.toml",
+        [
+            "activation_checkpoint.selective_ac_option=2",
+            "activation_checkpoint.mode=full",
+            "compile.enable=true",
+            'compile.components=["model"]',
+            "gbdoctor.strategy=titan-v0.2.2",
+            "gbdoctor.device=cpu",
+            "gbdoctor.simulate=true",
+            "training.seq_len=128",
+            "parallelism.expert_parallel_degree=2",
+            "debug.seed=3",
+            "optimizer.lr=1e-3",
+        ],
+    )
     assert spec.activation_checkpoint.selective_ac_option == "2"
     assert spec.activation_checkpoint.mode == "full"
     assert spec.compile.enable is True and spec.compile.components == ("model",)
@@ -223,8 +241,14 @@ def test_overrides_are_applied(tmp_path):
 
 def test_override_string_and_list_shortcuts(tmp_path):
     path = write(tmp_path, LLAMA4)
-    spec = load_spec(path, ["activation_checkpoint.selective_ac_option=op",
-                            "compile.components=loss", "gbdoctor.strategy=block"])
+    spec = load_spec(
+        path,
+        [
+            "activation_checkpoint.selective_ac_option=op",
+            "compile.components=loss",
+            "gbdoctor.strategy=block",
+        ],
+    )
     assert spec.activation_checkpoint.selective_ac_option == "op"
     assert spec.compile.components == ("loss",)
     spec = load_spec(path, ["compile.components=model,loss"])
@@ -272,10 +296,16 @@ def test_unknown_key_names_file_section_key_and_valid_keys(tmp_path):
         assert key in err.message
 
 
-@pytest.mark.parametrize("section, key", [
-    ("model", "flavour"), ("training", "batch_size"), ("compile", "fullgraph"),
-    ("activation_checkpoint", "option"), ("gbdoctor", "stratgy"),
-])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ("model", "flavour"),
+        ("training", "batch_size"),
+        ("compile", "fullgraph"),
+        ("activation_checkpoint", "option"),
+        ("gbdoctor", "stratgy"),
+    ],
+)
 def test_unknown_key_in_every_read_section(tmp_path, section, key):
     body = LLAMA4 + (f"{key} = 1\n" if section == "model" else f"[{section}]\n{key} = 1\n")
     err = spec_error(write(tmp_path, body))
@@ -283,8 +313,14 @@ def test_unknown_key_in_every_read_section(tmp_path, section, key):
 
 
 def test_gbdoctor_keys_are_toolspec_fields():
-    assert VALID_KEYS["gbdoctor"] == {"strategy", "batch_size", "seq_len", "device", "timeout_s",
-                                      "simulate"}
+    assert VALID_KEYS["gbdoctor"] == {
+        "strategy",
+        "batch_size",
+        "seq_len",
+        "device",
+        "timeout_s",
+        "simulate",
+    }
     assert "factory" in VALID_KEYS["model"] and "hf_assets_path" in VALID_KEYS["model"]
 
 
@@ -298,29 +334,35 @@ def test_unknown_section(tmp_path):
 
 
 def test_top_level_key_is_not_a_section(tmp_path):
-    err = spec_error(write(tmp_path, 'seed = 1\n' + LLAMA4))
+    err = spec_error(write(tmp_path, "seed = 1\n" + LLAMA4))
     assert "unknown section [seed]" in err.message
-    err = spec_error(write(tmp_path, 'training = 1\n' + LLAMA4))
+    err = spec_error(write(tmp_path, "training = 1\n" + LLAMA4))
     assert "[training] must be a table" in err.message
 
 
 # --------------------------------------------------------------------------- types
 
 
-@pytest.mark.parametrize("section, line, needles", [
-    ("training", 'seq_len = "x"', ("training.seq_len", "an integer", "'x'")),
-    ("training", "steps = true", ("training.steps", "an integer", "True")),
-    ("training", "local_batch_size = 2.0", ("training.local_batch_size", "an integer", "2.0")),
-    ("training", 'max_norm = "1"', ("training.max_norm", "a number", "'1'")),
-    ("compile", "enable = 1", ("compile.enable", "a boolean", "1")),
-    ("compile", 'components = "model"', ("compile.components", "an array of strings")),
-    ("compile", "components = [1]", ("compile.components", "an array of strings")),
-    ("parallelism", 'expert_parallel_degree = "2"', ("parallelism.expert_parallel_degree",)),
-    ("activation_checkpoint", "selective_ac_option = true",
-     ("activation_checkpoint.selective_ac_option", "a string")),
-    ("gbdoctor", 'simulate = "yes"', ("gbdoctor.simulate", "a boolean")),
-    ("gbdoctor", "strategy = 2", ("gbdoctor.strategy", "a string")),
-])
+@pytest.mark.parametrize(
+    "section, line, needles",
+    [
+        ("training", 'seq_len = "x"', ("training.seq_len", "an integer", "'x'")),
+        ("training", "steps = true", ("training.steps", "an integer", "True")),
+        ("training", "local_batch_size = 2.0", ("training.local_batch_size", "an integer", "2.0")),
+        ("training", 'max_norm = "1"', ("training.max_norm", "a number", "'1'")),
+        ("compile", "enable = 1", ("compile.enable", "a boolean", "1")),
+        ("compile", 'components = "model"', ("compile.components", "an array of strings")),
+        ("compile", "components = [1]", ("compile.components", "an array of strings")),
+        ("parallelism", 'expert_parallel_degree = "2"', ("parallelism.expert_parallel_degree",)),
+        (
+            "activation_checkpoint",
+            "selective_ac_option = true",
+            ("activation_checkpoint.selective_ac_option", "a string"),
+        ),
+        ("gbdoctor", 'simulate = "yes"', ("gbdoctor.simulate", "a boolean")),
+        ("gbdoctor", "strategy = 2", ("gbdoctor.strategy", "a string")),
+    ],
+)
 def test_wrong_type(tmp_path, section, line, needles):
     err = spec_error(write(tmp_path, LLAMA4 + f"[{section}]\n{line}\n"))
     for needle in needles:
@@ -333,9 +375,14 @@ def test_model_name_wrong_type(tmp_path):
 
 
 def test_int_is_accepted_where_titan_takes_a_float_or_an_option(tmp_path):
-    spec = load_spec(write(tmp_path, LLAMA4 + "[training]\nmax_norm = 2\n"
-                           "[activation_checkpoint]\nselective_ac_option = 3\n"
-                           "[gbdoctor]\ntimeout_s = 30\n"))
+    spec = load_spec(
+        write(
+            tmp_path,
+            LLAMA4 + "[training]\nmax_norm = 2\n"
+            "[activation_checkpoint]\nselective_ac_option = 3\n"
+            "[gbdoctor]\ntimeout_s = 30\n",
+        )
+    )
     assert spec.training.max_norm == 2.0
     assert spec.activation_checkpoint.selective_ac_option == "3"
     assert spec.gbdoctor.timeout_s == 30.0
@@ -393,8 +440,9 @@ def test_unknown_flavor(tmp_path):
 def test_relative_factory_path_is_resolved_against_the_spec_dir(tmp_path, monkeypatch):
     sub = tmp_path / "specs"
     sub.mkdir()
-    path = write(sub, '[model]\nname = "custom"\nflavor = "tiny"\n'
-                      'factory = "../models/my_model.py:build"\n')
+    path = write(
+        sub, '[model]\nname = "custom"\nflavor = "tiny"\nfactory = "../models/my_model.py:build"\n'
+    )
     monkeypatch.chdir(ROOT)  # resolution must not depend on the working directory
     spec = load_spec(os.path.relpath(path, ROOT))
     assert spec.model.factory == f"{tmp_path / 'models' / 'my_model.py'}:build"
@@ -412,8 +460,10 @@ def test_absolute_and_module_factories_are_kept(tmp_path):
     assert spec.model.factory == f"{target}:build"
 
 
-@pytest.mark.parametrize("factory", ["model.py", "my_pkg.models", "m.py:", ":build",
-                                     "my-pkg.models:build", "m.py:build-it"])
+@pytest.mark.parametrize(
+    "factory",
+    ["model.py", "my_pkg.models", "m.py:", ":build", "my-pkg.models:build", "m.py:build-it"],
+)
 def test_bad_factory(tmp_path, factory):
     err = spec_error(write(tmp_path, f'[model]\nname = "custom"\nfactory = "{factory}"\n'))
     assert "model.factory" in err.message and factory in err.message
@@ -437,15 +487,18 @@ def par(tmp_path, model: str, **degrees):
     return write(tmp_path, model + "[parallelism]\n" + lines)
 
 
-@pytest.mark.parametrize("degrees, dp_shard, world", [
-    ({}, 1, 1),
-    ({"expert_parallel_degree": 2}, 2, 2),
-    ({"expert_parallel_degree": 8}, 8, 8),
-    ({"expert_parallel_degree": 2, "data_parallel_shard_degree": 4}, 4, 4),
-    ({"expert_parallel_degree": 2, "data_parallel_replicate_degree": 2}, 2, 4),
-    ({"data_parallel_shard_degree": 3}, 3, 3),
-    ({"data_parallel_replicate_degree": 2}, 1, 2),
-])
+@pytest.mark.parametrize(
+    "degrees, dp_shard, world",
+    [
+        ({}, 1, 1),
+        ({"expert_parallel_degree": 2}, 2, 2),
+        ({"expert_parallel_degree": 8}, 8, 8),
+        ({"expert_parallel_degree": 2, "data_parallel_shard_degree": 4}, 4, 4),
+        ({"expert_parallel_degree": 2, "data_parallel_replicate_degree": 2}, 2, 4),
+        ({"data_parallel_shard_degree": 3}, 3, 3),
+        ({"data_parallel_replicate_degree": 2}, 1, 2),
+    ],
+)
 def test_world_size_resolution(tmp_path, degrees, dp_shard, world):
     p = load_spec(par(tmp_path, LLAMA4, **degrees)).parallelism
     assert (p.dp_shard, p.world_size) == (dp_shard, world)
@@ -469,8 +522,15 @@ def test_ep_must_divide_dp_shard(tmp_path):
     assert "data_parallel_shard_degree = 2" in err.message
 
 
-@pytest.mark.parametrize("key", ["tensor_parallel_degree", "context_parallel_degree",
-                                 "pipeline_parallel_degree", "expert_tensor_parallel_degree"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "tensor_parallel_degree",
+        "context_parallel_degree",
+        "pipeline_parallel_degree",
+        "expert_tensor_parallel_degree",
+    ],
+)
 def test_unsupported_degrees(tmp_path, key):
     err = spec_error(par(tmp_path, LLAMA4, **{key: 2}))
     assert f"parallelism.{key} = 2" in err.message and "not supported yet" in err.message
@@ -483,19 +543,28 @@ def test_tp_refused_with_exit_code_2(tmp_path):
     assert err.hint
 
 
-@pytest.mark.parametrize("key, value", [
-    ("data_parallel_shard_degree", 0), ("data_parallel_shard_degree", -2),
-    ("data_parallel_replicate_degree", 0), ("data_parallel_replicate_degree", -1),
-    ("expert_parallel_degree", 0), ("tensor_parallel_degree", -1),
-])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("data_parallel_shard_degree", 0),
+        ("data_parallel_shard_degree", -2),
+        ("data_parallel_replicate_degree", 0),
+        ("data_parallel_replicate_degree", -1),
+        ("expert_parallel_degree", 0),
+        ("tensor_parallel_degree", -1),
+    ],
+)
 def test_bad_degrees(tmp_path, key, value):
     err = spec_error(par(tmp_path, LLAMA4, **{key: value}))
     assert f"parallelism.{key}" in err.message and str(value) in err.message
 
 
 def test_deepep_backend_with_ep_is_refused(tmp_path):
-    path = write(tmp_path, LLAMA4 + '[parallelism]\nexpert_parallel_degree = 2\n'
-                                    'expert_parallel_comm_backend = "deepep"\n')
+    path = write(
+        tmp_path,
+        LLAMA4 + "[parallelism]\nexpert_parallel_degree = 2\n"
+        'expert_parallel_comm_backend = "deepep"\n',
+    )
     assert "not supported yet" in spec_error(path).message
 
 
@@ -530,9 +599,14 @@ def test_ac_bad_option(tmp_path, option):
 
 
 def test_ac_fields(tmp_path):
-    spec = load_spec(write(tmp_path, LLAMA4 + '[activation_checkpoint]\n'
-                           'per_op_sac_force_recompute_mm_shapes_by_fqns = ["a", "b"]\n'
-                           "preserve_rng_state = true\n"))
+    spec = load_spec(
+        write(
+            tmp_path,
+            LLAMA4 + "[activation_checkpoint]\n"
+            'per_op_sac_force_recompute_mm_shapes_by_fqns = ["a", "b"]\n'
+            "preserve_rng_state = true\n",
+        )
+    )
     ac = spec.activation_checkpoint
     assert ac.per_op_sac_force_recompute_mm_shapes_by_fqns == ("a", "b")
     assert ac.preserve_rng_state is True
@@ -545,13 +619,16 @@ def test_compile_components(tmp_path):
     assert "'optimizer'" in err.message and "compile.components" in err.message
 
 
-@pytest.mark.parametrize("line, needle", [
-    ("local_batch_size = 0", "training.local_batch_size"),
-    ("seq_len = -1", "training.seq_len"),
-    ("steps = 0", "training.steps"),
-    ('mixed_precision_param = "float16"', "training.mixed_precision_param"),
-    ('mixed_precision_reduce = "fp32"', "training.mixed_precision_reduce"),
-])
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ("local_batch_size = 0", "training.local_batch_size"),
+        ("seq_len = -1", "training.seq_len"),
+        ("steps = 0", "training.steps"),
+        ('mixed_precision_param = "float16"', "training.mixed_precision_param"),
+        ('mixed_precision_reduce = "fp32"', "training.mixed_precision_reduce"),
+    ],
+)
 def test_training_checks(tmp_path, line, needle):
     assert needle in spec_error(write(tmp_path, LLAMA4 + f"[training]\n{line}\n")).message
 
@@ -560,8 +637,14 @@ def test_training_checks(tmp_path, line, needle):
 
 
 def test_strategy_names():
-    assert STRATEGY_NAMES == ("none", "block", "block-nofullgraph", "titan-v0.2.0",
-                              "titan-v0.2.2", "children")
+    assert STRATEGY_NAMES == (
+        "none",
+        "block",
+        "block-nofullgraph",
+        "titan-v0.2.0",
+        "titan-v0.2.2",
+        "children",
+    )
 
 
 @pytest.mark.parametrize("strategy", STRATEGY_NAMES)
@@ -570,13 +653,16 @@ def test_every_strategy_loads(tmp_path, strategy):
     assert spec.gbdoctor.strategy == strategy
 
 
-@pytest.mark.parametrize("line, needle", [
-    ('strategy = "blok"', "did you mean 'block'"),
-    ('device = "gpu"', "gbdoctor.device"),
-    ("batch_size = -1", "gbdoctor.batch_size"),
-    ("seq_len = -8", "gbdoctor.seq_len"),
-    ("timeout_s = 0", "gbdoctor.timeout_s"),
-])
+@pytest.mark.parametrize(
+    "line, needle",
+    [
+        ('strategy = "blok"', "did you mean 'block'"),
+        ('device = "gpu"', "gbdoctor.device"),
+        ("batch_size = -1", "gbdoctor.batch_size"),
+        ("seq_len = -8", "gbdoctor.seq_len"),
+        ("timeout_s = 0", "gbdoctor.timeout_s"),
+    ],
+)
 def test_gbdoctor_checks(tmp_path, line, needle):
     assert needle in spec_error(write(tmp_path, LLAMA4 + f"[gbdoctor]\n{line}\n")).message
 

@@ -1,4 +1,5 @@
 """Derived counts: every block counts its own copy; per-kind rows are per block."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -29,10 +30,21 @@ def test_totals_count_every_layer_copy() -> None:
 def test_kind_rows_are_per_block() -> None:
     s = summarize(scan("llama4_after_new_break"))
     dense, moe = s.kinds
-    assert (dense.kind, dense.layers, dense.layers_label, dense.graphs, dense.breaks) == \
-        ("dense", ("layers.0", "layers.2"), "layers.0, 2", 1, 0)
+    assert (dense.kind, dense.layers, dense.layers_label, dense.graphs, dense.breaks) == (
+        "dense",
+        ("layers.0", "layers.2"),
+        "layers.0, 2",
+        1,
+        0,
+    )
     assert dense.clean and dense.causes == () and dense.break_records == ()
-    assert (moe.kind, moe.layers_label, moe.graphs, moe.breaks, moe.events) == ("moe", "layers.1, 3", 4, 3, 0)
+    assert (moe.kind, moe.layers_label, moe.graphs, moe.breaks, moe.events) == (
+        "moe",
+        "layers.1, 3",
+        4,
+        3,
+        0,
+    )
     assert moe.causes == ("data-dependent", "fsdp-hook")
     assert len(moe.break_records) == 3  # the shared capture's breaks appear once
 
@@ -42,10 +54,16 @@ def test_events_and_errors() -> None:
     s = summarize(report)
     assert s.events_by_kind == (("region_eager", 2),) and s.events == 2
     assert [row.events for row in s.kinds] == [0, 1]
-    broken = replace(report, blocks=(replace(report.blocks[0], error="RuntimeError: x"),) + report.blocks[1:])
+    broken = replace(
+        report, blocks=(replace(report.blocks[0], error="RuntimeError: x"),) + report.blocks[1:]
+    )
     s = summarize(broken)
     assert s.errors == 1
-    assert s.kinds[0].errors == 1 and s.kinds[0].error == "RuntimeError: x" and "error" in s.kinds[0].causes
+    assert (
+        s.kinds[0].errors == 1
+        and s.kinds[0].error == "RuntimeError: x"
+        and "error" in s.kinds[0].causes
+    )
 
 
 def test_break_count_field_is_honoured() -> None:
@@ -61,18 +79,23 @@ def test_has_findings() -> None:
     report = scan("llama4_before")
     clean = replace(report, blocks=tuple(replace(b, breaks=()) for b in report.blocks))
     assert not has_findings(clean) and summarize(clean).clean
-    with_event = replace(clean, blocks=(replace(clean.blocks[0], events=(Event(kind="frame_skipped", module="x"),)),))
+    with_event = replace(
+        clean, blocks=(replace(clean.blocks[0], events=(Event(kind="frame_skipped", module="x"),)),)
+    )
     assert has_findings(with_event)
     assert has_findings(replace(clean, blocks=(replace(clean.blocks[0], error="boom"),)))
 
 
-@pytest.mark.parametrize(("fqns", "label"), [
-    (("layers.1", "layers.3", "layers.5"), "layers.1, 3, 5"),
-    (("layers.0",), "layers.0"),
-    (("model.layers.0", "model.layers.1", "other.0"), "model.layers.0, 1, other.0"),
-    (("blk",), "blk"),
-    ((), ""),
-])
+@pytest.mark.parametrize(
+    ("fqns", "label"),
+    [
+        (("layers.1", "layers.3", "layers.5"), "layers.1, 3, 5"),
+        (("layers.0",), "layers.0"),
+        (("model.layers.0", "model.layers.1", "other.0"), "model.layers.0, 1, other.0"),
+        (("blk",), "blk"),
+        ((), ""),
+    ],
+)
 def test_compact_layers(fqns: tuple[str, ...], label: str) -> None:
     assert compact_layers(fqns) == label
 

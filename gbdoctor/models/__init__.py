@@ -4,6 +4,7 @@ Everything the rest of gbdoctor needs from a model goes through this module: bui
 device, ``meta`` included), its blocks (``block_container``), its vocabulary (``vocab_size``) and,
 for spec validation, the expert count of a flavor (``num_experts``).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -23,14 +24,24 @@ FAMILIES: tuple[str, ...] = ("custom", "deepseek_v3", "llama3", "llama4")
 _BUILTIN: dict[str, ModuleType] = {"deepseek_v3": deepseek_v3, "llama3": llama3, "llama4": llama4}
 
 __all__ = [
-    "FAMILIES", "block_container", "build_model", "family_flavors", "flavor_args", "grouped_mm_supported",
-    "load_factory", "num_experts", "vocab_size",
+    "FAMILIES",
+    "block_container",
+    "build_model",
+    "family_flavors",
+    "flavor_args",
+    "grouped_mm_supported",
+    "load_factory",
+    "num_experts",
+    "vocab_size",
 ]
 
 
 def _family(name: str) -> ModuleType | None:
     if name not in FAMILIES:
-        raise SpecError(f"unknown model family {name!r}", hint=f"[model] name must be one of: {', '.join(FAMILIES)}")
+        raise SpecError(
+            f"unknown model family {name!r}",
+            hint=f"[model] name must be one of: {', '.join(FAMILIES)}",
+        )
     return _BUILTIN.get(name)
 
 
@@ -61,7 +72,9 @@ def num_experts(name: str, flavor: str) -> int | None:
     return moe.num_experts if isinstance(moe, MoEArgs) else None
 
 
-def build_model(spec: ModelSpec, *, device: torch.device | str = "cpu", max_seq_len: int | None = None) -> nn.Module:
+def build_model(
+    spec: ModelSpec, *, device: torch.device | str = "cpu", max_seq_len: int | None = None
+) -> nn.Module:
     """Build ``spec``'s model on ``device``; ``"meta"`` allocates nothing.
 
     Custom factories are called under ``torch.device(device)``. Built-in models are constructed on
@@ -75,8 +88,10 @@ def build_model(spec: ModelSpec, *, device: torch.device | str = "cpu", max_seq_
     module = _family(spec.name)
     if module is None:
         if not spec.factory:
-            raise SpecError("model name 'custom' needs a factory",
-                            hint="set [model] factory = 'path/to/file.py:build' or 'package.module:build'")
+            raise SpecError(
+                "model name 'custom' needs a factory",
+                hint="set [model] factory = 'path/to/file.py:build' or 'package.module:build'",
+            )
         with torch.device(device):
             return load_factory(spec.factory, spec.flavor)
     args = flavor_args(spec.name, spec.flavor)
@@ -102,8 +117,10 @@ def vocab_size(model: nn.Module) -> int:
     for m in model.modules():
         if isinstance(m, nn.Embedding):
             return m.num_embeddings
-    raise SpecError(f"model {type(model).__name__} has no nn.Embedding",
-                    hint="gbdoctor feeds token ids; the model must start with an nn.Embedding")
+    raise SpecError(
+        f"model {type(model).__name__} has no nn.Embedding",
+        hint="gbdoctor feeds token ids; the model must start with an nn.Embedding",
+    )
 
 
 def block_container(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -113,5 +130,7 @@ def block_container(model: nn.Module) -> list[tuple[str, nn.Module]]:
         return [(f"layers.{key}", block) for key, block in layers.items()]
     if isinstance(layers, nn.ModuleList):
         return [(f"layers.{i}", block) for i, block in enumerate(layers)]
-    raise SpecError(f"model {type(model).__name__} has no 'layers' ModuleDict or ModuleList",
-                    hint="put the repeated transformer blocks in model.layers, as torchtitan does")
+    raise SpecError(
+        f"model {type(model).__name__} has no 'layers' ModuleDict or ModuleList",
+        hint="put the repeated transformer blocks in model.layers, as torchtitan does",
+    )

@@ -11,6 +11,7 @@ Torch 2.13 CPU facts this file is shaped by (see the probe notes, section 6):
 - Inductor's CPU flex template rejects q/k/v that are ``view().transpose()`` results of a linear;
   hence the ``.contiguous()`` calls before ``flex_attention``.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,9 @@ def causal_block_mask(seq_len: int, device: torch.device | str):
         def causal(b, h, q_idx, kv_idx):
             return q_idx >= kv_idx
 
-        mask = create_block_mask(causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
+        mask = create_block_mask(
+            causal, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device
+        )
         _BLOCK_MASKS[key] = mask
     return mask
 
@@ -47,7 +50,9 @@ def _attend(q, k, v, *, attn_type: str, scale: float | None) -> torch.Tensor:
     """q/k/v are ``[B, H, S, D]``; returns ``[B, H, S, Dv]``."""
     if attn_type == "flex":
         mask = causal_block_mask(q.shape[2], q.device)
-        return flex_attention(q.contiguous(), k.contiguous(), v.contiguous(), block_mask=mask, scale=scale)
+        return flex_attention(
+            q.contiguous(), k.contiguous(), v.contiguous(), block_mask=mask, scale=scale
+        )
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
@@ -64,7 +69,12 @@ class Attention(nn.Module):
     (llama4 iRoPE "NoPE" layers pass ``use_rope=False``)."""
 
     def __init__(
-        self, dim: int, n_heads: int, n_kv_heads: int | None = None, *, attn_type: str = "sdpa",
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        *,
+        attn_type: str = "sdpa",
         use_rope: bool = True,
     ) -> None:
         super().__init__()
@@ -89,7 +99,13 @@ class Attention(nn.Module):
         if self.use_rope:
             xq, xk = apply_rope(xq, rope), apply_rope(xk, rope)
         xk, xv = repeat_kv(xk, self.n_rep), repeat_kv(xv, self.n_rep)
-        out = _attend(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2), attn_type=self.attn_type, scale=None)
+        out = _attend(
+            xq.transpose(1, 2),
+            xk.transpose(1, 2),
+            xv.transpose(1, 2),
+            attn_type=self.attn_type,
+            scale=None,
+        )
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
     def init_weights(self, init_std: float) -> None:
@@ -108,8 +124,17 @@ class MLAttention(nn.Module):
     """
 
     def __init__(
-        self, dim: int, n_heads: int, *, q_lora_rank: int, kv_lora_rank: int, qk_nope_head_dim: int,
-        qk_rope_head_dim: int, v_head_dim: int, softmax_scale: float, norm_eps: float = 1e-5,
+        self,
+        dim: int,
+        n_heads: int,
+        *,
+        q_lora_rank: int,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        softmax_scale: float,
+        norm_eps: float = 1e-5,
         attn_type: str = "sdpa",
     ) -> None:
         super().__init__()
@@ -145,12 +170,17 @@ class MLAttention(nn.Module):
         kv = self.wkv_a(x)
         kv, k_pe = torch.split(kv, [self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
         k_pe = apply_rope(k_pe.unsqueeze(2), rope)  # one rotary key head shared by all heads
-        kv = self.wkv_b(self.kv_norm(kv)).view(bs, seqlen, self.n_heads, self.qk_nope_head_dim + self.v_head_dim)
+        kv = self.wkv_b(self.kv_norm(kv)).view(
+            bs, seqlen, self.n_heads, self.qk_nope_head_dim + self.v_head_dim
+        )
         k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, self.n_heads, -1)], dim=-1)
 
         out = _attend(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_type=self.attn_type,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_type=self.attn_type,
             scale=self.softmax_scale,
         )
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
@@ -170,7 +200,7 @@ def mla_softmax_scale(
     qk_head_dim: int, *, max_seq_len: int, original_seq_len: int, rope_factor: float, mscale: float
 ) -> float:
     """``1/sqrt(d)``, times ``mscale**2`` when YaRN is active (run past the original context)."""
-    scale = qk_head_dim ** -0.5
+    scale = qk_head_dim**-0.5
     if max_seq_len > original_seq_len:
         m = 0.1 * mscale * math.log(rope_factor) + 1.0
         scale = scale * m * m

@@ -5,6 +5,7 @@ combined with bf16 mixed precision and torch.compile are a source of breaks and 
 have nothing to do with what gbdoctor diagnoses. The pairing convention (adjacent pairs) matches
 torchtitan's complex ``view_as_complex(x.reshape(..., -1, 2))`` formulation.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,11 +33,15 @@ def trunc_normal_(t: torch.Tensor, std: float) -> torch.Tensor:
     Same distribution as ``nn.init.trunc_normal_(t, 0, std, -3std, 3std)``, but torch 2.13 implements
     that one by rejection resampling, about 5x slower on CPU: it dominated debug-model build time.
     """
-    t.uniform_(2 * _LO - 1, 1 - 2 * _LO).erfinv_().mul_(std * math.sqrt(2)).clamp_(-3 * std, 3 * std)
+    t.uniform_(2 * _LO - 1, 1 - 2 * _LO).erfinv_().mul_(std * math.sqrt(2)).clamp_(
+        -3 * std, 3 * std
+    )
     return t
 
 
-def ffn_hidden_dim(dim: int, *, multiple_of: int, ffn_dim_multiplier: float | None, divisor: int = 1) -> int:
+def ffn_hidden_dim(
+    dim: int, *, multiple_of: int, ffn_dim_multiplier: float | None, divisor: int = 1
+) -> int:
     """The llama hidden-size rule: 2/3 of 4*dim, times the multiplier, divided (llama4 MoE
     auto-scaling), rounded up to ``multiple_of``. Kept separate from FeedForward because
     MoE shared experts and deepseek use explicit sizes."""
@@ -87,11 +92,17 @@ class FeedForward(nn.Module):
 
 def rope_frequencies(rot_dim: int, theta: float) -> torch.Tensor:
     """Plain RoPE inverse frequencies, ``rot_dim // 2`` of them."""
-    return 1.0 / (theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32)[: rot_dim // 2] / rot_dim))
+    return 1.0 / (
+        theta ** (torch.arange(0, rot_dim, 2, dtype=torch.float32)[: rot_dim // 2] / rot_dim)
+    )
 
 
 def llama_scaled_frequencies(
-    freqs: torch.Tensor, *, scaling_factor: float, low_freq_factor: float, high_freq_factor: float,
+    freqs: torch.Tensor,
+    *,
+    scaling_factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
     original_max_position_embeddings: int,
 ) -> torch.Tensor:
     """Llama 3.1/4 frequency scaling: long wavelengths divided by the factor, short ones kept,
@@ -108,8 +119,14 @@ def llama_scaled_frequencies(
 
 
 def yarn_frequencies(
-    rot_dim: int, theta: float, *, max_seq_len: int, original_seq_len: int, rope_factor: float,
-    beta_fast: int, beta_slow: int,
+    rot_dim: int,
+    theta: float,
+    *,
+    max_seq_len: int,
+    original_seq_len: int,
+    rope_factor: float,
+    beta_fast: int,
+    beta_slow: int,
 ) -> torch.Tensor:
     """DeepSeek-V3's YaRN correction: applied only when the model is run past its original
     context length, as in the reference implementation."""
@@ -118,7 +135,11 @@ def yarn_frequencies(
         return freqs
 
     def correction_dim(num_rotations: float) -> float:
-        return rot_dim * math.log(original_seq_len / (num_rotations * 2 * math.pi)) / (2 * math.log(theta))
+        return (
+            rot_dim
+            * math.log(original_seq_len / (num_rotations * 2 * math.pi))
+            / (2 * math.log(theta))
+        )
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
     high = min(math.ceil(correction_dim(beta_slow)), rot_dim - 1)

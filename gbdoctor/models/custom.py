@@ -6,6 +6,7 @@ a broken factory is bad input, not a gbdoctor failure. The returned model must l
 torchtitan decoder for the per-block machinery: a ``layers`` ModuleDict/ModuleList of blocks and an
 ``nn.Embedding`` (its ``num_embeddings`` is the vocabulary used for synthetic tokens).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,7 +33,9 @@ def _first_line(exc: BaseException) -> str:
 def _split(ref: str) -> tuple[str, str]:
     target, sep, attr = ref.strip().rpartition(":")
     if not sep or not target or not attr or not attr.isidentifier():
-        raise SpecError(f"model factory {ref!r} is not of the form 'target:function'", hint=_FORMAT_HINT)
+        raise SpecError(
+            f"model factory {ref!r} is not of the form 'target:function'", hint=_FORMAT_HINT
+        )
     return target, attr
 
 
@@ -53,7 +56,10 @@ def _import_file(target: str, ref: str):
     name = f"gbdoctor_factory_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise SpecError(f"model factory {ref!r}: {str(path)!r} is not an importable Python file", hint=_FORMAT_HINT)
+        raise SpecError(
+            f"model factory {ref!r}: {str(path)!r} is not an importable Python file",
+            hint=_FORMAT_HINT,
+        )
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses and pickling look the module up by name
     parent = str(path.parent)
@@ -109,8 +115,10 @@ def validate_model(model: object, ref: str) -> nn.Module:
             hint="put the repeated transformer blocks in model.layers, as torchtitan does",
         )
     if len(layers) == 0:
-        raise SpecError(f"model from factory {ref!r} has an empty 'layers' container",
-                        hint="build at least one block into model.layers")
+        raise SpecError(
+            f"model from factory {ref!r} has an empty 'layers' container",
+            hint="build at least one block into model.layers",
+        )
     if not any(isinstance(m, nn.Embedding) for m in model.modules()):
         raise SpecError(
             f"model from factory {ref!r} has no nn.Embedding",
@@ -133,11 +141,15 @@ def load_factory(ref: str, flavor: str) -> nn.Module:
         shown = ", ".join(public[:8]) + (", ..." if len(public) > 8 else "")
         raise SpecError(
             f"model factory {ref!r}: {target} has no attribute {attr!r}",
-            hint=f"callables defined there: {shown}" if shown else "define build(flavor) in that module",
+            hint=f"callables defined there: {shown}"
+            if shown
+            else "define build(flavor) in that module",
         )
     if not callable(factory):
-        raise SpecError(f"model factory {ref!r}: {attr!r} is a {type(factory).__name__}, not a function",
-                        hint="point the factory at a function build(flavor) -> nn.Module")
+        raise SpecError(
+            f"model factory {ref!r}: {attr!r} is a {type(factory).__name__}, not a function",
+            hint="point the factory at a function build(flavor) -> nn.Module",
+        )
     try:
         model = factory(flavor)
     except Exception as exc:

@@ -5,9 +5,10 @@ Names follow torchtitan v0.2.2 (``tok_embeddings``, ``layers["0"]``, ``norm``, `
 blocks with ``attention_norm``/``attention``/``ffn_norm`` and ``feed_forward`` or ``moe``) because
 the parallelism and AC code address modules by these names and FQNs.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -20,8 +21,14 @@ class TransformerBlock(nn.Module):
     """Pre-norm residual block: ``x + attn(norm(x))`` then ``h + ffn_or_moe(norm(h))``."""
 
     def __init__(
-        self, *, layer_id: int, dim: int, norm_eps: float, attention: nn.Module,
-        feed_forward: nn.Module | None = None, moe: nn.Module | None = None,
+        self,
+        *,
+        layer_id: int,
+        dim: int,
+        norm_eps: float,
+        attention: nn.Module,
+        feed_forward: nn.Module | None = None,
+        moe: nn.Module | None = None,
     ) -> None:
         super().__init__()
         if (feed_forward is None) == (moe is None):
@@ -60,8 +67,15 @@ class Decoder(nn.Module):
     """
 
     def __init__(
-        self, *, vocab_size: int, dim: int, norm_eps: float, max_seq_len: int, attn_type: str,
-        blocks: list[TransformerBlock], rope_freqs_fn: Callable[[], torch.Tensor],
+        self,
+        *,
+        vocab_size: int,
+        dim: int,
+        norm_eps: float,
+        max_seq_len: int,
+        attn_type: str,
+        blocks: list[TransformerBlock],
+        rope_freqs_fn: Callable[[], torch.Tensor],
     ) -> None:
         super().__init__()
         self.vocab_size = vocab_size
@@ -94,7 +108,7 @@ class Decoder(nn.Module):
             if self.norm is not None:
                 self.norm.init_weights()
             if self.output is not None:
-                trunc_normal_(self.output.weight, self.dim ** -0.5)
+                trunc_normal_(self.output.weight, self.dim**-0.5)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens[B, S]`` (or hidden states when a pipeline stage dropped ``tok_embeddings``) -> logits."""

@@ -3,6 +3,7 @@
 Node-limited routing (``num_expert_groups``/``num_limited_groups`` of the 236B/671B flavors) is
 recorded in ``MoEArgs`` but not applied; multi-token prediction is not modelled.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,7 +29,11 @@ class DeepSeekV3Args:
     norm_eps: float = 1e-5
     moe: MoEArgs = field(
         default_factory=lambda: MoEArgs(
-            num_experts=64, num_shared_experts=2, top_k=6, score_func="softmax", route_norm=False,
+            num_experts=64,
+            num_shared_experts=2,
+            top_k=6,
+            score_func="softmax",
+            route_norm=False,
             score_before_experts=False,
         )
     )
@@ -50,37 +55,87 @@ class DeepSeekV3Args:
     mscale: float = 1.0
 
 
-def _moe(num_experts: int, num_shared_experts: int, top_k: int, score_func: str, *, route_norm: bool = False,
-         route_scale: float = 1.0, groups: tuple[int, int] | None = None) -> MoEArgs:
+def _moe(
+    num_experts: int,
+    num_shared_experts: int,
+    top_k: int,
+    score_func: str,
+    *,
+    route_norm: bool = False,
+    route_scale: float = 1.0,
+    groups: tuple[int, int] | None = None,
+) -> MoEArgs:
     return MoEArgs(
-        num_experts=num_experts, num_shared_experts=num_shared_experts, top_k=top_k, score_func=score_func,
-        route_norm=route_norm, route_scale=route_scale, score_before_experts=False,
-        num_expert_groups=groups[0] if groups else None, num_limited_groups=groups[1] if groups else None,
+        num_experts=num_experts,
+        num_shared_experts=num_shared_experts,
+        top_k=top_k,
+        score_func=score_func,
+        route_norm=route_norm,
+        route_scale=route_scale,
+        score_before_experts=False,
+        num_expert_groups=groups[0] if groups else None,
+        num_limited_groups=groups[1] if groups else None,
     )
 
 
 _DEBUG = dict(
-    vocab_size=2048, dim=256, inter_dim=1024, moe_inter_dim=256, n_layers=6, n_dense_layers=1, n_heads=16,
-    moe=_moe(8, 2, 3, "softmax"), q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-    v_head_dim=128, mscale=0.70,
+    vocab_size=2048,
+    dim=256,
+    inter_dim=1024,
+    moe_inter_dim=256,
+    n_layers=6,
+    n_dense_layers=1,
+    n_heads=16,
+    moe=_moe(8, 2, 3, "softmax"),
+    q_lora_rank=0,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    mscale=0.70,
 )
 
 FLAVORS: dict[str, DeepSeekV3Args] = {
     "debugmodel": DeepSeekV3Args(**_DEBUG),
-    "debugmodel_flex_attn": DeepSeekV3Args(**_DEBUG, attn_type="flex", attn_mask_type="block_causal"),
+    "debugmodel_flex_attn": DeepSeekV3Args(
+        **_DEBUG, attn_type="flex", attn_mask_type="block_causal"
+    ),
     "16B": DeepSeekV3Args(
-        vocab_size=102400, dim=2048, inter_dim=10944, moe_inter_dim=1408, n_layers=27, n_dense_layers=1,
-        n_heads=16, moe=_moe(64, 2, 6, "softmax"), q_lora_rank=0, kv_lora_rank=512, mscale=0.70,
+        vocab_size=102400,
+        dim=2048,
+        inter_dim=10944,
+        moe_inter_dim=1408,
+        n_layers=27,
+        n_dense_layers=1,
+        n_heads=16,
+        moe=_moe(64, 2, 6, "softmax"),
+        q_lora_rank=0,
+        kv_lora_rank=512,
+        mscale=0.70,
     ),
     "236B": DeepSeekV3Args(
-        vocab_size=102400, dim=5120, inter_dim=12288, moe_inter_dim=1536, n_layers=60, n_dense_layers=1,
-        n_heads=128, moe=_moe(160, 2, 6, "softmax", route_scale=16.0, groups=(8, 3)), q_lora_rank=1536,
+        vocab_size=102400,
+        dim=5120,
+        inter_dim=12288,
+        moe_inter_dim=1536,
+        n_layers=60,
+        n_dense_layers=1,
+        n_heads=128,
+        moe=_moe(160, 2, 6, "softmax", route_scale=16.0, groups=(8, 3)),
+        q_lora_rank=1536,
         kv_lora_rank=512,
     ),
     "671B": DeepSeekV3Args(
-        vocab_size=129280, dim=7168, inter_dim=18432, moe_inter_dim=2048, n_layers=61, n_dense_layers=3,
-        n_heads=128, moe=_moe(256, 1, 8, "sigmoid", route_norm=True, route_scale=2.5, groups=(8, 4)),
-        q_lora_rank=1536, kv_lora_rank=512,
+        vocab_size=129280,
+        dim=7168,
+        inter_dim=18432,
+        moe_inter_dim=2048,
+        n_layers=61,
+        n_dense_layers=3,
+        n_heads=128,
+        moe=_moe(256, 1, 8, "sigmoid", route_norm=True, route_scale=2.5, groups=(8, 4)),
+        q_lora_rank=1536,
+        kv_lora_rank=512,
     ),
 }
 
@@ -92,29 +147,50 @@ def moe_enabled(args: DeepSeekV3Args, layer_id: int) -> bool:
 class Transformer(Decoder):
     def __init__(self, args: DeepSeekV3Args) -> None:
         scale = mla_softmax_scale(
-            args.qk_nope_head_dim + args.qk_rope_head_dim, max_seq_len=args.max_seq_len,
-            original_seq_len=args.original_seq_len, rope_factor=args.rope_factor, mscale=args.mscale,
+            args.qk_nope_head_dim + args.qk_rope_head_dim,
+            max_seq_len=args.max_seq_len,
+            original_seq_len=args.original_seq_len,
+            rope_factor=args.rope_factor,
+            mscale=args.mscale,
         )
         blocks = []
         for i in range(args.n_layers):
             attention = MLAttention(
-                args.dim, args.n_heads, q_lora_rank=args.q_lora_rank, kv_lora_rank=args.kv_lora_rank,
-                qk_nope_head_dim=args.qk_nope_head_dim, qk_rope_head_dim=args.qk_rope_head_dim,
-                v_head_dim=args.v_head_dim, softmax_scale=scale, norm_eps=args.norm_eps, attn_type=args.attn_type,
+                args.dim,
+                args.n_heads,
+                q_lora_rank=args.q_lora_rank,
+                kv_lora_rank=args.kv_lora_rank,
+                qk_nope_head_dim=args.qk_nope_head_dim,
+                qk_rope_head_dim=args.qk_rope_head_dim,
+                v_head_dim=args.v_head_dim,
+                softmax_scale=scale,
+                norm_eps=args.norm_eps,
+                attn_type=args.attn_type,
             )
             if moe_enabled(args, i):
                 ffn = dict(moe=MoE(args.moe, dim=args.dim, hidden_dim=args.moe_inter_dim))
             else:
                 ffn = dict(feed_forward=FeedForward(args.dim, args.inter_dim))
             blocks.append(
-                TransformerBlock(layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn)
+                TransformerBlock(
+                    layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn
+                )
             )
         super().__init__(
-            vocab_size=args.vocab_size, dim=args.dim, norm_eps=args.norm_eps, max_seq_len=args.max_seq_len,
-            attn_type=args.attn_type, blocks=blocks,
+            vocab_size=args.vocab_size,
+            dim=args.dim,
+            norm_eps=args.norm_eps,
+            max_seq_len=args.max_seq_len,
+            attn_type=args.attn_type,
+            blocks=blocks,
             rope_freqs_fn=partial(
-                yarn_frequencies, args.qk_rope_head_dim, args.rope_theta, max_seq_len=args.max_seq_len,
-                original_seq_len=args.original_seq_len, rope_factor=args.rope_factor, beta_fast=args.beta_fast,
+                yarn_frequencies,
+                args.qk_rope_head_dim,
+                args.rope_theta,
+                max_seq_len=args.max_seq_len,
+                original_seq_len=args.original_seq_len,
+                rope_factor=args.rope_factor,
+                beta_fast=args.beta_fast,
                 beta_slow=args.beta_slow,
             ),
         )

@@ -3,6 +3,7 @@
 iRoPE flavors drop RoPE on every ``every_n_layers_nope``-th layer (the "NoPE" layers) and use flex
 attention; their chunked (``fixed_attn_block_size``) mask is approximated by a causal one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -49,21 +50,41 @@ class Llama4Args:
     interleave_moe_layer_step: int = 2
 
 
-_DEBUG = dict(dim=256, n_layers=6, n_heads=16, vocab_size=2048, rope_theta=500000.0, rope_scaling=RoPEScalingArgs())
+_DEBUG = dict(
+    dim=256,
+    n_layers=6,
+    n_heads=16,
+    vocab_size=2048,
+    rope_theta=500000.0,
+    rope_scaling=RoPEScalingArgs(),
+)
 _IROPE = dict(every_n_layers_nope=4, attn_type="flex", attn_mask_type="block_causal")
 _17B = dict(
-    dim=5120, n_layers=48, n_heads=40, n_kv_heads=8, ffn_dim_multiplier=1.2, multiple_of=2048, rope_theta=500000.0,
+    dim=5120,
+    n_layers=48,
+    n_heads=40,
+    n_kv_heads=8,
+    ffn_dim_multiplier=1.2,
+    multiple_of=2048,
+    rope_theta=500000.0,
 )
 
 FLAVORS: dict[str, Llama4Args] = {
     "debugmodel": Llama4Args(**_DEBUG),
     "debugmodel_irope": Llama4Args(**_DEBUG, **_IROPE, fixed_attn_block_size=256),
     "17bx16e": Llama4Args(
-        **_17B, rope_scaling=RoPEScalingArgs(), moe=MoEArgs(num_experts=16), interleave_moe_layer_step=1,
+        **_17B,
+        rope_scaling=RoPEScalingArgs(),
+        moe=MoEArgs(num_experts=16),
+        interleave_moe_layer_step=1,
     ),
     "17bx128e": Llama4Args(**_17B, moe=MoEArgs(num_experts=128)),
     "17bx16e_irope": Llama4Args(
-        **_17B, **_IROPE, rope_scaling=RoPEScalingArgs(), moe=MoEArgs(num_experts=16), interleave_moe_layer_step=1,
+        **_17B,
+        **_IROPE,
+        rope_scaling=RoPEScalingArgs(),
+        moe=MoEArgs(num_experts=16),
+        interleave_moe_layer_step=1,
     ),
     "17bx128e_irope": Llama4Args(**_17B, **_IROPE, moe=MoEArgs(num_experts=128)),
 }
@@ -76,7 +97,10 @@ def moe_enabled(args: Llama4Args, layer_id: int) -> bool:
 def expert_hidden_dim(args: Llama4Args) -> int:
     divisor = args.moe.top_k + args.moe.num_shared_experts if args.auto_scale_hidden_dim else 1
     return ffn_hidden_dim(
-        args.dim, multiple_of=args.multiple_of, ffn_dim_multiplier=args.ffn_dim_multiplier, divisor=divisor,
+        args.dim,
+        multiple_of=args.multiple_of,
+        ffn_dim_multiplier=args.ffn_dim_multiplier,
+        divisor=divisor,
     )
 
 
@@ -86,8 +110,11 @@ def _frequencies(args: Llama4Args) -> torch.Tensor:
         return freqs
     s = args.rope_scaling
     return llama_scaled_frequencies(
-        freqs, scaling_factor=s.scaling_factor, low_freq_factor=s.low_freq_factor,
-        high_freq_factor=s.high_freq_factor, original_max_position_embeddings=s.original_max_position_embeddings,
+        freqs,
+        scaling_factor=s.scaling_factor,
+        low_freq_factor=s.low_freq_factor,
+        high_freq_factor=s.high_freq_factor,
+        original_max_position_embeddings=s.original_max_position_embeddings,
     )
 
 
@@ -99,17 +126,26 @@ class Transformer(Decoder):
         blocks = []
         for i in range(args.n_layers):
             nope = args.every_n_layers_nope is not None and (i + 1) % args.every_n_layers_nope == 0
-            attention = Attention(args.dim, args.n_heads, args.n_kv_heads, attn_type=args.attn_type, use_rope=not nope)
+            attention = Attention(
+                args.dim, args.n_heads, args.n_kv_heads, attn_type=args.attn_type, use_rope=not nope
+            )
             if moe_enabled(args, i):
                 ffn = dict(moe=MoE(args.moe, dim=args.dim, hidden_dim=expert_hidden_dim(args)))
             else:
                 ffn = dict(feed_forward=FeedForward(args.dim, dense_hidden))
             blocks.append(
-                TransformerBlock(layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn)
+                TransformerBlock(
+                    layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn
+                )
             )
         super().__init__(
-            vocab_size=args.vocab_size, dim=args.dim, norm_eps=args.norm_eps, max_seq_len=args.max_seq_len,
-            attn_type=args.attn_type, blocks=blocks, rope_freqs_fn=partial(_frequencies, args),
+            vocab_size=args.vocab_size,
+            dim=args.dim,
+            norm_eps=args.norm_eps,
+            max_seq_len=args.max_seq_len,
+            attn_type=args.attn_type,
+            blocks=blocks,
+            rope_freqs_fn=partial(_frequencies, args),
         )
         self.model_args = args
 

@@ -12,6 +12,7 @@ Choices made to stay compile-clean on torch 2.13 (probe notes, section 4):
 - The for-loop expert path needs ``.tolist()`` (a data-dependent break unless
   ``capture_scalar_outputs`` is on); it exists for devices without grouped mm and for comparisons.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -73,7 +74,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _run_experts_grouped_mm(w1, w2, w3, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+def _run_experts_grouped_mm(
+    w1, w2, w3, x: torch.Tensor, num_tokens_per_expert: torch.Tensor
+) -> torch.Tensor:
     offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     xb = x.bfloat16()
     h = F.silu(torch._grouped_mm(xb, w1.bfloat16().transpose(-2, -1), offs=offs))
@@ -81,8 +84,12 @@ def _run_experts_grouped_mm(w1, w2, w3, x: torch.Tensor, num_tokens_per_expert: 
     return torch._grouped_mm(h, w2.bfloat16().transpose(-2, -1), offs=offs).type_as(x)
 
 
-def _run_experts_for_loop(w1, w2, w3, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-    counts = num_tokens_per_expert.int().tolist()  # device sync; a data-dependent break under compile
+def _run_experts_for_loop(
+    w1, w2, w3, x: torch.Tensor, num_tokens_per_expert: torch.Tensor
+) -> torch.Tensor:
+    counts = (
+        num_tokens_per_expert.int().tolist()
+    )  # device sync; a data-dependent break under compile
     num_routed = sum(counts)
     outs = []
     for i, xe in enumerate(torch.split(x[:num_routed], counts, dim=0)):
@@ -101,7 +108,9 @@ class GroupedExperts(nn.Module):
     count is that of the *local* weights, so the same code runs unsharded and under EP.
     """
 
-    def __init__(self, dim: int, hidden_dim: int, num_experts: int, *, use_grouped_mm: bool) -> None:
+    def __init__(
+        self, dim: int, hidden_dim: int, num_experts: int, *, use_grouped_mm: bool
+    ) -> None:
         super().__init__()
         self.num_experts = num_experts  # global count; forward goes by the (local) weights' shape
         self.use_grouped_mm = use_grouped_mm
@@ -125,8 +134,16 @@ class TokenChoiceTopKRouter(nn.Module):
     """Scores every token against every expert (fp32), picks ``top_k`` by the *biased* scores and
     gates with the *unbiased* ones (aux-loss-free load balancing)."""
 
-    def __init__(self, dim: int, num_experts: int, *, top_k: int, score_func: str, route_norm: bool,
-                 route_scale: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        num_experts: int,
+        *,
+        top_k: int,
+        score_func: str,
+        route_norm: bool,
+        route_scale: float,
+    ) -> None:
         super().__init__()
         if score_func not in SCORE_FUNCS:
             raise ValueError(f"score_func must be one of {SCORE_FUNCS}, got {score_func!r}")
@@ -137,7 +154,9 @@ class TokenChoiceTopKRouter(nn.Module):
         self.route_norm = route_norm
         self.route_scale = route_scale
 
-    def forward(self, x: torch.Tensor, expert_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, expert_bias: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``x[T, D] -> (top_scores[T, k] fp32, selected_experts_indices[T, k])``."""
         scores = self.gate(x).float()
         scores = torch.sigmoid(scores) if self.score_func == "sigmoid" else F.softmax(scores, dim=1)
@@ -164,7 +183,9 @@ class TokenReorderer(nn.Module):
         """Returns ``(top_scores_sorted[T*k], pair_indices_sorted[T*k], num_tokens_per_expert[E] fp32)``;
         ``pair_indices_sorted // top_k`` is the source token of each sorted pair."""
         flat = selected_experts_indices.view(-1)
-        num_tokens_per_expert = torch.histc(flat.float(), bins=self.num_experts, min=0, max=self.num_experts)
+        num_tokens_per_expert = torch.histc(
+            flat.float(), bins=self.num_experts, min=0, max=self.num_experts
+        )
         order = torch.argsort(flat, stable=True)
         return top_scores.view(-1)[order], order, num_tokens_per_expert
 
@@ -174,26 +195,40 @@ class MoE(nn.Module):
 
     def __init__(self, args: MoEArgs, *, dim: int, hidden_dim: int) -> None:
         super().__init__()
-        use_grouped_mm = args.use_grouped_mm if args.use_grouped_mm is not None else grouped_mm_supported()
+        use_grouped_mm = (
+            args.use_grouped_mm if args.use_grouped_mm is not None else grouped_mm_supported()
+        )
         self.num_experts = args.num_experts
         self.top_k = args.top_k
         self.score_before_experts = args.score_before_experts
         self.load_balance_coeff = args.load_balance_coeff
         self.router = TokenChoiceTopKRouter(
-            dim, args.num_experts, top_k=args.top_k, score_func=args.score_func, route_norm=args.route_norm,
+            dim,
+            args.num_experts,
+            top_k=args.top_k,
+            score_func=args.score_func,
+            route_norm=args.route_norm,
             route_scale=args.route_scale,
         )
         self.reorderer = TokenReorderer(args.num_experts, args.top_k)
-        self.experts = GroupedExperts(dim, hidden_dim, args.num_experts, use_grouped_mm=use_grouped_mm)
+        self.experts = GroupedExperts(
+            dim, hidden_dim, args.num_experts, use_grouped_mm=use_grouped_mm
+        )
         self.shared_experts = (
-            FeedForward(dim, hidden_dim * args.num_shared_experts) if args.num_shared_experts > 0 else None
+            FeedForward(dim, hidden_dim * args.num_shared_experts)
+            if args.num_shared_experts > 0
+            else None
         )
         # tokens_per_expert is accumulated here, in forward; expert_bias is updated outside the model
         # (an optimizer step pre-hook) so that gradient accumulation sees one update per step.
         if self.load_balance_coeff is not None:
-            self.register_buffer("expert_bias", torch.zeros(args.num_experts, dtype=torch.float32), persistent=True)
             self.register_buffer(
-                "tokens_per_expert", torch.zeros(args.num_experts, dtype=torch.float32), persistent=False
+                "expert_bias", torch.zeros(args.num_experts, dtype=torch.float32), persistent=True
+            )
+            self.register_buffer(
+                "tokens_per_expert",
+                torch.zeros(args.num_experts, dtype=torch.float32),
+                persistent=False,
             )
         else:
             self.register_buffer("expert_bias", None)
@@ -203,7 +238,9 @@ class MoE(nn.Module):
         bs, slen, dim = x.shape
         x = x.reshape(-1, dim)
         top_scores, selected = self.router(x, self.expert_bias)
-        top_scores_sorted, pair_indices_sorted, num_tokens_per_expert = self.reorderer(top_scores, selected)
+        top_scores_sorted, pair_indices_sorted, num_tokens_per_expert = self.reorderer(
+            top_scores, selected
+        )
         if self.tokens_per_expert is not None:
             # In-place, in forward, as torchtitan does: under eager AC the recompute counts twice.
             with torch.no_grad():
@@ -217,13 +254,19 @@ class MoE(nn.Module):
         # Shared experts before the combine (torchtitan overlaps them with the EP combine a2a).
         shared = self.shared_experts(x) if self.shared_experts is not None else None
 
-        unsorted = torch.zeros((bs * slen * self.top_k, dim), dtype=routed_output.dtype, device=routed_output.device)
+        unsorted = torch.zeros(
+            (bs * slen * self.top_k, dim), dtype=routed_output.dtype, device=routed_output.device
+        )
         unsorted[pair_indices_sorted] = routed_output
         unsorted = unsorted.reshape(-1, self.top_k, dim)
         if self.score_before_experts:
             out = unsorted.sum(dim=1)
         else:
-            out = torch.bmm(top_scores.reshape(-1, 1, self.top_k), unsorted.float()).to(x.dtype).squeeze(1)
+            out = (
+                torch.bmm(top_scores.reshape(-1, 1, self.top_k), unsorted.float())
+                .to(x.dtype)
+                .squeeze(1)
+            )
         if shared is not None:
             out = out + shared
         return out.reshape(bs, slen, dim)

@@ -4,6 +4,7 @@
 ``GATE_FORMATS``/``render_gate`` (gate results, :mod:`gbdoctor.report.gate_formats`) are
 re-exported lazily, so importing :mod:`gbdoctor.report.serialize` does not load rich.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ A formatter lays out a :class:`~gbdoctor.records.ScanReport` (with the counts of
 :mod:`gbdoctor.summary`) and returns text; it computes nothing and never prints. Adding a
 format means one module with one class and one entry in :data:`FORMATS`.
 """
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -42,7 +43,9 @@ def formatter_for(fmt: str) -> Formatter:
     try:
         return FORMATS[fmt]()
     except KeyError:
-        raise SpecError(f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(FORMAT_NAMES)}") from None
+        raise SpecError(
+            f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(FORMAT_NAMES)}"
+        ) from None
 
 
 def render(report: ScanReport, fmt: str) -> str:

@@ -1,8 +1,9 @@
 """Layout of ``gbdoctor causes [ID]``."""
+
 from __future__ import annotations
 
 from gbdoctor.errors import SpecError
-from gbdoctor.report.serialize import dumps
+from gbdoctor.records.io import dumps
 
 
 def render_causes(cause_id: str | None, fmt: str) -> str:

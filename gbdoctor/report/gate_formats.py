@@ -4,20 +4,19 @@
 plain text: ``json`` (byte-stable), ``markdown`` (PR comment), ``github`` (annotations at the
 file:line of each new break) and ``junit``.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from gbdoctor.errors import SpecError
-from gbdoctor.report import serialize
+from gbdoctor.records import SEVERITIES, Finding, GateResult
+from gbdoctor.records.io import dumps, to_jsonable
 from gbdoctor.report.github import command
 from gbdoctor.report.junit import element, xml_safe, xml_text
 from gbdoctor.report.layout import short_location
 from gbdoctor.report.markdown import code, md_table
 from gbdoctor.report.table import GateTableFormat
-
-if TYPE_CHECKING:
-    from gbdoctor.gate import Finding, GateResult
 
 __all__ = ["GATE_FORMATS", "GATE_FORMAT_NAMES", "GateFormatter", "render_gate"]
 
@@ -32,10 +31,13 @@ class GateJsonFormat:
     """``--format json``: the findings plus the verdict, byte-stable."""
 
     def render(self, result: GateResult) -> str:
-        data = serialize.to_jsonable(result)
-        data.update(passed=result.passed, exit_code=result.exit_code,
-                    counts={s: result.count(s) for s in ("regression", "warning", "improvement", "info")})
-        return serialize.dumps(data)
+        data = to_jsonable(result)
+        data.update(
+            passed=result.passed,
+            exit_code=result.exit_code,
+            counts={s: result.count(s) for s in SEVERITIES},
+        )
+        return dumps(data)
 
 
 def _where(f: Finding) -> str:
@@ -46,12 +48,28 @@ class GateMarkdownFormat:
     """``--format markdown``: a PR comment."""
 
     def render(self, result: GateResult) -> str:
-        lines = [f"## gbdoctor gate: {'passed' if result.passed else 'FAILED'}", "", result.headline, ""]
+        lines = [
+            f"## gbdoctor gate: {'passed' if result.passed else 'FAILED'}",
+            "",
+            result.headline,
+            "",
+        ]
         if result.findings:
             lines += md_table(
                 ("", "severity", "spec", "kind", "change", "cause", "location", "hint"),
-                (("fail" if result.fails(f) else "", f.severity, f.spec, f.kind or "-", f.what,
-                  f.cause or "-", _where(f) or "-", f.hint) for f in result.findings),
+                (
+                    (
+                        "fail" if result.fails(f) else "",
+                        f.severity,
+                        f.spec,
+                        f.kind or "-",
+                        f.what,
+                        f.cause or "-",
+                        _where(f) or "-",
+                        f.hint,
+                    )
+                    for f in result.findings
+                ),
             )
         else:
             lines.append("No change against the baseline.")
@@ -80,7 +98,9 @@ class GateGithubFormat:
                 message += f"\nHint: {f.hint}"
             for loc in f.locations or (None,):
                 lines.append(command(level, message, title=title, location=loc))
-        lines.append(command("notice" if result.passed else "error", result.headline, title="gbdoctor gate"))
+        lines.append(
+            command("notice" if result.passed else "error", result.headline, title="gbdoctor gate")
+        )
         return "\n".join(lines) + "\n"
 
 
@@ -100,10 +120,18 @@ class GateJunitFormat:
                 for f in mine:
                     if result.fails(f):
                         fail = element("failure", ("type", f.severity), ("message", f.what))
-                        fail.text = xml_safe("\n".join(
-                            f"{k}: {v}" for k, v in (("cause", f.cause), ("gb_type", f.gb_type),
-                                                     ("location", ", ".join(map(str, f.locations))),
-                                                     ("hint", f.hint)) if v))
+                        fail.text = xml_safe(
+                            "\n".join(
+                                f"{k}: {v}"
+                                for k, v in (
+                                    ("cause", f.cause),
+                                    ("gb_type", f.gb_type),
+                                    ("location", ", ".join(map(str, f.locations))),
+                                    ("hint", f.hint),
+                                )
+                                if v
+                            )
+                        )
                         case.append(fail)
                 others = [f"{f.severity}: {f.what}" for f in mine if not result.fails(f)]
                 if others:
@@ -112,8 +140,14 @@ class GateJunitFormat:
                     case.append(out)
                 cases.append(case)
             failing = sum(1 for c in cases if c.find("failure") is not None)
-            suite = element("testsuite", ("name", spec), ("tests", len(cases)), ("failures", failing),
-                            ("errors", 0), ("skipped", 0))
+            suite = element(
+                "testsuite",
+                ("name", spec),
+                ("tests", len(cases)),
+                ("failures", failing),
+                ("errors", 0),
+                ("skipped", 0),
+            )
             suite.extend(cases)
             root.append(suite)
             total, failed = total + len(cases), failed + failing
@@ -140,5 +174,7 @@ def render_gate(result: GateResult, fmt: str) -> str:
     try:
         formatter = GATE_FORMATS[fmt]()
     except KeyError:
-        raise SpecError(f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}") from None
+        raise SpecError(
+            f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}"
+        ) from None
     return formatter.render(result)

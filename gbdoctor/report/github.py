@@ -5,6 +5,7 @@ error, each pointing at ``file=...,line=...`` when the record has a location, th
 ``::notice`` with the totals. Values are escaped by the workflow-command rules: in the message
 ``%``, CR and LF; in properties also ``:`` and ``,``.
 """
+
 from __future__ import annotations
 
 from gbdoctor.records import Location, ScanReport
@@ -47,12 +48,18 @@ def render_github(report: ScanReport) -> str:
             hint = fix_hint(brk.cause)
             if hint:
                 message += f"\nFix: {hint}"
-            lines.append(command("warning", message, title=f"graph break: {brk.cause}{gb}", location=brk.location))
+            lines.append(
+                command(
+                    "warning", message, title=f"graph break: {brk.cause}{gb}", location=brk.location
+                )
+            )
         for event in row.event_records:
             message = f"{where}: {event.kind} in {event.module}"
             if event.detail:
                 message += f"\n{one_line(event.detail)}"
-            lines.append(command("error", message, title=f"gbdoctor: {event.kind}", location=event.location))
+            lines.append(
+                command("error", message, title=f"gbdoctor: {event.kind}", location=event.location)
+            )
         if row.error is not None:
             message = f"{where}: the block could not be traced\n{one_line(row.error)}"
             hint = fix_hint("error")
@@ -62,8 +69,10 @@ def render_github(report: ScanReport) -> str:
     if summary.clean:
         totals = f"{report.spec}: all clean, {summary.blocks} block(s), no graph breaks"
     else:
-        totals = (f"{report.spec}: {summary.breaks} break(s), {summary.events} event(s), "
-                  f"{summary.errors} error(s) over {summary.blocks} block(s)")
+        totals = (
+            f"{report.spec}: {summary.breaks} break(s), {summary.events} event(s), "
+            f"{summary.errors} error(s) over {summary.blocks} block(s)"
+        )
     lines.append(command("notice", totals, title="gbdoctor scan"))
     return "\n".join(lines) + "\n"
 

@@ -1,9 +1,10 @@
 """Layout of ``gbdoctor inspect``: a rich tree per block, or stable JSON."""
+
 from __future__ import annotations
 
 from gbdoctor.errors import SpecError
 from gbdoctor.records import SetupReport
-from gbdoctor.report.serialize import dumps
+from gbdoctor.records.io import dumps
 
 
 def render_inspect(report: SetupReport, fmt: str) -> str:
@@ -12,15 +13,17 @@ def render_inspect(report: SetupReport, fmt: str) -> str:
     if fmt != "table":
         raise SpecError(f"unknown format {fmt!r} for inspect", hint="use --format table or json")
     from rich.table import Table
+    from rich.tree import Tree
 
     from gbdoctor.report.table import plain_text, recording_console
-    from rich.tree import Tree
 
     console = recording_console()
     s = report.setup
     console.print(f"[bold]{report.spec}[/] model={report.model} torch={report.torch_version}")
-    console.print(f"strategy={s.strategy} device={s.device} world_size={s.world_size} ep={s.ep_degree} "
-                  f"dp_shard={s.dp_shard} ac={s.ac_mode}/{s.ac_option} fsdp={s.fsdp}")
+    console.print(
+        f"strategy={s.strategy} device={s.device} world_size={s.world_size} ep={s.ep_degree} "
+        f"dp_shard={s.dp_shard} ac={s.ac_mode}/{s.ac_option} fsdp={s.fsdp}"
+    )
     if s.dynamo_config:
         console.print("dynamo: " + ", ".join(f"{k}={v}" for k, v in s.dynamo_config))
     table = Table(title="blocks")
@@ -28,8 +31,14 @@ def render_inspect(report: SetupReport, fmt: str) -> str:
         table.add_column(col)
     for b in report.blocks:
         compiled = ", ".join(r + ("*" if r in b.fullgraph else "") for r in b.compiled) or "-"
-        table.add_row(b.fqn, b.kind, f"{b.params:,}", ", ".join(b.ac_wrapped) or "-", compiled,
-                      ", ".join(b.sharded) or "-")
+        table.add_row(
+            b.fqn,
+            b.kind,
+            f"{b.params:,}",
+            ", ".join(b.ac_wrapped) or "-",
+            compiled,
+            ", ".join(b.sharded) or "-",
+        )
     console.print(table)
     tree = Tree("hooks (module: kind <- installer)")
     for b in report.blocks:

@@ -4,6 +4,7 @@ One ``testsuite`` per spec, one ``testcase`` per block (name = FQN, classname = 
 ``failure`` per break, event or trace error, carrying the cause, gb_type, location and fix hint.
 Attributes are set in a fixed order and nothing time-dependent is written, so output is stable.
 """
+
 from __future__ import annotations
 
 import re
@@ -44,20 +45,38 @@ def _lines(*pairs: tuple[str, str]) -> str:
 
 def _break_failure(brk: Break) -> ET.Element:
     where = str(brk.location) if brk.location else "unknown location"
-    el = element("failure", ("type", brk.cause),
-                  ("message", f"{brk.cause}: {one_line(brk.gb_type)} at {where}"))
-    el.text = _lines(("cause", brk.cause), ("gb_type", one_line(brk.gb_type)), ("gb_id", brk.gb_id or ""),
-                     ("location", where), ("module", brk.module), ("in_checkpoint", str(brk.in_checkpoint).lower()),
-                     ("count", str(brk.count)), ("fix", fix_hint(brk.cause)))
+    el = element(
+        "failure",
+        ("type", brk.cause),
+        ("message", f"{brk.cause}: {one_line(brk.gb_type)} at {where}"),
+    )
+    el.text = _lines(
+        ("cause", brk.cause),
+        ("gb_type", one_line(brk.gb_type)),
+        ("gb_id", brk.gb_id or ""),
+        ("location", where),
+        ("module", brk.module),
+        ("in_checkpoint", str(brk.in_checkpoint).lower()),
+        ("count", str(brk.count)),
+        ("fix", fix_hint(brk.cause)),
+    )
     return el
 
 
 def _event_failure(event: Event) -> ET.Element:
     where = str(event.location) if event.location else ""
-    el = element("failure", ("type", event.kind),
-                  ("message", f"{event.kind} in {event.module}" + (f" at {where}" if where else "")))
-    el.text = _lines(("event", event.kind), ("module", event.module), ("gb_type", one_line(event.gb_type)),
-                     ("location", where), ("detail", one_line(event.detail)))
+    el = element(
+        "failure",
+        ("type", event.kind),
+        ("message", f"{event.kind} in {event.module}" + (f" at {where}" if where else "")),
+    )
+    el.text = _lines(
+        ("event", event.kind),
+        ("module", event.module),
+        ("gb_type", one_line(event.gb_type)),
+        ("location", where),
+        ("detail", one_line(event.detail)),
+    )
     return el
 
 
@@ -82,13 +101,25 @@ def testsuite(report: ScanReport) -> ET.Element:
     """The ``testsuite`` element of one scan."""
     cases = [_testcase(block) for block in report.blocks]
     failing = sum(1 for case in cases if len(case))
-    suite = element("testsuite", ("name", report.spec), ("tests", len(cases)), ("failures", failing),
-                     ("errors", 0), ("skipped", 0))
+    suite = element(
+        "testsuite",
+        ("name", report.spec),
+        ("tests", len(cases)),
+        ("failures", failing),
+        ("errors", 0),
+        ("skipped", 0),
+    )
     props = ET.SubElement(suite, "properties")
     s = report.setup
-    for name, value in (("model", report.model), ("torch_version", report.torch_version),
-                        ("strategy", s.strategy), ("world_size", s.world_size), ("ep_degree", s.ep_degree),
-                        ("ac", ac_label(report)), ("dynamo", dynamo_label(report))):
+    for name, value in (
+        ("model", report.model),
+        ("torch_version", report.torch_version),
+        ("strategy", s.strategy),
+        ("world_size", s.world_size),
+        ("ep_degree", s.ep_degree),
+        ("ac", ac_label(report)),
+        ("dynamo", dynamo_label(report)),
+    ):
         props.append(element("property", ("name", name), ("value", value)))
     suite.extend(cases)
     return suite
@@ -97,8 +128,13 @@ def testsuite(report: ScanReport) -> ET.Element:
 def render_junit(report: ScanReport) -> str:
     """JUnit XML of one scan (a ``testsuites`` root holding one ``testsuite``)."""
     suite = testsuite(report)
-    root = element("testsuites", ("name", "gbdoctor scan"), ("tests", suite.get("tests")),
-                    ("failures", suite.get("failures")), ("errors", 0))
+    root = element(
+        "testsuites",
+        ("name", "gbdoctor scan"),
+        ("tests", suite.get("tests")),
+        ("failures", suite.get("failures")),
+        ("errors", 0),
+    )
     root.append(suite)
     return xml_text(root)
 

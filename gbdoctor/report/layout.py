@@ -1,4 +1,5 @@
 """Text helpers shared by the formatters: labels and one-line strings, no counting, no rich."""
+
 from __future__ import annotations
 
 from pathlib import PurePath
@@ -43,7 +44,10 @@ def header_fields(report: ScanReport) -> list[tuple[str, str]]:
         ("strategy", s.strategy + (f" + plan {s.plan}" if s.plan else "")),
         ("device", s.device + (" (simulated)" if s.simulated else "")),
         ("world size", str(s.world_size)),
-        ("parallelism", f"EP {s.ep_degree}, FSDP dp_shard {s.dp_shard}" + ("" if s.fsdp else " (no FSDP)")),
+        (
+            "parallelism",
+            f"EP {s.ep_degree}, FSDP dp_shard {s.dp_shard}" + ("" if s.fsdp else " (no FSDP)"),
+        ),
         ("AC", ac_label(report)),
         ("dynamo", dynamo_label(report)),
     ]

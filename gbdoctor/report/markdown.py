@@ -1,7 +1,8 @@
 """``--format markdown``: a PR-comment friendly summary (GitHub-flavoured tables, no ANSI)."""
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from gbdoctor.records import ScanReport
 from gbdoctor.report.layout import header_fields, one_line, short_location
@@ -29,7 +30,9 @@ def md_table(headers: Iterable[str], rows: Iterable[Iterable[object]]) -> list[s
     headers = list(headers)
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
     for row in rows:
-        lines.append("| " + " | ".join(c.text if isinstance(c, _Raw) else cell(c) for c in row) + " |")
+        lines.append(
+            "| " + " | ".join(c.text if isinstance(c, _Raw) else cell(c) for c in row) + " |"
+        )
     return lines
 
 
@@ -50,37 +53,61 @@ def render_markdown(report: ScanReport) -> str:
     lines.append("")
     lines += md_table(
         ("kind", "layers", "graphs", "breaks", "events", "causes"),
-        ((row.kind, row.layers_label, row.graphs, row.breaks, row.events, ", ".join(row.causes))
-         for row in summary.kinds),
+        (
+            (row.kind, row.layers_label, row.graphs, row.breaks, row.events, ", ".join(row.causes))
+            for row in summary.kinds
+        ),
     )
     lines.append("")
     if summary.clean:
-        lines.append(f"**All clean**: {summary.blocks} block(s), {summary.graphs} graph(s), no graph breaks.")
+        lines.append(
+            f"**All clean**: {summary.blocks} block(s), {summary.graphs} graph(s), no graph breaks."
+        )
         return "\n".join(lines) + "\n"
 
     if summary.breaks:
         lines += [f"### Graph breaks ({summary.breaks} over all layers)", ""]
         lines += md_table(
             ("kind", "cause", "gb id", "gb_type", "location", "module", "fix hint"),
-            ((row.kind, _Raw(code(brk.cause)), brk.gb_id or "-",
-              brk.gb_type + (f" (x{brk.count})" if brk.count > 1 else ""), _Raw(code(short_location(brk.location))),
-              _Raw(code(brk.module)), fix_hint(brk.cause))
-             for row in summary.kinds for brk in row.break_records),
+            (
+                (
+                    row.kind,
+                    _Raw(code(brk.cause)),
+                    brk.gb_id or "-",
+                    brk.gb_type + (f" (x{brk.count})" if brk.count > 1 else ""),
+                    _Raw(code(short_location(brk.location))),
+                    _Raw(code(brk.module)),
+                    fix_hint(brk.cause),
+                )
+                for row in summary.kinds
+                for brk in row.break_records
+            ),
         )
         lines.append("")
     if summary.events or summary.errors:
         rows = []
         for row in summary.kinds:
-            rows += [(row.kind, _Raw(code(e.kind)), _Raw(code(e.module)), e.gb_type,
-                      _Raw(code(short_location(e.location))), e.detail) for e in row.event_records]
+            rows += [
+                (
+                    row.kind,
+                    _Raw(code(e.kind)),
+                    _Raw(code(e.module)),
+                    e.gb_type,
+                    _Raw(code(short_location(e.location))),
+                    e.detail,
+                )
+                for e in row.event_records
+            ]
             if row.error is not None:
                 rows.append((row.kind, _Raw(code("error")), row.layers_label, "-", "-", row.error))
         lines += ["### Events and errors", ""]
         lines += md_table(("kind", "event", "module", "gb_type", "location", "detail"), rows)
         lines.append("")
     by_cause = ", ".join(f"`{cause}` {n}" for cause, n in summary.by_cause) or "none"
-    lines.append(f"**Totals**: {summary.breaks} break(s) ({by_cause}), {summary.events} event(s), "
-                 f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s).")
+    lines.append(
+        f"**Totals**: {summary.breaks} break(s) ({by_cause}), {summary.events} event(s), "
+        f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."
+    )
     return "\n".join(lines) + "\n"
 
 

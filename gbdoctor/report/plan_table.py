@@ -1,7 +1,8 @@
 """Layout of ``gbdoctor plan``: one row per block kind, then reasons and flag costs."""
+
 from __future__ import annotations
 
-from gbdoctor.plan import Plan
+from gbdoctor.records import Plan
 
 
 def render_plan_table(plan: Plan) -> str:
@@ -11,17 +12,33 @@ def render_plan_table(plan: Plan) -> str:
 
     console = recording_console()
     status = "verified" if plan.verified else "NOT fully verified"
-    console.print(f"[bold]gbdoctor plan[/] {plan.spec} ({plan.model}), torch {plan.torch_version}: {status} "
-                  f"after {plan.rounds} round(s); baseline = {plan.baseline_strategy}")
+    console.print(
+        f"[bold]gbdoctor plan[/] {plan.spec} ({plan.model}), torch {plan.torch_version}: {status} "
+        f"after {plan.rounds} round(s); baseline = {plan.baseline_strategy}"
+    )
     table = Table()
-    for col in ("kind", "layers", "compile", "eager", "split AC", "breaks", "fullgraph share", "verified"):
+    for col in (
+        "kind",
+        "layers",
+        "compile",
+        "eager",
+        "split AC",
+        "breaks",
+        "fullgraph share",
+        "verified",
+    ):
         table.add_column(col)
     for k in plan.kinds:
-        table.add_row(k.kind, str(len(k.layers)), f"{k.mode} fullgraph" if k.fullgraph else k.mode,
-                      ", ".join(k.eager) or "-", "yes" if k.split_ac else "-",
-                      f"{k.breaks_before} -> {k.breaks_after}",
-                      f"{k.fullgraph_share_before:.0%} -> {k.fullgraph_share_after:.0%}",
-                      "yes" if k.verified else "NO")
+        table.add_row(
+            k.kind,
+            str(len(k.layers)),
+            f"{k.mode} fullgraph" if k.fullgraph else k.mode,
+            ", ".join(k.eager) or "-",
+            "yes" if k.split_ac else "-",
+            f"{k.breaks_before} -> {k.breaks_after}",
+            f"{k.fullgraph_share_before:.0%} -> {k.fullgraph_share_after:.0%}",
+            "yes" if k.verified else "NO",
+        )
     console.print(table)
     for k in plan.kinds:
         for reason in k.reasons:

@@ -4,18 +4,17 @@
 tokens/s scaled to the fastest mode, then each mode's failures, recompiles and notes),
 ``json`` (the records; timings vary run to run, the structure does not), ``markdown`` (the
 comparison table, for READMEs and PR comments) and :func:`write_csv` (one row per mode, via
-pandas). Everything shown is computed by ``gbdoctor.run``; these only lay it out.
+pandas). Everything shown is computed by ``gbdoctor.run``; these only lay out its records.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gbdoctor.errors import SpecError
-from gbdoctor.report import serialize
-
-if TYPE_CHECKING:
-    from gbdoctor.run import ModeResult, RunReport
+from gbdoctor.records import ModeResult, RunReport
+from gbdoctor.records.io import dumps
 
 __all__ = ["RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
 
@@ -23,18 +22,22 @@ RUN_FORMAT_NAMES: tuple[str, ...] = ("table", "json", "markdown")
 WIDTH = 120
 BAR_WIDTH = 40
 _EIGHTHS = " ▏▎▍▌▋▊▉"
+LOSSES_SHOWN = 3
+"""Losses per mode that the table shows (the records keep every step's loss)."""
 
 
 def render_run(report: RunReport, fmt: str) -> str:
     """The report in ``fmt`` (``table``, ``json`` or ``markdown``); SpecError for other names."""
     if fmt == "json":
-        return serialize.dumps(report)
+        return dumps(report)
     if fmt == "markdown":
         return render_markdown(report)
     if fmt == "table":
         return render_table(report)
-    raise SpecError(f"unknown format {fmt!r} for run", hint=f"valid formats: {', '.join(RUN_FORMAT_NAMES)} "
-                                                         "(and --csv FILE)")
+    raise SpecError(
+        f"unknown format {fmt!r} for run",
+        hint=f"valid formats: {', '.join(RUN_FORMAT_NAMES)} (and --csv FILE)",
+    )
 
 
 # --------------------------------------------------------------------------- text helpers
@@ -92,11 +95,20 @@ def _header_fields(report: RunReport) -> list[tuple[str, str]]:
     return [
         ("spec", report.spec),
         ("model", report.model),
-        ("setup", f"{report.device}, {report.world_size} rank(s), backend {report.backend}, "
-                  f"AC {report.ac_mode}/{report.ac_option}"),
-        ("shapes", f"local batch {report.batch_size} x seq {report.seq_len} "
-                   f"({report.tokens_per_step} tokens/step over all ranks)"),
-        ("steps", f"{report.warmup} warm-up (excluded) + {report.steps} measured, seed {report.seed}"),
+        (
+            "setup",
+            f"{report.device}, {report.world_size} rank(s), backend {report.backend}, "
+            f"AC {report.ac_mode}/{report.ac_option}",
+        ),
+        (
+            "shapes",
+            f"local batch {report.batch_size} x seq {report.seq_len} "
+            f"({report.tokens_per_step} tokens/step over all ranks)",
+        ),
+        (
+            "steps",
+            f"{report.warmup} warm-up (excluded) + {report.steps} measured, seed {report.seed}",
+        ),
         ("torch", report.torch_version),
     ]
 
@@ -119,7 +131,11 @@ def _mode_details(mode: ModeResult) -> list[str]:
     if mode.recompile_limit_hit:
         lines.append("Dynamo hit recompile_limit: some frames ran eagerly afterwards")
     if mode.diverged:
-        rel = f"relative difference {mode.loss_rel_diff:.2g}" if mode.loss_rel_diff is not None else "non-finite loss"
+        rel = (
+            f"relative difference {mode.loss_rel_diff:.2g}"
+            if mode.loss_rel_diff is not None
+            else "non-finite loss"
+        )
         lines.append(f"losses diverge from eager ({rel})")
     lines.extend(mode.notes)
     return lines
@@ -128,15 +144,12 @@ def _mode_details(mode: ModeResult) -> list[str]:
 # --------------------------------------------------------------------------- table
 
 
-
-
 def render_table(report: RunReport) -> str:
     from rich import box
     from rich.table import Table
     from rich.text import Text
 
     from gbdoctor.report.table import plain_text, recording_console
-    from gbdoctor.run import LOSSES_SHOWN
 
     console = recording_console()
     console.print(Text("gbdoctor run", style="bold"))
@@ -147,21 +160,44 @@ def render_table(report: RunReport) -> str:
         grid.add_row(label, Text(value))
     console.print(grid)
 
-    table = Table(title="Modes (step times and compile time in s; speedups: ratios of median step times)",
-                  title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    columns = [("mode", "left"), ("status", "left"), ("tok/s", "right"), ("step s", "right"), ("min-max", "right"),
-               ("compile", "right"), ("peak MiB", "right"), ("graphs", "right"), ("recomp", "right"),
-               ("x eager", "right"), ("x best", "right")]
+    table = Table(
+        title="Modes (step times and compile time in s; speedups: ratios of median step times)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    columns = [
+        ("mode", "left"),
+        ("status", "left"),
+        ("tok/s", "right"),
+        ("step s", "right"),
+        ("min-max", "right"),
+        ("compile", "right"),
+        ("peak MiB", "right"),
+        ("graphs", "right"),
+        ("recomp", "right"),
+        ("x eager", "right"),
+        ("x best", "right"),
+    ]
     for name, justify in columns:
         table.add_column(name, justify=justify, no_wrap=True)
     for m in report.modes:
         style = "red" if m.status != "ok" else ("yellow" if m.recompiles or m.diverged else "green")
         ok = m.status == "ok"
-        table.add_row(Text(m.mode + (" *" if m.mode == report.best_baseline else ""), style=style),
-                      Text(_short_status(m)), _tokens(m.tokens_per_s), _num(m.step_time_median_s, 3),
-                      _range(m), _fixed(m.compile_time_s), _fixed(m.peak_memory_mib, 0),
-                      str(m.graphs) if ok else "-", str(m.recompiles) if ok else "-",
-                      _ratio(m.speedup_vs_eager), _ratio(m.speedup_vs_best_baseline))
+        table.add_row(
+            Text(m.mode + (" *" if m.mode == report.best_baseline else ""), style=style),
+            Text(_short_status(m)),
+            _tokens(m.tokens_per_s),
+            _num(m.step_time_median_s, 3),
+            _range(m),
+            _fixed(m.compile_time_s),
+            _fixed(m.peak_memory_mib, 0),
+            str(m.graphs) if ok else "-",
+            str(m.recompiles) if ok else "-",
+            _ratio(m.speedup_vs_eager),
+            _ratio(m.speedup_vs_best_baseline),
+        )
     console.print(table)
     if report.best_baseline:
         console.print(f"* best baseline: {report.best_baseline}")
@@ -175,16 +211,24 @@ def render_table(report: RunReport) -> str:
         chart.add_column(no_wrap=True)
         chart.add_column(justify="right")
         for m in report.modes:
-            bar = tokens_bar(m.tokens_per_s, best) if m.tokens_per_s else ("(failed)" if m.status != "ok" else "")
+            bar = (
+                tokens_bar(m.tokens_per_s, best)
+                if m.tokens_per_s
+                else ("(failed)" if m.status != "ok" else "")
+            )
             chart.add_row(m.mode, bar, _tokens(m.tokens_per_s))
         console.print(chart)
 
     with_losses = [m for m in report.modes if m.losses]
     if with_losses:
         shown = min(LOSSES_SHOWN, max(len(m.losses) for m in with_losses))
-        losses = Table(title=f"Losses of the first {shown} steps (warm-up included); divergence: step 0 vs eager, "
-                             f"relative tolerance {report.loss_rtol:g}", title_justify="left",
-                       box=box.SIMPLE_HEAD, padding=(0, 1))
+        losses = Table(
+            title=f"Losses of the first {shown} steps (warm-up included); divergence: step 0 vs eager, "
+            f"relative tolerance {report.loss_rtol:g}",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+        )
         losses.add_column("mode")
         for i in range(shown):
             losses.add_column(f"step {i}", justify="right")
@@ -206,8 +250,12 @@ def render_table(report: RunReport) -> str:
         for f in report.findings:
             console.print(Text(f"  - {f}"))
     else:
-        console.print(Text("No findings: every mode ran, no recompiles in the measured steps, losses agree.",
-                           style="green"))
+        console.print(
+            Text(
+                "No findings: every mode ran, no recompiles in the measured steps, losses agree.",
+                style="green",
+            )
+        )
     for note in report.notes:
         console.print(Text(f"note: {note}"))
     return plain_text(console)
@@ -235,21 +283,39 @@ def _md_cell(text: str) -> str:
 
 
 def render_markdown(report: RunReport) -> str:
-    from gbdoctor.run import LOSSES_SHOWN
-
     lines = [f"### gbdoctor run: `{report.model}`", ""]
     lines += [f"- {label}: {_md_cell(value)}" for label, value in _header_fields(report)]
     lines.append("")
-    head = ("mode", "status", "tokens/s", "step s median [min-max]", "compile s", "peak MiB", "graphs",
-            "recompiles", "vs eager", "vs best", f"first {LOSSES_SHOWN} losses")
+    head = (
+        "mode",
+        "status",
+        "tokens/s",
+        "step s median [min-max]",
+        "compile s",
+        "peak MiB",
+        "graphs",
+        "recompiles",
+        "vs eager",
+        "vs best",
+        f"first {LOSSES_SHOWN} losses",
+    )
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     for m in report.modes:
         name = f"{m.mode} (best)" if m.mode == report.best_baseline else m.mode
-        cells = (name, _status(m), _tokens(m.tokens_per_s), _spread(m), _fixed(m.compile_time_s),
-                 _fixed(m.peak_memory_mib, 0), str(m.graphs) if m.status == "ok" else "-",
-                 str(m.recompiles) if m.status == "ok" else "-", _ratio(m.speedup_vs_eager),
-                 _ratio(m.speedup_vs_best_baseline), _losses(m, LOSSES_SHOWN))
+        cells = (
+            name,
+            _status(m),
+            _tokens(m.tokens_per_s),
+            _spread(m),
+            _fixed(m.compile_time_s),
+            _fixed(m.peak_memory_mib, 0),
+            str(m.graphs) if m.status == "ok" else "-",
+            str(m.recompiles) if m.status == "ok" else "-",
+            _ratio(m.speedup_vs_eager),
+            _ratio(m.speedup_vs_best_baseline),
+            _losses(m, LOSSES_SHOWN),
+        )
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     extra = [(m.mode, line) for m in report.modes for line in _mode_details(m)]
     if extra or report.findings or report.notes:
@@ -267,12 +333,44 @@ def render_markdown(report: RunReport) -> str:
 
 
 CSV_COLUMNS: tuple[str, ...] = (
-    "spec", "model", "device", "backend", "world_size", "batch_size", "seq_len", "warmup", "steps",
-    "tokens_per_step", "mode", "strategy", "status", "error_kind", "error", "tokens_per_s",
-    "step_time_median_s", "step_time_min_s", "step_time_max_s", "compile_time_s", "dynamo_compile_s",
-    "peak_memory_mib", "memory_metric", "graphs", "graphs_measured", "graph_breaks", "regions",
-    "fullgraph_regions", "recompiles", "recompile_limit_hit", "first_recompile_reason", "speedup_vs_eager",
-    "speedup_vs_best_baseline", "best_baseline", "loss_first", "loss_rel_diff", "diverged", "same_regions_as",
+    "spec",
+    "model",
+    "device",
+    "backend",
+    "world_size",
+    "batch_size",
+    "seq_len",
+    "warmup",
+    "steps",
+    "tokens_per_step",
+    "mode",
+    "strategy",
+    "status",
+    "error_kind",
+    "error",
+    "tokens_per_s",
+    "step_time_median_s",
+    "step_time_min_s",
+    "step_time_max_s",
+    "compile_time_s",
+    "dynamo_compile_s",
+    "peak_memory_mib",
+    "memory_metric",
+    "graphs",
+    "graphs_measured",
+    "graph_breaks",
+    "regions",
+    "fullgraph_regions",
+    "recompiles",
+    "recompile_limit_hit",
+    "first_recompile_reason",
+    "speedup_vs_eager",
+    "speedup_vs_best_baseline",
+    "best_baseline",
+    "loss_first",
+    "loss_rel_diff",
+    "diverged",
+    "same_regions_as",
 )
 
 
@@ -282,9 +380,16 @@ def csv_rows(report: RunReport) -> list[dict[str, Any]]:
     for m in report.modes:
         first = next((e for e in m.recompile_events if e.measured), None)
         row = {
-            "spec": report.spec, "model": report.model, "device": report.device, "backend": report.backend,
-            "world_size": report.world_size, "batch_size": report.batch_size, "seq_len": report.seq_len,
-            "warmup": report.warmup, "steps": report.steps, "tokens_per_step": report.tokens_per_step,
+            "spec": report.spec,
+            "model": report.model,
+            "device": report.device,
+            "backend": report.backend,
+            "world_size": report.world_size,
+            "batch_size": report.batch_size,
+            "seq_len": report.seq_len,
+            "warmup": report.warmup,
+            "steps": report.steps,
+            "tokens_per_step": report.tokens_per_step,
             "best_baseline": report.best_baseline,
             "first_recompile_reason": first.reason if first else None,
             "loss_first": m.losses[0] if m.losses else None,

@@ -2,6 +2,7 @@
 
 Also renders gate results as a table (``gate_formats`` delegates here so rich stays in one place).
 """
+
 from __future__ import annotations
 
 import io
@@ -16,17 +17,31 @@ from gbdoctor.report.layout import header_fields, one_line, short_location
 from gbdoctor.summary import fix_hint, summarize
 
 if TYPE_CHECKING:
-    from gbdoctor.gate import GateResult
+    from gbdoctor.records import GateResult
 
-__all__ = ["GateTableFormat", "TableFormat", "plain_text", "recording_console", "render_gate_table", "render_table"]
+__all__ = [
+    "GateTableFormat",
+    "TableFormat",
+    "plain_text",
+    "recording_console",
+    "render_gate_table",
+    "render_table",
+]
 
 WIDTH = 120
 
 
 def recording_console() -> Console:
     """A console that renders plain text at a fixed width, for ``render()`` and the tests."""
-    return Console(width=WIDTH, record=True, file=io.StringIO(), force_terminal=False,
-                   color_system=None, highlight=False, emoji=False)
+    return Console(
+        width=WIDTH,
+        record=True,
+        file=io.StringIO(),
+        force_terminal=False,
+        color_system=None,
+        highlight=False,
+        emoji=False,
+    )
 
 
 def plain_text(console: Console) -> str:
@@ -51,50 +66,95 @@ def render_table(report: ScanReport, console: Console) -> None:
 
     kinds = Table(title="Block kinds", title_justify="left", expand=False)
     for name in ("kind", "layers", "graphs", "breaks", "events", "causes"):
-        kinds.add_column(name, justify="right" if name in ("graphs", "breaks", "events") else "left",
-                         overflow="fold")
+        kinds.add_column(
+            name,
+            justify="right" if name in ("graphs", "breaks", "events") else "left",
+            overflow="fold",
+        )
     for row in summary.kinds:
         style = "green" if row.clean else ("red" if row.errors or row.events else "yellow")
-        kinds.add_row(Text(row.kind, style=style), Text(row.layers_label), str(row.graphs), str(row.breaks),
-                      str(row.events), Text(", ".join(row.causes) or "-"))
+        kinds.add_row(
+            Text(row.kind, style=style),
+            Text(row.layers_label),
+            str(row.graphs),
+            str(row.breaks),
+            str(row.events),
+            Text(", ".join(row.causes) or "-"),
+        )
     console.print(kinds)
 
     if summary.clean:
-        console.print(Text(f"All clean: {summary.blocks} block(s), {summary.graphs} graph(s), no graph breaks.",
-                           style="bold green"))
+        console.print(
+            Text(
+                f"All clean: {summary.blocks} block(s), {summary.graphs} graph(s), no graph breaks.",
+                style="bold green",
+            )
+        )
         return
 
     if summary.breaks:
-        breaks = Table(title=f"Graph breaks ({summary.breaks} over all layers)", title_justify="left", expand=True)
+        breaks = Table(
+            title=f"Graph breaks ({summary.breaks} over all layers)",
+            title_justify="left",
+            expand=True,
+        )
         ratios = {"gb_type": 2, "fix hint": 3}
         for name in ("kind", "cause", "gb id", "gb_type", "location", "module", "fix hint"):
-            breaks.add_column(name, overflow="fold", ratio=ratios.get(name),
-                              no_wrap=name in ("cause", "gb id", "location"))
+            breaks.add_column(
+                name,
+                overflow="fold",
+                ratio=ratios.get(name),
+                no_wrap=name in ("cause", "gb id", "location"),
+            )
         for row in summary.kinds:
             for brk in row.break_records:
                 gb_type = one_line(brk.gb_type) + (f" (x{brk.count})" if brk.count > 1 else "")
-                breaks.add_row(Text(row.kind), Text(brk.cause, style="yellow"), Text(brk.gb_id or "-"), Text(gb_type),
-                               Text(short_location(brk.location)), Text(brk.module), Text(fix_hint(brk.cause)))
+                breaks.add_row(
+                    Text(row.kind),
+                    Text(brk.cause, style="yellow"),
+                    Text(brk.gb_id or "-"),
+                    Text(gb_type),
+                    Text(short_location(brk.location)),
+                    Text(brk.module),
+                    Text(fix_hint(brk.cause)),
+                )
         console.print(breaks)
 
     if summary.events or summary.errors:
         events = Table(title="Events and errors", title_justify="left", expand=True)
         ratios = {"module": 2, "gb_type": 3, "detail": 4}
         for name in ("kind", "event", "module", "gb_type", "location", "detail"):
-            events.add_column(name, overflow="fold", ratio=ratios.get(name), no_wrap=name in ("event", "location"))
+            events.add_column(
+                name, overflow="fold", ratio=ratios.get(name), no_wrap=name in ("event", "location")
+            )
         for row in summary.kinds:
             for event in row.event_records:
-                events.add_row(Text(row.kind), Text(event.kind, style="red"), Text(event.module),
-                               Text(one_line(event.gb_type) or "-"), Text(short_location(event.location)),
-                               Text(one_line(event.detail)))
+                events.add_row(
+                    Text(row.kind),
+                    Text(event.kind, style="red"),
+                    Text(event.module),
+                    Text(one_line(event.gb_type) or "-"),
+                    Text(short_location(event.location)),
+                    Text(one_line(event.detail)),
+                )
             if row.error is not None:
-                events.add_row(Text(row.kind), Text("error", style="red"), Text(row.layers_label), "-", "-",
-                               Text(one_line(row.error)))
+                events.add_row(
+                    Text(row.kind),
+                    Text("error", style="red"),
+                    Text(row.layers_label),
+                    "-",
+                    "-",
+                    Text(one_line(row.error)),
+                )
         console.print(events)
 
     by_cause = ", ".join(f"{cause} {n}" for cause, n in summary.by_cause) or "none"
-    console.print(Text(f"Totals: {summary.breaks} break(s) [{by_cause}], {summary.events} event(s), "
-                       f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."))
+    console.print(
+        Text(
+            f"Totals: {summary.breaks} break(s) [{by_cause}], {summary.events} event(s), "
+            f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."
+        )
+    )
 
 
 class TableFormat:
@@ -108,13 +168,20 @@ class TableFormat:
 
 # --------------------------------------------------------------------------- gate
 
-_SEVERITY_STYLE = {"regression": "bold red", "improvement": "green", "warning": "yellow", "info": "dim"}
+_SEVERITY_STYLE = {
+    "regression": "bold red",
+    "improvement": "green",
+    "warning": "yellow",
+    "info": "dim",
+}
 
 
 def render_gate_table(result: GateResult, console: Console) -> None:
     """Print the gate verdict and one row per finding."""
-    verdict = Text("gbdoctor gate: PASSED" if result.passed else "gbdoctor gate: FAILED",
-                   style="bold green" if result.passed else "bold red")
+    verdict = Text(
+        "gbdoctor gate: PASSED" if result.passed else "gbdoctor gate: FAILED",
+        style="bold green" if result.passed else "bold red",
+    )
     console.print(verdict)
     if not result.findings:
         console.print(Text("No change against the baseline."))
@@ -131,9 +198,17 @@ def render_gate_table(result: GateResult, console: Console) -> None:
             table.add_column(name, overflow="fold", ratio=ratios.get(name))
         for f in findings:
             where = ", ".join(short_location(loc) for loc in f.locations) or "-"
-            severity = f.severity + (" (fails)" if result.fails(f) and f.severity != "regression" else "")
-            table.add_row(Text(severity, style=_SEVERITY_STYLE.get(f.severity, "")), Text(f.kind or "-"),
-                          Text(f.what), Text(f.cause or "-"), Text(where), Text(f.hint or "-"))
+            severity = f.severity + (
+                " (fails)" if result.fails(f) and f.severity != "regression" else ""
+            )
+            table.add_row(
+                Text(severity, style=_SEVERITY_STYLE.get(f.severity, "")),
+                Text(f.kind or "-"),
+                Text(f.what),
+                Text(f.cause or "-"),
+                Text(where),
+                Text(f.hint or "-"),
+            )
         console.print(table)
     console.print(Text(result.headline))
 

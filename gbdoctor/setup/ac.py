@@ -7,6 +7,7 @@ of the listed compute/communication ops, except every second matmul, and always 
 matmuls whose weight shape is a router gate's. ``split`` wraps each child of a block instead of
 the block (a plan action: a break in one child no longer sends the others to eager).
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,9 +56,14 @@ def sac_context_fn(force_recompute_mm_shapes: set[tuple[int, ...]]) -> Any:
     save_ops = _op_sac_save_list()
     mm = torch.ops.aten.mm.default
 
-    def policy(meta: dict[str, int], ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
-        if (func == torch.ops.aten._to_copy.default and "cuda" in str(args[0].device)
-                and str(kwargs.get("device", "")) == "cpu"):
+    def policy(
+        meta: dict[str, int], ctx: Any, func: Any, *args: Any, **kwargs: Any
+    ) -> CheckpointPolicy:
+        if (
+            func == torch.ops.aten._to_copy.default
+            and "cuda" in str(args[0].device)
+            and str(kwargs.get("device", "")) == "cpu"
+        ):
             return CheckpointPolicy.MUST_SAVE  # device-to-host copies (EP split sizes)
         key = "recompute_mm_count" if ctx.is_recompute else "forward_mm_count"
         if func == mm:
@@ -83,10 +89,13 @@ def _router_gate_shapes(module: nn.Module, fqn_patterns: tuple[str, ...]) -> set
     return shapes
 
 
-def wrap(module: nn.Module, *, op_sac: bool, ac: ACSpec, gate_shapes: set[tuple[int, ...]]) -> nn.Module:
+def wrap(
+    module: nn.Module, *, op_sac: bool, ac: ACSpec, gate_shapes: set[tuple[int, ...]]
+) -> nn.Module:
     """One CheckpointWrapper (non-reentrant), with the SAC policy when ``op_sac``."""
-    kwargs: dict[str, Any] = dict(checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                  preserve_rng_state=ac.preserve_rng_state)
+    kwargs: dict[str, Any] = dict(
+        checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=ac.preserve_rng_state
+    )
     if op_sac:
         kwargs["context_fn"] = sac_context_fn(gate_shapes)
     return checkpoint_wrapper(module, **kwargs)
@@ -110,8 +119,12 @@ def is_wrapped(ac: ACSpec, index: int) -> bool:
     return False
 
 
-def apply_ac(blocks: list[tuple[str, nn.Module]], ac: ACSpec, *,
-             split: dict[str, tuple[str, ...]] | None = None) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
+def apply_ac(
+    blocks: list[tuple[str, nn.Module]],
+    ac: ACSpec,
+    *,
+    split: dict[str, tuple[str, ...]] | None = None,
+) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
     """Wrap blocks per ``ac``; returns {block fqn: (new outer module, wrapped sub-FQNs)}.
 
     ``split`` maps block FQNs to wrap per child instead of as a whole to the sub-FQNs that stay
@@ -133,8 +146,13 @@ def apply_ac(blocks: list[tuple[str, nn.Module]], ac: ACSpec, *,
             for name, child in list(block.named_children()):
                 if any(True for _ in child.parameters()):
                     holds_eager = any(e == name or e.startswith(name + ".") for e in split[fqn])
-                    setattr(block, name, wrap(child, op_sac=op_sac and not holds_eager, ac=ac,
-                                              gate_shapes=gate_shapes))
+                    setattr(
+                        block,
+                        name,
+                        wrap(
+                            child, op_sac=op_sac and not holds_eager, ac=ac, gate_shapes=gate_shapes
+                        ),
+                    )
                     names.append(name)
             out[fqn] = (block, tuple(names))
         else:

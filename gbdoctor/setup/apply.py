@@ -5,19 +5,28 @@ the load-balancing pre-step hook. The Dynamo settings of the compile strategy ar
 here but returned, to be entered with ``recipe_context`` around the code that runs the model,
 so that they are restored afterwards.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from gbdoctor.records import Spec
+from gbdoctor.records import BlockKind, Spec
 from gbdoctor.setup import ac as ac_mod
 from gbdoctor.setup.balance import load_balanced_moes, register_load_balancing
-from gbdoctor.setup.compile import STRATEGIES, CompileFn, Strategy, apply_compile, default_eager, is_moe_block
+from gbdoctor.setup.compile import (
+    STRATEGIES,
+    CompileFn,
+    Strategy,
+    apply_compile,
+    default_eager,
+    is_moe_block,
+)
 from gbdoctor.setup.ep import apply_ep
 from gbdoctor.setup.fsdp import apply_fsdp
 
@@ -93,8 +102,11 @@ def _set_block(model: nn.Module, key: str, module: nn.Module) -> None:
 
 def _moe_modules(fqn: str, block: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules with an ``experts`` child (the MoE layer whose experts EP shards)."""
-    return [(f"{fqn}.{name}" if name else fqn, m) for name, m in block.named_modules()
-            if isinstance(getattr(m, "experts", None), nn.Module)]
+    return [
+        (f"{fqn}.{name}" if name else fqn, m)
+        for name, m in block.named_modules()
+        if isinstance(getattr(m, "experts", None), nn.Module)
+    ]
 
 
 def default_compile_fn(backend: str) -> CompileFn:
@@ -104,9 +116,18 @@ def default_compile_fn(backend: str) -> CompileFn:
     return compile_region
 
 
-def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy | str,
-                compile_fn: CompileFn | None = None, backend: str | None = None,
-                fsdp: bool = True, lr: float = 8e-4, build_optimizer: bool | None = None) -> Setup:
+def apply_setup(
+    model: nn.Module,
+    spec: Spec,
+    meshes: Any,
+    *,
+    strategy: Strategy | str,
+    compile_fn: CompileFn | None = None,
+    backend: str | None = None,
+    fsdp: bool = True,
+    lr: float = 8e-4,
+    build_optimizer: bool | None = None,
+) -> Setup:
     """Set ``model`` up in place in torchtitan's order and return what was installed where.
 
     ``build_optimizer``: None builds the optimizer unless the model is on meta (it could not
@@ -133,11 +154,16 @@ def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy
     # 2. AC, with kind labels known before wrapping (plans are keyed by them).
     wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, i)}
     kinds = []
-    for i, (fqn, _, block) in enumerate(raw):
-        base = "moe" if is_moe_block(block) else "dense"
-        kinds.append(base + (f"+{ac_mod.ac_label(ac)}" if i in wrapped_idx else ""))
+    for i, (_, _, block) in enumerate(raw):
+        kind = BlockKind(
+            base="moe" if is_moe_block(block) else "dense",
+            wrap=ac_mod.ac_label(ac) if i in wrapped_idx else "",
+        )
+        kinds.append(str(kind))
     recipes = [strategy.recipe_for(kind, is_moe_block(b)) for kind, (_, _, b) in zip(kinds, raw)]
-    split = {fqn: (r.eager or default_eager(b)) for (fqn, _, b), r in zip(raw, recipes) if r.split_ac}
+    split = {
+        fqn: (r.eager or default_eager(b)) for (fqn, _, b), r in zip(raw, recipes) if r.split_ac
+    }
     wrapped = ac_mod.apply_ac([(fqn, b) for fqn, _, b in raw], ac, split=split)
 
     # 3. Compile per block (after AC, before FSDP: FSDP's block hooks stay outside).
@@ -146,15 +172,31 @@ def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy
         outer, ac_subs = wrapped[fqn]
         outer, regions, fg = apply_compile(outer, fqn, recipe, is_moe_block(block), compile_fn)
         _set_block(model, key, outer)
-        slots.append(BlockSlot(fqn=fqn, key=key, block=block, outer=outer, is_moe=is_moe_block(block),
-                               kind=kind, ac_wrapped=ac_subs, regions=regions, fullgraph_regions=fg))
+        slots.append(
+            BlockSlot(
+                fqn=fqn,
+                key=key,
+                block=block,
+                outer=outer,
+                is_moe=is_moe_block(block),
+                kind=kind,
+                ac_wrapped=ac_subs,
+                regions=regions,
+                fullgraph_regions=fg,
+            )
+        )
 
     # 4. FSDP2.
     if fsdp and meshes is not None:
-        apply_fsdp(model, [(s.fqn, s.outer) for s in slots], experts, meshes,
-                   param_dtype=spec.training.mixed_precision_param,
-                   reduce_dtype=spec.training.mixed_precision_reduce,
-                   reshard_after_forward=spec.parallelism.fsdp_reshard_after_forward)
+        apply_fsdp(
+            model,
+            [(s.fqn, s.outer) for s in slots],
+            experts,
+            meshes,
+            param_dtype=spec.training.mixed_precision_param,
+            reduce_dtype=spec.training.mixed_precision_reduce,
+            reshard_after_forward=spec.parallelism.fsdp_reshard_after_forward,
+        )
 
     # 5. Optimizer with the expert-bias pre-step hook.
     optimizer = None
@@ -167,10 +209,20 @@ def apply_setup(model: nn.Module, spec: Spec, meshes: Any, *, strategy: Strategy
             recomputed = [_recomputed(name, slots) for name, _ in moes]
             group = meshes.dp_group if meshes is not None else None
             fn = register_load_balancing(optimizer, moes, recomputed, group)
-            hooks.append(InstalledHook(module="optimizer", kind="optimizer_pre_step",
-                                       installer="load-balancing", fn=fn))
-    return Setup(model=model, blocks=slots, optimizer=optimizer, strategy=strategy, meshes=meshes,
-                 hooks=hooks, fsdp=fsdp and meshes is not None)
+            hooks.append(
+                InstalledHook(
+                    module="optimizer", kind="optimizer_pre_step", installer="load-balancing", fn=fn
+                )
+            )
+    return Setup(
+        model=model,
+        blocks=slots,
+        optimizer=optimizer,
+        strategy=strategy,
+        meshes=meshes,
+        hooks=hooks,
+        fsdp=fsdp and meshes is not None,
+    )
 
 
 def _on_meta(model: nn.Module) -> bool:
@@ -181,8 +233,10 @@ def _recomputed(moe_fqn: str, slots: list[BlockSlot]) -> bool:
     """Whether eager AC recomputes this MoE's forward (torchtitan halves its counts then)."""
     for slot in slots:
         if moe_fqn == slot.fqn or moe_fqn.startswith(slot.fqn + "."):
-            rel = moe_fqn[len(slot.fqn) + 1:]
-            return any(sub == "" or rel == sub or rel.startswith(sub + ".") for sub in slot.ac_wrapped)
+            rel = moe_fqn[len(slot.fqn) + 1 :]
+            return any(
+                sub == "" or rel == sub or rel.startswith(sub + ".") for sub in slot.ac_wrapped
+            )
     return False
 
 

@@ -4,6 +4,7 @@ The model counts tokens per expert in forward (in place, under no_grad); this ho
 counts into an ``expert_bias`` update before each optimizer step, summing counts over the
 data-parallel ranks first, exactly as torchtitan v0.2.2 does.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,13 +19,18 @@ def load_balanced_moes(model: nn.Module) -> list[tuple[str, nn.Module]]:
     found = []
     for name, module in model.named_modules():
         buffers = dict(module.named_buffers(recurse=False))
-        if "tokens_per_expert" in buffers and "expert_bias" in buffers \
-                and getattr(module, "load_balance_coeff", None) is not None:
+        if (
+            "tokens_per_expert" in buffers
+            and "expert_bias" in buffers
+            and getattr(module, "load_balance_coeff", None) is not None
+        ):
             found.append((name, module))
     return found
 
 
-def update_expert_bias(moes: list[tuple[str, nn.Module]], recomputed: list[bool], group: Any) -> None:
+def update_expert_bias(
+    moes: list[tuple[str, nn.Module]], recomputed: list[bool], group: Any
+) -> None:
     """One bias update from the accumulated counts; resets the counts."""
     if not moes:
         return
@@ -42,8 +48,12 @@ def update_expert_bias(moes: list[tuple[str, nn.Module]], recomputed: list[bool]
             moe.tokens_per_expert.zero_()
 
 
-def register_load_balancing(optimizer: torch.optim.Optimizer, moes: list[tuple[str, nn.Module]],
-                            recomputed: list[bool], group: Any) -> Any:
+def register_load_balancing(
+    optimizer: torch.optim.Optimizer,
+    moes: list[tuple[str, nn.Module]],
+    recomputed: list[bool],
+    group: Any,
+) -> Any:
     """Install the pre-step hook; returns the hook callable (for the hook registry)."""
 
     def expert_bias_pre_step_hook(opt: Any, args: Any, kwargs: Any) -> None:

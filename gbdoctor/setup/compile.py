@@ -7,16 +7,21 @@ the EP and FSDP hooks) eager; ``none`` compiles nothing. The Dynamo settings are
 recipe because they change what breaks (``capture_scalar_outputs`` turns EP's ``.tolist()`` from
 a break into a captured scalar).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch.nn as nn
 
 from gbdoctor.setup.ac import unwrap_checkpoint
 
-HEAD_FLAGS = (("capture_scalar_outputs", True), ("skip_fwd_side_effects_in_bwd_under_checkpoint", True))
+HEAD_FLAGS = (
+    ("capture_scalar_outputs", True),
+    ("skip_fwd_side_effects_in_bwd_under_checkpoint", True),
+)
 V022_FLAGS = (("capture_scalar_outputs", True),)
 
 
@@ -54,20 +59,46 @@ class Strategy:
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in (
-        Strategy(name="none", dense=BlockRecipe(mode="none"), moe=BlockRecipe(mode="none"),
-                 summary="no compile (eager)"),
-        Strategy(name="block", dense=BlockRecipe(), moe=BlockRecipe(), flags=HEAD_FLAGS,
-                 summary="every block compiled whole with fullgraph=True (torchtitan main, 2026)"),
-        Strategy(name="block-nofullgraph", dense=BlockRecipe(fullgraph=False),
-                 moe=BlockRecipe(fullgraph=False), flags=V022_FLAGS,
-                 summary="every block compiled whole with fullgraph=False"),
-        Strategy(name="titan-v0.2.0", dense=BlockRecipe(), moe=BlockRecipe(fullgraph=False),
-                 summary="torchtitan v0.2.0: blocks whole, MoE blocks fullgraph=False, no scalar capture"),
-        Strategy(name="titan-v0.2.2", dense=BlockRecipe(), moe=BlockRecipe(mode="children"),
-                 flags=V022_FLAGS,
-                 summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph, experts eager"),
-        Strategy(name="children", dense=BlockRecipe(mode="children"), moe=BlockRecipe(mode="children"),
-                 flags=V022_FLAGS, summary="every block's children compiled fullgraph, experts eager"),
+        Strategy(
+            name="none",
+            dense=BlockRecipe(mode="none"),
+            moe=BlockRecipe(mode="none"),
+            summary="no compile (eager)",
+        ),
+        Strategy(
+            name="block",
+            dense=BlockRecipe(),
+            moe=BlockRecipe(),
+            flags=HEAD_FLAGS,
+            summary="every block compiled whole with fullgraph=True (torchtitan main, 2026)",
+        ),
+        Strategy(
+            name="block-nofullgraph",
+            dense=BlockRecipe(fullgraph=False),
+            moe=BlockRecipe(fullgraph=False),
+            flags=V022_FLAGS,
+            summary="every block compiled whole with fullgraph=False",
+        ),
+        Strategy(
+            name="titan-v0.2.0",
+            dense=BlockRecipe(),
+            moe=BlockRecipe(fullgraph=False),
+            summary="torchtitan v0.2.0: blocks whole, MoE blocks fullgraph=False, no scalar capture",
+        ),
+        Strategy(
+            name="titan-v0.2.2",
+            dense=BlockRecipe(),
+            moe=BlockRecipe(mode="children"),
+            flags=V022_FLAGS,
+            summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph, experts eager",
+        ),
+        Strategy(
+            name="children",
+            dense=BlockRecipe(mode="children"),
+            moe=BlockRecipe(mode="children"),
+            flags=V022_FLAGS,
+            summary="every block's children compiled fullgraph, experts eager",
+        ),
     )
 }
 
@@ -81,15 +112,23 @@ def is_moe_block(block: nn.Module) -> bool:
 
 
 def default_eager(block: nn.Module) -> tuple[str, ...]:
-    return tuple(sorted(name for name, _ in block.named_modules() if name.rsplit(".", 1)[-1] == "experts"))
+    return tuple(
+        sorted(name for name, _ in block.named_modules() if name.rsplit(".", 1)[-1] == "experts")
+    )
 
 
 CompileFn = Callable[[nn.Module, str, bool], nn.Module]
 """(module, region fqn, fullgraph) -> the compiled stand-in (an OptimizedModule)."""
 
 
-def compile_children(parent: nn.Module, prefix: str, eager: tuple[str, ...], fullgraph: bool,
-                     compile_fn: CompileFn, region_prefix: str) -> list[str]:
+def compile_children(
+    parent: nn.Module,
+    prefix: str,
+    eager: tuple[str, ...],
+    fullgraph: bool,
+    compile_fn: CompileFn,
+    region_prefix: str,
+) -> list[str]:
     """Compile every child of ``parent`` that contains no eager sub-module; recurse into those
     that do. Returns the compiled regions' FQNs (relative to the block)."""
     regions: list[str] = []
@@ -100,8 +139,9 @@ def compile_children(parent: nn.Module, prefix: str, eager: tuple[str, ...], ful
         if any(e.startswith(sub + ".") for e in eager):
             # An AC-wrapped child (split AC) is looked through: its own children get compiled
             # inside the checkpoint region, as torchtitan v0.2.2 does under full AC.
-            regions += compile_children(unwrap_checkpoint(child), sub + ".", eager, fullgraph,
-                                        compile_fn, region_prefix)
+            regions += compile_children(
+                unwrap_checkpoint(child), sub + ".", eager, fullgraph, compile_fn, region_prefix
+            )
             continue
         if not any(True for _ in child.parameters()) and not list(child.children()):
             # Parameter-free leaves (activations, dropout) are not worth a compile boundary.
@@ -111,8 +151,9 @@ def compile_children(parent: nn.Module, prefix: str, eager: tuple[str, ...], ful
     return regions
 
 
-def apply_compile(outer: nn.Module, block_fqn: str, recipe: BlockRecipe, is_moe: bool,
-                  compile_fn: CompileFn) -> tuple[nn.Module, tuple[str, ...], tuple[str, ...]]:
+def apply_compile(
+    outer: nn.Module, block_fqn: str, recipe: BlockRecipe, is_moe: bool, compile_fn: CompileFn
+) -> tuple[nn.Module, tuple[str, ...], tuple[str, ...]]:
     """Compile one block per ``recipe``; returns (new outer module, regions, fullgraph regions).
 
     ``outer`` is the block as AC left it (maybe a CheckpointWrapper): ``block`` mode compiles

@@ -4,6 +4,7 @@ World size 1 runs in-process on a real (gloo or nccl) process group; world size 
 N spawned local processes. A job has a wall-clock limit so a hung rank never hangs the tool, and
 every child is killed on failure, timeout or Ctrl-C.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,9 +15,10 @@ import queue as queue_mod
 import socket
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gbdoctor.errors import GbdoctorError, SetupError
 from gbdoctor.records import ParallelSpec
@@ -29,8 +31,10 @@ def resolve_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if requested == "cuda" and not torch.cuda.is_available():
-        raise SetupError("device 'cuda' requested but no CUDA device is available",
-                         hint="use --set gbdoctor.device=cpu (or auto)")
+        raise SetupError(
+            "device 'cuda' requested but no CUDA device is available",
+            hint="use --set gbdoctor.device=cpu (or auto)",
+        )
     return requested
 
 
@@ -69,17 +73,26 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != parallel.world_size:
-        raise SetupError(f"process group has {world} ranks but the spec needs {parallel.world_size}")
-    rep, shard, ep = parallel.data_parallel_replicate_degree, parallel.dp_shard, parallel.expert_parallel_degree
+        raise SetupError(
+            f"process group has {world} ranks but the spec needs {parallel.world_size}"
+        )
+    rep, shard, ep = (
+        parallel.data_parallel_replicate_degree,
+        parallel.dp_shard,
+        parallel.expert_parallel_degree,
+    )
     if rep > 1:
-        dp = init_device_mesh(device_type, (rep, shard), mesh_dim_names=("dp_replicate", "dp_shard"))
+        dp = init_device_mesh(
+            device_type, (rep, shard), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
     else:
         dp = init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
     ep_mesh = edp = None
     if ep > 1:
         # EP borrows ranks from the FSDP dimension ("dp2ep"): dp_shard = efsdp * ep.
-        sparse = init_device_mesh(device_type, (rep, shard // ep, ep),
-                                  mesh_dim_names=("dp_replicate", "efsdp", "ep"))
+        sparse = init_device_mesh(
+            device_type, (rep, shard // ep, ep), mesh_dim_names=("dp_replicate", "efsdp", "ep")
+        )
         ep_mesh = sparse["ep"]
         edp = sparse["dp_replicate", "efsdp"] if rep > 1 else sparse["efsdp"]
     if device_type == "cuda":
@@ -110,16 +123,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _resolve(target: str) -> Callable[..., Any]:
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _rank_main(rank: int, world_size: int, port: int, device_type: str, timeout_s: float,
-               target: str, payload: Any, results: Any) -> None:
+def _rank_main(
+    rank: int,
+    world_size: int,
+    port: int,
+    device_type: str,
+    timeout_s: float,
+    target: Callable[[Any], Any],
+    payload: Any,
+    results: Any,
+) -> None:
     """Entry point of one spawned rank: init the group, run ``target(payload)``, report."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+    )
     # Ranks share the machine's cores; oversubscribing threads makes gloo ranks crawl.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -130,15 +151,21 @@ def _rank_main(rank: int, world_size: int, port: int, device_type: str, timeout_
         if device_type == "cuda":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "nccl" if device_type == "cuda" else "gloo"
-        dist.init_process_group(backend, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=max(30.0, timeout_s)))
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=max(30.0, timeout_s)),
+        )
         try:
-            out = _resolve(target)(payload)
+            out = target(payload)
         finally:
             dist.destroy_process_group()
         results.put(("ok", rank, out))
     except GbdoctorError as exc:
-        results.put(("gbdoctor", rank, (type(exc).__module__, type(exc).__name__, exc.message, exc.hint)))
+        results.put(
+            ("gbdoctor", rank, (type(exc).__module__, type(exc).__name__, exc.message, exc.hint))
+        )
     except BaseException as exc:  # noqa: BLE001 - a rank's failure is reported, never swallowed
         results.put(("crash", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
 
@@ -156,10 +183,17 @@ def _kill_all(procs: list[Any]) -> None:
             p.join(1)
 
 
-def run_ranks(target: str, payload: Any, *, world_size: int, device_type: str,
-              timeout_s: float) -> list[Any]:
-    """Run ``target`` (``"module:function"``, called with ``payload``) on ``world_size`` spawned
-    ranks and return the per-rank results in rank order.
+def run_ranks(
+    target: Callable[[Any], Any],
+    payload: Any,
+    *,
+    world_size: int,
+    device_type: str,
+    timeout_s: float,
+) -> list[Any]:
+    """Run ``target(payload)`` on ``world_size`` spawned ranks and return the per-rank results in
+    rank order. ``target`` must be a module-level function (spawned ranks unpickle it by its
+    qualified name, so a rename fails here, in the parent, not inside a child).
 
     Raises SetupError on timeout or crash (with the failing rank's message), or re-raises the
     GbdoctorError a rank raised (same class and hint). All children are dead on return.
@@ -167,9 +201,14 @@ def run_ranks(target: str, payload: Any, *, world_size: int, device_type: str,
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank_main, daemon=True,
-                         args=(r, world_size, port, device_type, timeout_s, target, payload, results))
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            daemon=True,
+            args=(r, world_size, port, device_type, timeout_s, target, payload, results),
+        )
+        for r in range(world_size)
+    ]
     outs: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -179,8 +218,10 @@ def run_ranks(target: str, payload: Any, *, world_size: int, device_type: str,
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = sorted(set(range(world_size)) - set(outs))
-                raise SetupError(f"rank(s) {missing} did not finish within {timeout_s:.0f} s",
-                                 hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use --debug")
+                raise SetupError(
+                    f"rank(s) {missing} did not finish within {timeout_s:.0f} s",
+                    hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use --debug",
+                )
             try:
                 msg = results.get(timeout=min(1.0, remaining))
             except queue_mod.Empty:
@@ -189,8 +230,10 @@ def run_ranks(target: str, payload: Any, *, world_size: int, device_type: str,
                     time.sleep(0.5)  # a result may still be in flight from a rank that just exited
                     if results.empty():
                         codes = {r: procs[r].exitcode for r in dead}
-                        raise SetupError(f"rank(s) {dead} exited without a result (exit codes {codes})",
-                                         hint="the worker was killed (out of memory?) or crashed in native code")
+                        raise SetupError(
+                            f"rank(s) {dead} exited without a result (exit codes {codes})",
+                            hint="the worker was killed (out of memory?) or crashed in native code",
+                        ) from None
                 continue
             status, rank = msg[0], msg[1]
             if status == "ok":
@@ -201,7 +244,9 @@ def run_ranks(target: str, payload: Any, *, world_size: int, device_type: str,
                 raise cls(f"rank {rank}: {message}", hint)
             else:
                 detail, tb = msg[2], msg[3]
-                err = SetupError(f"rank {rank} failed: {detail}", hint="run with --debug for the traceback")
+                err = SetupError(
+                    f"rank {rank} failed: {detail}", hint="run with --debug for the traceback"
+                )
                 err.remote_traceback = tb  # type: ignore[attr-defined]
                 raise err
         for p in procs:

@@ -6,6 +6,7 @@ counts with an all-to-all, copies the split sizes to the host (a device-to-host 
 ``.tolist()`` on them, then moves the tokens with an autograd-aware all-to-all. Those are the
 exact operations that make compiled MoE blocks break, which is why gbdoctor reproduces them.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,13 +35,22 @@ class TokenDispatcher:
         with torch.no_grad():
             counts_from_ranks = all_to_all_single(counts, None, None, group=group)
             counts_from_ranks = torch.ops._c10d_functional.wait_tensor(counts_from_ranks)
-            input_splits = counts.view(self.ep_degree, -1).sum(dim=1).to(torch.device("cpu"), non_blocking=True)
+            input_splits = (
+                counts.view(self.ep_degree, -1)
+                .sum(dim=1)
+                .to(torch.device("cpu"), non_blocking=True)
+            )
             # The device-to-host sync torchtitan also pays: split sizes must be Python ints.
-            output_splits = counts_from_ranks.view(self.ep_degree, -1).sum(dim=1).to(
-                torch.device("cpu"), non_blocking=False)
+            output_splits = (
+                counts_from_ranks.view(self.ep_degree, -1)
+                .sum(dim=1)
+                .to(torch.device("cpu"), non_blocking=False)
+            )
             self.input_splits = input_splits.tolist()
             self.output_splits = output_splits.tolist()
-        received = all_to_all_single_autograd(routed_input, self.output_splits, self.input_splits, group)
+        received = all_to_all_single_autograd(
+            routed_input, self.output_splits, self.input_splits, group
+        )
         # Received tokens are ordered (source rank, local expert); experts want them grouped by
         # local expert, so reorder with a stable sort on the local expert id of each segment.
         per_segment = counts_from_ranks.view(self.ep_degree, -1)
@@ -48,13 +58,16 @@ class TokenDispatcher:
         segment_expert = torch.arange(num_local, device=counts.device).repeat(self.ep_degree)
         # output_size from the host-side split sizes keeps the op's output shape known to the
         # compiler (it is the same count the all-to-all just received).
-        token_expert = torch.repeat_interleave(segment_expert, per_segment.reshape(-1),
-                                               output_size=sum(self.output_splits))
+        token_expert = torch.repeat_interleave(
+            segment_expert, per_segment.reshape(-1), output_size=sum(self.output_splits)
+        )
         self.permutation = torch.argsort(token_expert, stable=True)
         local_counts = per_segment.sum(dim=0)
         return received[self.permutation], local_counts
 
-    def token_combine(self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+    def token_combine(
+        self, module: nn.Module, args: tuple[Any, ...], output: torch.Tensor
+    ) -> torch.Tensor:
         """Forward hook on the experts: undo the reorder and send outputs back to their ranks."""
         assert self.permutation is not None, "token_combine ran without token_dispatch"
         unpermuted = torch.zeros_like(output).index_copy(0, self.permutation, output)
@@ -72,10 +85,14 @@ def apply_ep(moe_modules: list[tuple[str, nn.Module]], ep_mesh: Any) -> list[tup
         experts = moe.experts
         num_experts = next(iter(experts.parameters())).shape[0]
         if num_experts % ep_mesh.size():
-            raise ValueError(f"{fqn}: {num_experts} experts cannot be split over EP degree {ep_mesh.size()}")
+            raise ValueError(
+                f"{fqn}: {num_experts} experts cannot be split over EP degree {ep_mesh.size()}"
+            )
         for name, param in list(experts.named_parameters(recurse=False)):
-            sharded = nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]),
-                                   requires_grad=param.requires_grad)
+            sharded = nn.Parameter(
+                distribute_tensor(param.data, ep_mesh, [Shard(0)]),
+                requires_grad=param.requires_grad,
+            )
             experts.register_parameter(name, sharded)
         dispatcher = TokenDispatcher(ep_mesh)
         experts.register_forward_pre_hook(dispatcher.token_dispatch)

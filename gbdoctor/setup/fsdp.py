@@ -6,6 +6,7 @@ block itself; ``[norm, output]`` together; the root. Gradient division is turned
 loss is already scaled by the global token count, and EP > 1 gets explicit prefetching, as
 torchtitan does because EP's device-to-host syncs defeat implicit prefetching.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -17,9 +18,16 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 _DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def apply_fsdp(model: nn.Module, outer_blocks: list[tuple[str, nn.Module]],
-               experts: dict[str, nn.Module], meshes: Any, *, param_dtype: str, reduce_dtype: str,
-               reshard_after_forward: str) -> None:
+def apply_fsdp(
+    model: nn.Module,
+    outer_blocks: list[tuple[str, nn.Module]],
+    experts: dict[str, nn.Module],
+    meshes: Any,
+    *,
+    param_dtype: str,
+    reduce_dtype: str,
+    reshard_after_forward: str,
+) -> None:
     """Shard ``model`` in place. ``experts`` maps block FQN to its ``moe.experts`` (EP > 1 only)."""
     mp = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[reduce_dtype])
     # torchtitan: "default" means reshard unless pipeline parallel (never here).
@@ -32,9 +40,18 @@ def apply_fsdp(model: nn.Module, outer_blocks: list[tuple[str, nn.Module]],
         if fqn in experts:
             fully_shard(experts[fqn], mesh=meshes.edp, mp_policy=mp, reshard_after_forward=reshard)
         fully_shard(outer, **common)
-    tail = [m for m in (getattr(model, "norm", None), getattr(model, "output", None)) if isinstance(m, nn.Module)]
+    tail = [
+        m
+        for m in (getattr(model, "norm", None), getattr(model, "output", None))
+        if isinstance(m, nn.Module)
+    ]
     if tail:
-        fully_shard(tail, mesh=meshes.dp, mp_policy=mp, reshard_after_forward=reshard_after_forward == "always")
+        fully_shard(
+            tail,
+            mesh=meshes.dp,
+            mp_policy=mp,
+            reshard_after_forward=reshard_after_forward == "always",
+        )
     fully_shard(model, **common)
     gloo = meshes.device.type == "cpu"
     for module in model.modules():
@@ -44,7 +61,9 @@ def apply_fsdp(model: nn.Module, outer_blocks: list[tuple[str, nn.Module]],
                 # gloo has no PREMUL_SUM; plain SUM is exactly what a divide factor of 1 means.
                 module.set_force_sum_reduction_for_comms(True)
     if experts:
-        _explicit_prefetch([outer for _, outer in outer_blocks], [experts.get(f) for f, _ in outer_blocks])
+        _explicit_prefetch(
+            [outer for _, outer in outer_blocks], [experts.get(f) for f, _ in outer_blocks]
+        )
 
 
 def _explicit_prefetch(blocks: list[nn.Module], experts: list[nn.Module | None]) -> None:

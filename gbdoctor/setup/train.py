@@ -5,6 +5,7 @@ world-size-1 run over the global batch sees exactly the data of an N-rank run. T
 token-summed cross entropy divided by the global token count (FSDP gradient division is off),
 which makes gradients independent of the number of ranks.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,17 +15,27 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def synthetic_batch(*, seed: int, step: int, vocab: int, local_batch: int, seq_len: int,
-                    rank: int, world_size: int, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(
+    *,
+    seed: int,
+    step: int,
+    vocab: int,
+    local_batch: int,
+    seq_len: int,
+    rank: int,
+    world_size: int,
+    device: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens, labels) of this rank's rows of the global batch for ``step``."""
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     rows = torch.randint(0, vocab, (local_batch * world_size, seq_len + 1), generator=gen)
-    mine = rows[rank * local_batch:(rank + 1) * local_batch]
+    mine = rows[rank * local_batch : (rank + 1) * local_batch]
     return mine[:, :-1].to(device), mine[:, 1:].to(device)
 
 
-def forward_loss(model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor,
-                 world_size: int) -> torch.Tensor:
+def forward_loss(
+    model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor, world_size: int
+) -> torch.Tensor:
     """Local token-summed cross entropy over the global token count."""
     logits = model(tokens)
     if isinstance(logits, (tuple, list)):
@@ -66,9 +77,16 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
     losses = []
     with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
         for step in range(steps):
-            tokens, labels = synthetic_batch(seed=spec.training.seed, step=step, vocab=vocab_size(model),
-                                             local_batch=spec.capture_batch_size, seq_len=spec.capture_seq_len,
-                                             rank=rank, world_size=world, device=meshes.device)
+            tokens, labels = synthetic_batch(
+                seed=spec.training.seed,
+                step=step,
+                vocab=vocab_size(model),
+                local_batch=spec.capture_batch_size,
+                seq_len=spec.capture_seq_len,
+                rank=rank,
+                world_size=world,
+                device=meshes.device,
+            )
             losses.append(train_step(setup, tokens, labels))
     moes = load_balanced_moes(model)
     bias = moes[0][1].expert_bias.detach().cpu().tolist() if moes else []

@@ -4,6 +4,7 @@ The tensors here are tiny (batch 2, seq 32), so intra-op parallelism buys nothin
 2-core machine OpenMP threads spin against other processes: measured 25 s single-threaded versus
 65 s with 2 threads for this folder under load. The previous setting is restored afterwards.
 """
+
 from __future__ import annotations
 
 import pytest

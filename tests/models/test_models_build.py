@@ -1,4 +1,5 @@
 """Every built-in flavor builds; debug flavors train a step on CPU; full sizes build on meta."""
+
 from __future__ import annotations
 
 import time
@@ -13,7 +14,9 @@ from gbdoctor.records import ModelSpec
 B, S = 2, 32
 SDPA_DEBUG = [("llama3", "debugmodel"), ("llama4", "debugmodel"), ("deepseek_v3", "debugmodel")]
 FLEX_DEBUG = [
-    ("llama3", "debugmodel_flex_attn"), ("llama4", "debugmodel_irope"), ("deepseek_v3", "debugmodel_flex_attn"),
+    ("llama3", "debugmodel_flex_attn"),
+    ("llama4", "debugmodel_irope"),
+    ("deepseek_v3", "debugmodel_flex_attn"),
 ]
 
 
@@ -62,7 +65,11 @@ def test_debug_structure_llama4():
     moe_layers = [int(k) for k, b in model.layers.items() if b.moe_enabled]
     assert moe_layers == [1, 3, 5]
     moe = model.layers["1"].moe
-    assert tuple(moe.experts.w1.shape) == (8, 512, 256) and tuple(moe.experts.w2.shape) == (8, 256, 512)
+    assert tuple(moe.experts.w1.shape) == (8, 512, 256) and tuple(moe.experts.w2.shape) == (
+        8,
+        256,
+        512,
+    )
     assert moe.shared_experts.w1.out_features == 512
     assert model.layers["0"].feed_forward.w1.out_features == 768
     assert moe.router.score_func == "sigmoid" and moe.top_k == 1 and moe.score_before_experts
@@ -82,19 +89,32 @@ def test_debug_structure_deepseek():
     assert attn.wq.out_features == 16 * 192 and attn.wkv_a.out_features == 512 + 64
     assert attn.wkv_b.out_features == 16 * (128 + 128) and attn.wo.in_features == 16 * 128
     big = _build("deepseek_v3", "671B", device="meta")
-    assert hasattr(big.layers["0"].attention, "wq_a") and not hasattr(big.layers["0"].attention, "wq")
+    assert hasattr(big.layers["0"].attention, "wq_a") and not hasattr(
+        big.layers["0"].attention, "wq"
+    )
 
 
 def test_builtin_names_match_torchtitan():
     model = _build("llama3", "debugmodel", device="meta")
     names = {n for n, _ in model.named_parameters()}
-    for expected in ("tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.0.feed_forward.w3.weight",
-                     "layers.5.ffn_norm.weight", "norm.weight", "output.weight"):
+    for expected in (
+        "tok_embeddings.weight",
+        "layers.0.attention.wq.weight",
+        "layers.0.feed_forward.w3.weight",
+        "layers.5.ffn_norm.weight",
+        "norm.weight",
+        "output.weight",
+    ):
         assert expected in names
     moe = _build("llama4", "debugmodel", device="meta").layers["1"]
     names = {n for n, _ in moe.named_parameters()} | {n for n, _ in moe.named_buffers()}
-    for expected in ("moe.router.gate.weight", "moe.experts.w1", "moe.shared_experts.w2.weight",
-                     "moe.expert_bias", "moe.tokens_per_expert"):
+    for expected in (
+        "moe.router.gate.weight",
+        "moe.experts.w1",
+        "moe.shared_experts.w2.weight",
+        "moe.expert_bias",
+        "moe.tokens_per_expert",
+    ):
         assert expected in names
     assert "moe.tokens_per_expert" not in moe.state_dict() and "moe.expert_bias" in moe.state_dict()
 

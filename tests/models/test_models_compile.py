@@ -1,4 +1,5 @@
 """Built-in blocks are compile-clean on torch 2.13: one graph, zero breaks, with grouped mm."""
+
 from __future__ import annotations
 
 import pytest
@@ -65,7 +66,9 @@ def test_block_fullgraph_strict_fwd_bwd(family, flavor, layer):
     assert torch.isfinite(x.grad).all()
 
 
-@pytest.mark.parametrize("family, flavor, top_k", [("llama4", "debugmodel", 1), ("deepseek_v3", "debugmodel", 3)])
+@pytest.mark.parametrize(
+    "family, flavor, top_k", [("llama4", "debugmodel", 1), ("deepseek_v3", "debugmodel", 3)]
+)
 def test_tokens_per_expert_counts_once_eager_and_compiled(family, flavor, top_k):
     model = _model(family, flavor)
     block = model.layers["1"]

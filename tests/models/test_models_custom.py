@@ -1,4 +1,5 @@
 """Custom model factories: the happy paths and every failure as a one-line SpecError with a hint."""
+
 from __future__ import annotations
 
 import sys
@@ -12,7 +13,7 @@ from gbdoctor.models import block_container, build_model, vocab_size
 from gbdoctor.models.custom import load_factory
 from gbdoctor.records import ModelSpec
 
-GOOD = '''
+GOOD = """
 import torch
 from torch import nn
 
@@ -39,7 +40,7 @@ class Tiny(nn.Module):
 
 def build(flavor):
     return Tiny({"small": 2, "big": 4}[flavor])
-'''
+"""
 
 
 def _write(tmp_path, name, body):
@@ -67,7 +68,9 @@ def test_file_factory(tmp_path):
 def test_file_factory_relative_to_cwd_and_on_meta(tmp_path, monkeypatch):
     _write(tmp_path, "tiny_model.py", GOOD)
     monkeypatch.chdir(tmp_path)
-    model = build_model(ModelSpec(name="custom", flavor="small", factory="tiny_model.py:build"), device="meta")
+    model = build_model(
+        ModelSpec(name="custom", flavor="small", factory="tiny_model.py:build"), device="meta"
+    )
     assert all(p.is_meta for p in model.parameters())
 
 
@@ -124,16 +127,28 @@ def test_factory_raising(tmp_path):
     "body, phrase",
     [
         ("def build(flavor):\n    return {'layers': []}\n", "not a torch.nn.Module"),
-        ("from torch import nn\ndef build(flavor):\n    return nn.Sequential(nn.Embedding(3, 2))\n", "no 'layers'"),
-        ("from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-         "        self.layers = [nn.Linear(2, 2)]\n        self.e = nn.Embedding(3, 2)\n"
-         "def build(flavor):\n    return M()\n", "found list"),
-        ("from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-         "        self.layers = nn.ModuleList([nn.Linear(2, 2)])\n"
-         "def build(flavor):\n    return M()\n", "no nn.Embedding"),
-        ("from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
-         "        self.layers = nn.ModuleDict()\n        self.e = nn.Embedding(3, 2)\n"
-         "def build(flavor):\n    return M()\n", "empty"),
+        (
+            "from torch import nn\ndef build(flavor):\n    return nn.Sequential(nn.Embedding(3, 2))\n",
+            "no 'layers'",
+        ),
+        (
+            "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.layers = [nn.Linear(2, 2)]\n        self.e = nn.Embedding(3, 2)\n"
+            "def build(flavor):\n    return M()\n",
+            "found list",
+        ),
+        (
+            "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.layers = nn.ModuleList([nn.Linear(2, 2)])\n"
+            "def build(flavor):\n    return M()\n",
+            "no nn.Embedding",
+        ),
+        (
+            "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.layers = nn.ModuleDict()\n        self.e = nn.Embedding(3, 2)\n"
+            "def build(flavor):\n    return M()\n",
+            "empty",
+        ),
     ],
 )
 def test_wrong_return(tmp_path, body, phrase):

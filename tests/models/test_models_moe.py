@@ -1,4 +1,5 @@
 """MoE pieces: grouped vs loop experts, router semantics, buffers, grouped-mm support probe."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -7,7 +8,12 @@ import pytest
 import torch
 
 from gbdoctor.models.moe import (
-    GroupedExperts, MoE, MoEArgs, TokenChoiceTopKRouter, TokenReorderer, grouped_mm_supported,
+    GroupedExperts,
+    MoE,
+    MoEArgs,
+    TokenChoiceTopKRouter,
+    TokenReorderer,
+    grouped_mm_supported,
 )
 
 D, H, E = 32, 48, 4
@@ -62,7 +68,9 @@ def test_loop_path_pads_rows_past_the_routed_ones():
 
 def test_router_bias_picks_but_does_not_gate():
     torch.manual_seed(0)
-    router = TokenChoiceTopKRouter(D, E, top_k=1, score_func="sigmoid", route_norm=False, route_scale=1.0)
+    router = TokenChoiceTopKRouter(
+        D, E, top_k=1, score_func="sigmoid", route_norm=False, route_scale=1.0
+    )
     x = torch.randn(6, D)
     bias = torch.tensor([0.0, 0.0, 10.0, 0.0])
     scores, chosen = router(x, bias)
@@ -73,7 +81,9 @@ def test_router_bias_picks_but_does_not_gate():
 
 def test_router_route_norm_and_scale():
     torch.manual_seed(0)
-    router = TokenChoiceTopKRouter(D, E, top_k=2, score_func="softmax", route_norm=True, route_scale=2.5)
+    router = TokenChoiceTopKRouter(
+        D, E, top_k=2, score_func="softmax", route_norm=True, route_scale=2.5
+    )
     scores, chosen = router(torch.randn(5, D))
     torch.testing.assert_close(scores.sum(-1), torch.full((5,), 2.5))
     assert chosen.shape == (5, 2)
@@ -95,7 +105,11 @@ def test_moe_matches_dense_reference(score_before):
     """Route through the module and through a per-token loop: same output."""
     torch.manual_seed(0)
     args = MoEArgs(
-        num_experts=E, num_shared_experts=1, top_k=2, score_func="softmax", score_before_experts=score_before
+        num_experts=E,
+        num_shared_experts=1,
+        top_k=2,
+        score_func="softmax",
+        score_before_experts=score_before,
     )
     moe = MoE(args, dim=D, hidden_dim=H)
     moe.init_weights(0.05)
@@ -122,7 +136,9 @@ def test_moe_buffers_and_disabled_balancing():
     assert "expert_bias" in moe.state_dict() and "tokens_per_expert" not in moe.state_dict()
     assert moe.load_balance_coeff == 1e-3 and moe.num_experts == E and moe.top_k == 1
 
-    off = MoE(MoEArgs(num_experts=E, load_balance_coeff=None, num_shared_experts=0), dim=D, hidden_dim=H)
+    off = MoE(
+        MoEArgs(num_experts=E, load_balance_coeff=None, num_shared_experts=0), dim=D, hidden_dim=H
+    )
     assert off.expert_bias is None and off.tokens_per_expert is None and off.shared_experts is None
     off.init_weights(0.02)
     assert off(torch.randn(1, 4, D)).shape == (1, 4, D)
@@ -153,7 +169,9 @@ def test_experts_use_local_shard_of_dtensor_weights():
             for name in ("w1", "w2", "w3"):
                 full = getattr(sharded, name).detach()
                 getattr(local, name).copy_(full[: E // 2])
-                setattr(sharded, name, torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)])))
+                setattr(
+                    sharded, name, torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
+                )
         x, counts = torch.randn(10, D), torch.tensor([4.0, 6.0])
         for grouped in (True, False):
             sharded.use_grouped_mm = local.use_grouped_mm = grouped

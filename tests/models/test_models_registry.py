@@ -1,4 +1,5 @@
 """Registry API: families, flavors, expert counts, vocab and block helpers, spec errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,13 @@ from torch import nn
 
 from gbdoctor.errors import SpecError
 from gbdoctor.models import (
-    FAMILIES, block_container, build_model, family_flavors, flavor_args, num_experts, vocab_size,
+    FAMILIES,
+    block_container,
+    build_model,
+    family_flavors,
+    flavor_args,
+    num_experts,
+    vocab_size,
 )
 from gbdoctor.records import ModelSpec
 
@@ -61,9 +68,14 @@ def test_custom_without_factory_is_spec_error():
 @pytest.mark.parametrize(
     "family, flavor, experts",
     [
-        ("llama3", "debugmodel", None), ("llama3", "8B", None),
-        ("llama4", "debugmodel", 8), ("llama4", "17bx16e", 16), ("llama4", "17bx128e", 128),
-        ("deepseek_v3", "debugmodel", 8), ("deepseek_v3", "16B", 64), ("deepseek_v3", "671B", 256),
+        ("llama3", "debugmodel", None),
+        ("llama3", "8B", None),
+        ("llama4", "debugmodel", 8),
+        ("llama4", "17bx16e", 16),
+        ("llama4", "17bx128e", 128),
+        ("deepseek_v3", "debugmodel", 8),
+        ("deepseek_v3", "16B", 64),
+        ("deepseek_v3", "671B", 256),
     ],
 )
 def test_num_experts(family, flavor, experts):
@@ -101,9 +113,14 @@ def test_vocab_and_blocks_module_list():
 
 
 def test_max_seq_len_override():
-    model = build_model(ModelSpec(name="llama3", flavor="debugmodel"), device="meta", max_seq_len=64)
+    model = build_model(
+        ModelSpec(name="llama3", flavor="debugmodel"), device="meta", max_seq_len=64
+    )
     assert model.rope_cache.shape[0] == 64
-    assert tuple(model.rope_cache.shape[1:]) == (8, 2)  # head_dim 16 -> 8 rotation pairs of (cos, sin)
+    assert tuple(model.rope_cache.shape[1:]) == (
+        8,
+        2,
+    )  # head_dim 16 -> 8 rotation pairs of (cos, sin)
     torch.manual_seed(0)
     short = build_model(ModelSpec(name="llama3", flavor="debugmodel"), max_seq_len=16)
     torch.manual_seed(0)

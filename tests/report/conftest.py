@@ -1,4 +1,5 @@
 """Fixtures of the report tests; the records themselves are built in ``scan_factory.py``."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Scan-report formatters: registry, goldens, essentials, escaping."""
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -29,7 +30,7 @@ def test_every_format_name_has_a_formatter() -> None:
     for name, cls in FORMATS.items():
         formatter = formatter_for(name)
         assert isinstance(formatter, cls)
-        assert callable(getattr(formatter, "render"))
+        assert callable(formatter.render)
         _: Formatter = formatter  # the protocol is structural
 
 
@@ -39,14 +40,18 @@ def test_unknown_format_is_bad_input() -> None:
     assert "table" in (err.value.hint or "")
 
 
-@pytest.mark.parametrize("fmt", sorted(EXPECTED_FORMATS - {"json"}))  # json: fixtures/scans are its goldens
+@pytest.mark.parametrize(
+    "fmt", sorted(EXPECTED_FORMATS - {"json"})
+)  # json: fixtures/scans are its goldens
 def test_golden(fixture_name: str, fmt: str) -> None:
     text = render(SCAN_FIXTURES[fixture_name](), fmt)
     path = GOLDEN / f"{fixture_name}.{fmt}"
     if UPDATE:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), f"regenerate with GBDOCTOR_UPDATE_FIXTURES=1 ({path})"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"regenerate with GBDOCTOR_UPDATE_FIXTURES=1 ({path})"
+    )
 
 
 @pytest.mark.parametrize("fmt", sorted(EXPECTED_FORMATS))
@@ -58,15 +63,43 @@ def test_renders_are_deterministic_and_plain(fixture_name: str, fmt: str) -> Non
 
 
 ESSENTIALS = {
-    "table": ("data-dependent", "fsdp-hook", "GB0036", "moe.py:142", "moe.py:88", "layers.1, 3",
-              "capture_scalar_outputs=True", "titan-v0.2.0", "compile each block"),
-    "markdown": ("`data-dependent`", "`fsdp-hook`", "GB0036", "`moe.py:142`", "layers.1, 3",
-                 "| moe | layers.1, 3 | 4 | 3 | 0 | data-dependent, fsdp-hook |"),
-    "junit": ('type="data-dependent"', 'type="fsdp-hook"', "gbdoctor/models/moe.py:142", 'classname="moe"',
-              'name="layers.3"', "fix: compile each block"),
-    "github": ("file=gbdoctor/models/moe.py,line=142,title=graph break%3A data-dependent GB0036::",
-               "file=gbdoctor/models/moe.py,line=88,title=graph break%3A fsdp-hook GB0098::"),
-    "json": ('"cause": "data-dependent"', '"file": "gbdoctor/models/moe.py"', '"line": 142', '"totals": {'),
+    "table": (
+        "data-dependent",
+        "fsdp-hook",
+        "GB0036",
+        "moe.py:142",
+        "moe.py:88",
+        "layers.1, 3",
+        "capture_scalar_outputs=True",
+        "titan-v0.2.0",
+        "compile each block",
+    ),
+    "markdown": (
+        "`data-dependent`",
+        "`fsdp-hook`",
+        "GB0036",
+        "`moe.py:142`",
+        "layers.1, 3",
+        "| moe | layers.1, 3 | 4 | 3 | 0 | data-dependent, fsdp-hook |",
+    ),
+    "junit": (
+        'type="data-dependent"',
+        'type="fsdp-hook"',
+        "gbdoctor/models/moe.py:142",
+        'classname="moe"',
+        'name="layers.3"',
+        "fix: compile each block",
+    ),
+    "github": (
+        "file=gbdoctor/models/moe.py,line=142,title=graph break%3A data-dependent GB0036::",
+        "file=gbdoctor/models/moe.py,line=88,title=graph break%3A fsdp-hook GB0098::",
+    ),
+    "json": (
+        '"cause": "data-dependent"',
+        '"file": "gbdoctor/models/moe.py"',
+        '"line": 142',
+        '"totals": {',
+    ),
 }
 
 
@@ -91,7 +124,9 @@ def test_junit_parses_one_testcase_per_block_with_failures() -> None:
     suites = root.findall("testsuite")
     assert [s.get("name") for s in suites] == [report.spec]
     cases = suites[0].findall("testcase")
-    assert [(c.get("name"), c.get("classname")) for c in cases] == [(b.fqn, b.kind) for b in report.blocks]
+    assert [(c.get("name"), c.get("classname")) for c in cases] == [
+        (b.fqn, b.kind) for b in report.blocks
+    ]
     assert suites[0].get("tests") == "4" and suites[0].get("failures") == "2"
     failures = [f for c in cases for f in c.findall("failure")]
     assert sorted(f.get("type") for f in failures) == ["data-dependent"] * 2 + ["fsdp-hook"] * 4
@@ -107,7 +142,9 @@ def test_junit_survives_control_characters() -> None:
 def test_github_escaping_rules() -> None:
     assert escape_data("50% a\r\nb:c,d") == "50%25 a%0D%0Ab:c,d"
     assert escape_property("50% a\r\nb:c,d") == "50%25 a%0D%0Ab%3Ac%2Cd"
-    line = command("warning", "x%\ny", title="t: a,b", location=Location(file="we,ird:dir/m.py", line=7))
+    line = command(
+        "warning", "x%\ny", title="t: a,b", location=Location(file="we,ird:dir/m.py", line=7)
+    )
     assert line == "::warning file=we%2Cird%3Adir/m.py,line=7,title=t%3A a%2Cb::x%25%0Ay"
     assert command("error", "m") == "::error::m"
 
@@ -116,12 +153,16 @@ def test_github_one_command_per_line_and_no_location_break() -> None:
     brk = make_break("unsupported", gb_type="Unsupported method call", gb_id=None, file=None)
     report = make_report((make_block("layers.0", "dense", breaks=(brk,)),))
     lines = render(report, "github").splitlines()
-    assert lines[0].startswith("::warning title=graph break%3A unsupported::dense blocks (layers.0): ")
+    assert lines[0].startswith(
+        "::warning title=graph break%3A unsupported::dense blocks (layers.0): "
+    )
     assert all(line.startswith("::") for line in lines)
 
 
 def _clean_report():
-    return make_report((make_block("layers.0", "dense"), make_block("layers.1", "dense", same_as="layers.0")))
+    return make_report(
+        (make_block("layers.0", "dense"), make_block("layers.1", "dense", same_as="layers.0"))
+    )
 
 
 def test_all_clean_line() -> None:
@@ -133,7 +174,9 @@ def test_all_clean_line() -> None:
 
 
 def test_error_blocks_are_reported_everywhere() -> None:
-    report = make_report((make_block("layers.0", "dense", error="RuntimeError: grouped_mm needs bf16"),))
+    report = make_report(
+        (make_block("layers.0", "dense", error="RuntimeError: grouped_mm needs bf16"),)
+    )
     table = render(report, "table")
     assert "RuntimeError: grouped_mm needs bf16" in table and "error" in table
     assert "grouped_mm needs bf16" in render(report, "markdown")
@@ -156,12 +199,18 @@ def test_table_does_not_interpret_markup() -> None:
 
 def test_render_table_prints_to_the_given_console() -> None:
     console = recording_console()
-    render_table(make_report((make_block("layers.0", "moe", breaks=(data_dependent_break(),)),)), console)
+    render_table(
+        make_report((make_block("layers.0", "moe", breaks=(data_dependent_break(),)),)), console
+    )
     assert "data-dependent" in console.export_text()
 
 
 def test_events_without_location() -> None:
-    event = Event(kind="frame_skipped", module="layers.0", detail="the compiled region ran without producing a graph")
+    event = Event(
+        kind="frame_skipped",
+        module="layers.0",
+        detail="the compiled region ran without producing a graph",
+    )
     report = make_report((make_block("layers.0", "dense", events=(event,), graph_count=0),))
     assert "frame_skipped" in render(report, "table")
     assert "::error title=gbdoctor%3A frame_skipped::" in render(report, "github")

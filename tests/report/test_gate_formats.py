@@ -1,4 +1,5 @@
 """Gate-result formatters: registry, verdicts, annotations at the new break's file:line."""
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ def test_gate_golden(fmt: str, case: str) -> None:
     path = GOLDEN / f"gate_{case}.{fmt}"
     if UPDATE:
         path.write_text(text, encoding="utf-8")
-    assert text == path.read_text(encoding="utf-8"), f"regenerate with GBDOCTOR_UPDATE_FIXTURES=1 ({path})"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"regenerate with GBDOCTOR_UPDATE_FIXTURES=1 ({path})"
+    )
 
 
 def test_table_names_verdict_kind_cause_and_location() -> None:
@@ -50,8 +53,10 @@ def test_table_names_verdict_kind_cause_and_location() -> None:
 
 def test_github_annotates_the_new_break() -> None:
     lines = render_gate(failing(), "github").splitlines()
-    assert lines[0].startswith("::error file=gbdoctor/models/moe.py,line=142,"
-                               "title=gbdoctor gate%3A moe%3A new cause data-dependent (breaks 0 -> 1)::")
+    assert lines[0].startswith(
+        "::error file=gbdoctor/models/moe.py,line=142,"
+        "title=gbdoctor gate%3A moe%3A new cause data-dependent (breaks 0 -> 1)::"
+    )
     assert lines[-1].startswith("::error title=gbdoctor gate::FAILED")
     ok = render_gate(passing(), "github").splitlines()
     assert not any(line.startswith("::error") for line in ok)
@@ -74,11 +79,16 @@ def test_json_is_stable_and_has_the_verdict() -> None:
     data = json.loads(text)
     assert data["passed"] is False and data["exit_code"] == 1
     assert data["counts"]["regression"] == 1
-    assert data["findings"][0]["locations"] == [{"file": "gbdoctor/models/moe.py", "function": "forward", "line": 142}]
+    assert data["findings"][0]["locations"] == [
+        {"file": "gbdoctor/models/moe.py", "function": "forward", "line": 142}
+    ]
 
 
 def test_markdown_marks_failing_rows() -> None:
     text = render_gate(failing(), "markdown")
     assert text.startswith("## gbdoctor gate: FAILED")
-    assert "| fail | regression | fixtures/llama4_debug_ep2.toml | moe | new cause data-dependent" in text
+    assert (
+        "| fail | regression | fixtures/llama4_debug_ep2.toml | moe | new cause data-dependent"
+        in text
+    )
     assert "--update-baseline" in text

@@ -1,4 +1,5 @@
 """``--format json`` and ``load_scan_json``: byte-stable, round-trips, one-line errors."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ def test_recorded_fixtures_are_the_serialized_factory_records(fixture_name: str)
 def test_json_is_byte_identical_for_equal_inputs(fixture_name: str) -> None:
     first = render_json(SCAN_FIXTURES[fixture_name]())
     assert render_json(SCAN_FIXTURES[fixture_name]()) == first
-    assert first.endswith("}\n") and "\n  \"blocks\": [" in first
+    assert first.endswith("}\n") and '\n  "blocks": [' in first
     data = json.loads(first)
     assert list(data) == sorted(data)
 
@@ -39,8 +40,13 @@ def test_json_round_trips_through_load_scan_json(fixture_name: str) -> None:
 def test_totals_come_from_the_summary() -> None:
     totals = json.loads(render_json(SCAN_FIXTURES["llama4_after_new_break"]()))["totals"]
     # 2 MoE layers x (2 fsdp-hook + 1 data-dependent); each layer counts its own copy.
-    assert totals == {"breaks": 6, "by_cause": {"data-dependent": 2, "fsdp-hook": 4}, "errors": 0,
-                      "events": {}, "graphs": 2 * 1 + 2 * 4}
+    assert totals == {
+        "breaks": 6,
+        "by_cause": {"data-dependent": 2, "fsdp-hook": 4},
+        "errors": 0,
+        "events": {},
+        "graphs": 2 * 1 + 2 * 4,
+    }
     totals = json.loads(render_json(SCAN_FIXTURES["llama4_region_eager"]()))["totals"]
     assert totals["events"] == {"region_eager": 2}
 
@@ -49,8 +55,16 @@ def _fixture_data() -> dict:
     return json.loads((SCANS / "llama4_before.json").read_text(encoding="utf-8"))
 
 
-MUTATIONS = ("truncated", "not an object", "schema version", "no schema version", "missing key", "unknown key",
-             "wrong type", "wrong shape")
+MUTATIONS = (
+    "truncated",
+    "not an object",
+    "schema version",
+    "no schema version",
+    "missing key",
+    "unknown key",
+    "wrong type",
+    "wrong shape",
+)
 
 
 def _mutations() -> dict[str, tuple[str, str]]:

@@ -1,4 +1,5 @@
 """apply_setup installs what it claims: AC wrappers, compiled regions, FSDP2, EP hooks, flags."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +10,8 @@ import torch._dynamo
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 
-from gbdoctor.inspect_setup import inspect_spec
 from gbdoctor.models import build_model
+from gbdoctor.scan.inspect import inspect_spec
 from gbdoctor.setup.apply import apply_setup, recipe_context
 from gbdoctor.setup.dist import build_meshes, single_process_group
 from gbdoctor.spec import load_spec
@@ -31,16 +32,25 @@ def _group():
         yield
 
 
-@pytest.mark.parametrize("mode, option, wrapped", [
-    ("full", "2", [0, 1, 2, 3, 4, 5]),
-    ("selective", "2", [1, 3, 5]),   # torchtitan's counter starts at 1
-    ("selective", "3", [2, 5]),
-    ("selective", "op", [0, 1, 2, 3, 4, 5]),
-    ("none", "2", []),
-])
+@pytest.mark.parametrize(
+    "mode, option, wrapped",
+    [
+        ("full", "2", [0, 1, 2, 3, 4, 5]),
+        ("selective", "2", [1, 3, 5]),  # torchtitan's counter starts at 1
+        ("selective", "3", [2, 5]),
+        ("selective", "op", [0, 1, 2, 3, 4, 5]),
+        ("none", "2", []),
+    ],
+)
 def test_ac_wraps_the_blocks_torchtitan_wraps(mode, option, wrapped):
-    setup = _setup("llama3_debug.toml", [f"activation_checkpoint.mode={mode}",
-                                        f"activation_checkpoint.selective_ac_option={option}"], "none")
+    setup = _setup(
+        "llama3_debug.toml",
+        [
+            f"activation_checkpoint.mode={mode}",
+            f"activation_checkpoint.selective_ac_option={option}",
+        ],
+        "none",
+    )
     found = [i for i, slot in enumerate(setup.blocks) if isinstance(slot.outer, CheckpointWrapper)]
     assert found == wrapped
     for i in wrapped:
@@ -59,8 +69,12 @@ def test_titan_v022_compiles_moe_children_and_leaves_experts_eager():
             assert type(slot.block.moe.experts).__name__ == "GroupedExperts"
             assert f"{slot.fqn}.moe.experts" not in slot.regions
         else:
-            assert type(slot.outer).__name__.endswith("OptimizedModule") and slot.regions == (slot.fqn,)
-    assert isinstance(setup.model, FSDPModule) and isinstance(setup.model.tok_embeddings, FSDPModule)
+            assert type(slot.outer).__name__.endswith("OptimizedModule") and slot.regions == (
+                slot.fqn,
+            )
+    assert isinstance(setup.model, FSDPModule) and isinstance(
+        setup.model.tok_embeddings, FSDPModule
+    )
     assert dict(setup.dynamo_flags) == {"capture_scalar_outputs": True}
 
 
@@ -73,7 +87,9 @@ def test_recipe_context_restores_dynamo_settings():
 
 def test_load_balancing_hook_is_on_the_optimizer():
     setup = _setup("llama4_debug.toml", [], "none")
-    assert [(h.module, h.kind, h.installer) for h in setup.hooks] == [("optimizer", "optimizer_pre_step", "load-balancing")]
+    assert [(h.module, h.kind, h.installer) for h in setup.hooks] == [
+        ("optimizer", "optimizer_pre_step", "load-balancing")
+    ]
     assert setup.optimizer._optimizer_step_pre_hooks
 
 
@@ -83,7 +99,10 @@ def test_ep2_installs_dispatch_combine_hooks_and_shards_experts():
     report = inspect_spec(load_spec(REPO / "fixtures" / "llama4_debug_ep2.toml"))
     moe = next(b for b in report.blocks if b.moe)
     ep_hooks = {(h.module, h.kind) for h in moe.hooks if h.installer == "ep"}
-    assert ep_hooks == {(f"{moe.fqn}.moe.experts", "forward_pre"), (f"{moe.fqn}.moe.experts", "forward")}
+    assert ep_hooks == {
+        (f"{moe.fqn}.moe.experts", "forward_pre"),
+        (f"{moe.fqn}.moe.experts", "forward"),
+    }
     assert f"{moe.fqn}.moe.experts" in moe.sharded and moe.fqn in moe.sharded
     dense = next(b for b in report.blocks if not b.moe)
     # Half the experts live on each rank: the MoE block holds fewer local params than 8 experts.

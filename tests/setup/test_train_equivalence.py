@@ -1,4 +1,5 @@
 """FSDP2 + EP on two gloo ranks computes what one rank computes on the same global batch."""
+
 import pytest
 
 from gbdoctor.setup.dist import run_ranks, single_process_group
@@ -12,8 +13,7 @@ def _losses(spec_path, overrides, world):
     if world == 1:
         with single_process_group("cpu"):
             return [train_losses(payload)]
-    return run_ranks("gbdoctor.setup.train:train_losses", payload, world_size=world,
-                     device_type="cpu", timeout_s=300)
+    return run_ranks(train_losses, payload, world_size=world, device_type="cpu", timeout_s=300)
 
 
 @pytest.mark.slow
@@ -21,12 +21,23 @@ def test_fsdp_ep2_two_ranks_match_one_rank():
     # fp32 params so the comparison is about sharding/EP, not bf16 rounding order.
     # Full AC: eager op-SAC around an FSDP-managed experts module fails in backward on torch
     # 2.13 (a finding scan reports); this test is about sharding and EP arithmetic.
-    common = ["gbdoctor.batch_size=2", "gbdoctor.seq_len=32", "training.mixed_precision_param=float32",
-              "activation_checkpoint.mode=full"]
+    common = [
+        "gbdoctor.batch_size=2",
+        "gbdoctor.seq_len=32",
+        "training.mixed_precision_param=float32",
+        "activation_checkpoint.mode=full",
+    ]
     two = _losses("fixtures/llama4_debug_ep2.toml", common, 2)
-    one = _losses("fixtures/llama4_debug.toml",
-                  ["gbdoctor.batch_size=4", "gbdoctor.seq_len=32", "training.mixed_precision_param=float32",
-                   "activation_checkpoint.mode=full"], 1)
+    one = _losses(
+        "fixtures/llama4_debug.toml",
+        [
+            "gbdoctor.batch_size=4",
+            "gbdoctor.seq_len=32",
+            "training.mixed_precision_param=float32",
+            "activation_checkpoint.mode=full",
+        ],
+        1,
+    )
     assert two[0]["losses"] == pytest.approx(two[1]["losses"], rel=1e-6)
     assert two[0]["losses"] == pytest.approx(one[0]["losses"], rel=2e-4)
     # The load-balancing pre-step hook moved expert_bias away from zero, identically.

@@ -31,6 +31,7 @@ Definitions (also in the README):
 * divergence: a mode's first-step loss differs from eager's by more than ``LOSS_RTOL``
   (relative), or any of its losses is not finite.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,22 +40,15 @@ import re
 import shutil
 import statistics
 import tempfile
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
+from gbdoctor.capture import torch_version
 from gbdoctor.errors import GbdoctorError, SpecError
-from gbdoctor.records import Spec
+from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, RunReport, Spec
+from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
+from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.setup.compile import STRATEGIES, Strategy
-from gbdoctor.run_records import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, Recompile, RunReport  # noqa: F401
-from gbdoctor.run_worker import (  # noqa: F401 - re-exported: the worker's API is part of run's
-    _LIMIT_LOGGER,
-    _RECOMPILES_LOGGER,
-    ModeFailure,
-    ModeJob,
-    RankRun,
-    _RecompileRecorder,
-    parse_recompile,
-    run_mode_rank,
-)
 
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
@@ -74,9 +68,6 @@ BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 NOISY_SPREAD = 2.0
 """A mode whose slowest measured step took more than this many times its fastest gets a note."""
 
-LOSSES_SHOWN = 3
-"""Losses per mode that the table shows (the records keep every step's loss)."""
-
 DEFAULT_STEPS = 5
 DEFAULT_WARMUP = 3
 
@@ -90,10 +81,14 @@ def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
         return [m for m in MODES if m != "plan" or plan_path]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
-        raise SpecError(f"unknown run mode(s) {', '.join(map(repr, unknown))}",
-                        hint=f"valid modes: {', '.join(MODES)}")
+        raise SpecError(
+            f"unknown run mode(s) {', '.join(map(repr, unknown))}",
+            hint=f"valid modes: {', '.join(MODES)}",
+        )
     if "plan" in modes and not plan_path:
-        raise SpecError("mode 'plan' needs a plan file", hint="pass --plan plan.json (from `gbdoctor plan`)")
+        raise SpecError(
+            "mode 'plan' needs a plan file", hint="pass --plan plan.json (from `gbdoctor plan`)"
+        )
     if plan_path and "plan" not in modes:
         modes = [*modes, "plan"]
     return [m for m in MODES if m in modes]
@@ -108,12 +103,23 @@ def _check_backend(backend: str) -> None:
 
     known = torch._dynamo.list_backends(exclude_tags=())
     if backend not in known:
-        raise SpecError(f"unknown compile backend {backend!r}", hint=f"valid backends: {', '.join(sorted(known))}")
+        raise SpecError(
+            f"unknown compile backend {backend!r}",
+            hint=f"valid backends: {', '.join(sorted(known))}",
+        )
 
 
-def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAULT_STEPS,
-              warmup: int = DEFAULT_WARMUP, backend: str | None = None, plan_path: str | None = None,
-              nproc: int | None = None, progress: Progress | None = None) -> RunReport:
+def run_modes(
+    spec: Spec,
+    *,
+    modes: list[str] | None = None,
+    steps: int = DEFAULT_STEPS,
+    warmup: int = DEFAULT_WARMUP,
+    backend: str | None = None,
+    plan_path: str | None = None,
+    nproc: int | None = None,
+    progress: Progress | None = None,
+) -> RunReport:
     """Train ``spec`` under each mode in fresh processes and compare (see the module docstring).
 
     ``modes``: None runs every mode that applies (``plan`` only with ``plan_path``).
@@ -123,26 +129,33 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
     Bad input (unknown mode or backend, --nproc mismatch, bad plan, a model factory that fails)
     raises SpecError (BaselineError for an unreadable plan file).
     """
-    from gbdoctor.capture import torch_version
     from gbdoctor.setup.dist import resolve_device, run_ranks
 
     if steps < 1:
         raise SpecError(f"--steps must be at least 1 (got {steps})")
     if warmup < 1:
-        raise SpecError(f"--warmup must be at least 1 (got {warmup})",
-                        hint="compilation happens in the warm-up steps; they are excluded from the measurement")
+        raise SpecError(
+            f"--warmup must be at least 1 (got {warmup})",
+            hint="compilation happens in the warm-up steps; they are excluded from the measurement",
+        )
     world = spec.parallelism.world_size
     if nproc is not None and nproc != world:
-        raise SpecError(f"--nproc {nproc} does not match the spec's world size {world}",
-                        hint="the world size follows from [parallelism] degrees; change them (or --set) "
-                             "instead, or drop --nproc")
+        raise SpecError(
+            f"--nproc {nproc} does not match the spec's world size {world}",
+            hint="the world size follows from [parallelism] degrees; change them (or --set) "
+            "instead, or drop --nproc",
+        )
     if spec.gbdoctor.simulate:
-        raise SpecError("run trains for real and cannot simulate", hint="drop gbdoctor.simulate / --simulate")
+        raise SpecError(
+            "run trains for real and cannot simulate", hint="drop gbdoctor.simulate / --simulate"
+        )
     chosen = resolve_modes(modes, plan_path)
     device = resolve_device(spec.gbdoctor.device)
     backend = backend or default_backend(device)
     _check_backend(backend)
-    strategies: dict[str, Strategy] = {m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"}
+    strategies: dict[str, Strategy] = {
+        m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"
+    }
     if "plan" in chosen:
         from gbdoctor.plan import load_plan, plan_strategy  # only with --plan
 
@@ -155,14 +168,29 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
         if progress:
             progress(f"{mode}: {warmup} warm-up + {steps} steps on {world} rank(s)", i, len(chosen))
         cache = tempfile.mkdtemp(prefix="gbdoctor-run-cache-")
-        job = ModeJob(spec=spec, mode=mode, strategy=strategies[mode], device=device, backend=backend,
-                      warmup=warmup, steps=steps, cache_dir=cache)
+        job = ModeJob(
+            spec=spec,
+            mode=mode,
+            strategy=strategies[mode],
+            device=device,
+            backend=backend,
+            warmup=warmup,
+            steps=steps,
+            cache_dir=cache,
+        )
         try:
-            ranks = run_ranks("gbdoctor.run_worker:run_mode_rank", job, world_size=world, device_type=device,
-                              timeout_s=spec.gbdoctor.timeout_s)
+            ranks = run_ranks(
+                run_mode_rank,
+                job,
+                world_size=world,
+                device_type=device,
+                timeout_s=spec.gbdoctor.timeout_s,
+            )
             raw.append((mode, job.strategy, ranks, None))
         except ModeFailure as exc:
-            raw.append((mode, job.strategy, None, (_strip_rank(exc.message, world), exc.hint or "runtime")))
+            raw.append(
+                (mode, job.strategy, None, (_strip_rank(exc.message, world), exc.hint or "runtime"))
+            )
         except SpecError:
             raise  # bad input (e.g. a broken model factory) fails every mode alike: exit 2
         except GbdoctorError as exc:
@@ -172,8 +200,16 @@ def run_modes(spec: Spec, *, modes: list[str] | None = None, steps: int = DEFAUL
             shutil.rmtree(cache, ignore_errors=True)
     if progress:
         progress("done", len(chosen), len(chosen))
-    return build_report(spec, raw, device=device, backend=backend, warmup=warmup, steps=steps,
-                        torch_version=torch_version(), load=(max(loads), os.cpu_count() or 1))
+    return build_report(
+        spec,
+        raw,
+        device=device,
+        backend=backend,
+        warmup=warmup,
+        steps=steps,
+        torch_version=torch_version(),
+        load=(max(loads), os.cpu_count() or 1),
+    )
 
 
 def _load_average() -> float:
@@ -197,8 +233,9 @@ def _flags(strategy: Strategy) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, repr(v)) for k, v in strategy.flags))
 
 
-def _mode_from_ranks(mode: str, strategy: Strategy, ranks: list[RankRun], tokens_per_step: int,
-                     warmup: int) -> ModeResult:
+def _mode_from_ranks(
+    mode: str, strategy: Strategy, ranks: list[RankRun], tokens_per_step: int, warmup: int
+) -> ModeResult:
     steps = [max(r.step_times[i] for r in ranks) for i in range(len(ranks[0].step_times))]
     warm = [max(r.warmup_times[i] for r in ranks) for i in range(len(ranks[0].warmup_times))]
     median = statistics.median(steps)
@@ -206,24 +243,43 @@ def _mode_from_ranks(mode: str, strategy: Strategy, ranks: list[RankRun], tokens
     rank0 = ranks[0]
     layout = rank0.layout
     return ModeResult(
-        mode=mode, strategy=strategy.name, status="ok",
-        step_times_s=tuple(steps), warmup_times_s=tuple(warm),
-        step_time_median_s=median, step_time_min_s=min(steps), step_time_max_s=max(steps),
+        mode=mode,
+        strategy=strategy.name,
+        status="ok",
+        step_times_s=tuple(steps),
+        warmup_times_s=tuple(warm),
+        step_time_median_s=median,
+        step_time_min_s=min(steps),
+        step_time_max_s=max(steps),
         tokens_per_s=tokens_per_step / median if median > 0 else None,
         compile_time_s=max(0.0, sum(warm) - warmup * median),
         dynamo_compile_s=rank0.dynamo_compile_s,
-        peak_memory_mib=max(r.peak_memory_mib for r in ranks), memory_metric=rank0.memory_metric,
-        graphs=rank0.graphs, graphs_measured=rank0.graphs_measured, graph_breaks=rank0.graph_breaks,
+        peak_memory_mib=max(r.peak_memory_mib for r in ranks),
+        memory_metric=rank0.memory_metric,
+        graphs=rank0.graphs,
+        graphs_measured=rank0.graphs_measured,
+        graph_breaks=rank0.graph_breaks,
         regions=sum(len(regions) for _, regions, _ in layout),
         fullgraph_regions=sum(len(fg) for _, _, fg in layout),
-        recompiles=sum(e.measured for e in worst.recompiles), recompile_events=tuple(worst.recompiles),
+        recompiles=sum(e.measured for e in worst.recompiles),
+        recompile_events=tuple(worst.recompiles),
         recompile_limit_hit=any(r.recompile_limit_hit for r in ranks),
-        losses=tuple(rank0.losses), dynamo_config=_flags(strategy))
+        losses=tuple(rank0.losses),
+        dynamo_config=_flags(strategy),
+    )
 
 
-def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]], *,
-                 device: str, backend: str, warmup: int, steps: int, torch_version: str,
-                 load: tuple[float, int] | None = None) -> RunReport:
+def build_report(
+    spec: Spec,
+    raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]],
+    *,
+    device: str,
+    backend: str,
+    warmup: int,
+    steps: int,
+    torch_version: str,
+    load: tuple[float, int] | None = None,
+) -> RunReport:
     """Per-rank measurements -> records, with speedups, loss checks, duplicates and findings."""
     world = spec.parallelism.world_size
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
@@ -232,8 +288,14 @@ def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None
     for mode, strategy, ranks, failure in raw:
         if ranks is None:
             error, kind = failure or ("unknown failure", "crash")
-            results[mode] = ModeResult(mode=mode, strategy=strategy.name, status="failed", error=error,
-                                       error_kind=kind, dynamo_config=_flags(strategy))
+            results[mode] = ModeResult(
+                mode=mode,
+                strategy=strategy.name,
+                status="failed",
+                error=error,
+                error_kind=kind,
+                dynamo_config=_flags(strategy),
+            )
         else:
             results[mode] = _mode_from_ranks(mode, strategy, ranks, tokens_per_step, warmup)
             layouts[mode] = _relative_layout(ranks[0].layout)
@@ -241,7 +303,11 @@ def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None
     ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
     eager = ok.get("eager")
     baselines = {m: r for m, r in ok.items() if m in BASELINES}
-    best = min(baselines, key=lambda m: (baselines[m].step_time_median_s, BASELINES.index(m))) if baselines else None
+    best = (
+        min(baselines, key=lambda m: (baselines[m].step_time_median_s, BASELINES.index(m)))
+        if baselines
+        else None
+    )
     report_notes: list[str] = []
     findings: list[str] = []
     final: list[ModeResult] = []
@@ -261,41 +327,76 @@ def build_report(spec: Spec, raw: list[tuple[str, Strategy, list[RankRun] | None
                 updates["same_regions_as"] = same
                 notes.append(_same_layout_note(res, results[same]))
             if res.step_time_min_s and res.step_time_max_s / res.step_time_min_s > NOISY_SPREAD:
-                notes.append(f"measured step times vary {res.step_time_max_s / res.step_time_min_s:.1f}x "
-                             f"({res.step_time_min_s:.3g}-{res.step_time_max_s:.3g} s) with no recompile in "
-                             "between: the machine is probably busy; compare modes with care"
-                             if not res.graphs_measured else
-                             f"measured step times vary {res.step_time_max_s / res.step_time_min_s:.1f}x "
-                             "(recompiles in the measured steps)")
+                notes.append(
+                    f"measured step times vary {res.step_time_max_s / res.step_time_min_s:.1f}x "
+                    f"({res.step_time_min_s:.3g}-{res.step_time_max_s:.3g} s) with no recompile in "
+                    "between: the machine is probably busy; compare modes with care"
+                    if not res.graphs_measured
+                    else f"measured step times vary {res.step_time_max_s / res.step_time_min_s:.1f}x "
+                    "(recompiles in the measured steps)"
+                )
             if res.recompiles:
                 first = next(e for e in res.recompile_events if e.measured)
-                findings.append(f"{mode}: {res.recompiles} recompile(s) during the measured steps "
-                                f"(first: {first.reason}" + (f" at {first.location}" if first.location else "") + ")")
+                findings.append(
+                    f"{mode}: {res.recompiles} recompile(s) during the measured steps "
+                    f"(first: {first.reason}"
+                    + (f" at {first.location}" if first.location else "")
+                    + ")"
+                )
             if res.recompile_limit_hit:
-                findings.append(f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards")
+                findings.append(
+                    f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards"
+                )
             if diverged:
-                findings.append(f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})")
+                findings.append(
+                    f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})"
+                )
         else:
             findings.append(f"{mode} failed ({res.error_kind}): {res.error}")
         final.append(_replace(res, notes=tuple(notes), **updates))
     if eager is None:
-        report_notes.append("no successful eager run: speedups vs eager and loss checks are unavailable")
+        report_notes.append(
+            "no successful eager run: speedups vs eager and loss checks are unavailable"
+        )
     if best is None:
-        report_notes.append("no successful baseline mode: speedups vs the best baseline are unavailable")
+        report_notes.append(
+            "no successful baseline mode: speedups vs the best baseline are unavailable"
+        )
     if device == "cpu":
-        report_notes.append("peak memory on CPU is the rank process's peak RSS (torch and compilation included)")
+        report_notes.append(
+            "peak memory on CPU is the rank process's peak RSS (torch and compilation included)"
+        )
     if load is not None and load[0] > load[1] + world:
-        report_notes.append(f"the machine was busy: 1-minute load average up to {load[0]:.1f} on {load[1]} cores "
-                            f"(this run's own ranks add at most {world}); timings include contention from other "
-                            "processes")
+        report_notes.append(
+            f"the machine was busy: 1-minute load average up to {load[0]:.1f} on {load[1]} cores "
+            f"(this run's own ranks add at most {world}); timings include contention from other "
+            "processes"
+        )
     if world > 1:
-        report_notes.append(f"step times are the slowest of {world} ranks per step; losses are global (all-reduced)")
+        report_notes.append(
+            f"step times are the slowest of {world} ranks per step; losses are global (all-reduced)"
+        )
     ac = spec.activation_checkpoint
-    return RunReport(spec=spec.path, model=f"{spec.model.name}/{spec.model.flavor}", torch_version=torch_version,
-                     device=device, backend=backend, world_size=world, batch_size=spec.capture_batch_size,
-                     seq_len=spec.capture_seq_len, warmup=warmup, steps=steps, seed=spec.training.seed,
-                     tokens_per_step=tokens_per_step, ac_mode=ac.mode, ac_option=ac.selective_ac_option,
-                     modes=tuple(final), best_baseline=best, findings=tuple(findings), notes=tuple(report_notes))
+    return RunReport(
+        spec=spec.path,
+        model=f"{spec.model.name}/{spec.model.flavor}",
+        torch_version=torch_version,
+        device=device,
+        backend=backend,
+        world_size=world,
+        batch_size=spec.capture_batch_size,
+        seq_len=spec.capture_seq_len,
+        warmup=warmup,
+        steps=steps,
+        seed=spec.training.seed,
+        tokens_per_step=tokens_per_step,
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        modes=tuple(final),
+        best_baseline=best,
+        findings=tuple(findings),
+        notes=tuple(report_notes),
+    )
 
 
 def _replace(res: ModeResult, **changes: Any) -> ModeResult:
@@ -325,16 +426,25 @@ def _earlier_same_layout(mode: str, layouts: dict[str, Any]) -> str | None:
 def _same_layout_note(res: ModeResult, same: ModeResult) -> str:
     diff = _flag_diff(res.dynamo_config, same.dynamo_config)
     text = f"compiles the same regions as {same.mode}"
-    text += f"; only the Dynamo settings differ ({diff})" if diff else " with the same Dynamo settings"
+    text += (
+        f"; only the Dynamo settings differ ({diff})" if diff else " with the same Dynamo settings"
+    )
     if res.graphs == same.graphs and res.graph_breaks == same.graph_breaks:
-        return text + f", and both compiled {res.graphs} graph(s): the gap between the two is run-to-run noise"
+        return (
+            text
+            + f", and both compiled {res.graphs} graph(s): the gap between the two is run-to-run noise"
+        )
     return text + f", which changed the graphs ({same.graphs} vs {res.graphs})"
 
 
 def _flag_diff(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> str:
     da, db = dict(a), dict(b)
     keys = sorted(set(da) | set(db))
-    return ", ".join(f"{k}: {db.get(k, 'default')} -> {da.get(k, 'default')}" for k in keys if da.get(k) != db.get(k))
+    return ", ".join(
+        f"{k}: {db.get(k, 'default')} -> {da.get(k, 'default')}"
+        for k in keys
+        if da.get(k) != db.get(k)
+    )
 
 
 def _divergence(res: ModeResult, eager: ModeResult | None) -> tuple[bool, float | None]:
@@ -351,21 +461,17 @@ def _divergence_text(res: ModeResult, eager: ModeResult | None, rel: float | Non
     if rel is None:
         return "a loss is not finite"
     assert eager is not None
-    return (f"step 0 loss {res.losses[0]:.5g} vs eager {eager.losses[0]:.5g}, "
-            f"relative difference {rel:.2g} > {LOSS_RTOL:g}")
+    return (
+        f"step 0 loss {res.losses[0]:.5g} vs eager {eager.losses[0]:.5g}, "
+        f"relative difference {rel:.2g} > {LOSS_RTOL:g}"
+    )
 
 
 def report_from_json(text: str) -> RunReport:
     """Rebuild a :class:`RunReport` from ``render_run(report, "json")`` output (BaselineError
     on malformed input)."""
-    import json
-
-    from gbdoctor.errors import BaselineError
-    from gbdoctor.report.serialize import from_dict
-
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"run report is not valid JSON: {exc}") from None
-    return from_dict(RunReport, data)
-
+    data = parse_json_object(text, "run report")
+    check_schema_version(
+        data, RUN_SCHEMA_VERSION, "run report", "run", hint="re-run with this gbdoctor version"
+    )
+    return load_record(RunReport, data, "run report")

@@ -1,119 +1,49 @@
-"""Typed, frozen records shared by every stage. No torch import here.
-
-Spec records mirror torchtitan v0.2.x's TOML sections (only the keys that can change graph
-breaks are typed; the rest are accepted by ``spec.py`` and dropped). Capture records are what
-``capture.py`` produces and what formatters, the gate and the planner consume. Field names of
-the capture records are the JSON contract (see README, "JSON schema").
+"""Scan and inspect records: what ``capture/`` produces and formatters, the gate and the planner
+consume. Field names are the JSON contract (see README, "JSON schema"). No torch import here.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from gbdoctor.records.base import record
 
 SCHEMA_VERSION = 1
-
-_REC = dict(frozen=True, kw_only=True, slots=True)
-
-
-# --------------------------------------------------------------------------- spec
+"""Version of the scan and inspect JSON documents."""
 
 
-@dataclass(**_REC)
-class ModelSpec:
-    name: str
-    """Model family: ``llama3``, ``llama4``, ``deepseek_v3`` or ``custom``."""
-    flavor: str
-    """Flavor within the family (``debugmodel``, ``8B``, ``17bx16e``, ...), passed to a custom factory."""
-    factory: str | None = None
-    """For ``custom``: ``path/to/file.py:build`` or ``package.module:build``."""
+@record
+class BlockKind:
+    """A block's structural kind; its string form (``moe+sac#2``) is what the JSON carries.
 
+    ``base`` is ``dense`` or ``moe``; ``wrap`` is the activation-checkpoint wrapping (``ac``,
+    ``sac``) or ``""``; ``variant`` numbers distinct structures that share a label within one
+    scan (1 for the first, printed only from 2 on).
+    """
 
-@dataclass(**_REC)
-class TrainingSpec:
-    local_batch_size: int = 8
-    seq_len: int = 2048
-    steps: int = 10
-    mixed_precision_param: str = "bfloat16"
-    mixed_precision_reduce: str = "float32"
-    max_norm: float = 1.0
-    seed: int = 0
-
-
-@dataclass(**_REC)
-class ParallelSpec:
-    data_parallel_replicate_degree: int = 1
-    data_parallel_shard_degree: int = -1
-    """As in torchtitan, -1 means "all remaining ranks"; ``dp_shard`` holds the resolved value."""
-    expert_parallel_degree: int = 1
-    expert_tensor_parallel_degree: int = 1
-    tensor_parallel_degree: int = 1
-    context_parallel_degree: int = 1
-    pipeline_parallel_degree: int = 1
-    fsdp_reshard_after_forward: str = "default"
-    dp_shard: int = 1
-    """Resolved data-parallel shard degree."""
-    world_size: int = 1
-    """Resolved number of ranks: dp_replicate * dp_shard * cp * tp * pp."""
-
-
-@dataclass(**_REC)
-class ACSpec:
-    mode: str = "selective"
-    """``none``, ``full`` or ``selective``."""
-    selective_ac_option: str = "2"
-    """An integer N (wrap every Nth block) or ``op`` (per-op SAC policy)."""
-    per_op_sac_force_recompute_mm_shapes_by_fqns: tuple[str, ...] = ("moe.router.gate",)
-    preserve_rng_state: bool = False
-
-
-@dataclass(**_REC)
-class CompileSpec:
-    enable: bool = False
-    components: tuple[str, ...] = ("model", "loss")
-    backend: str = "inductor"
-
-
-@dataclass(**_REC)
-class ToolSpec:
-    """The ``[gbdoctor]`` section: the tool's own settings."""
-
-    strategy: str = "block"
-    """Compile strategy preset (see ``setup.compile.STRATEGIES``)."""
-    batch_size: int = 0
-    """Batch size for scan/inspect captures; 0 means ``training.local_batch_size``."""
-    seq_len: int = 0
-    """Sequence length for scan/inspect captures; 0 means ``training.seq_len``."""
-    device: str = "auto"
-    """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
-    timeout_s: float = 600.0
-    """Wall-clock limit for a multi-rank job; a hung rank never hangs the tool."""
-    simulate: bool = False
-    """Meta tensors and a fake process group instead of real ranks (production-size specs)."""
-
-
-@dataclass(**_REC)
-class Spec:
-    path: str
-    """The spec file as given (reports print it; it is not opened again)."""
-    model: ModelSpec
-    training: TrainingSpec = field(default_factory=TrainingSpec)
-    parallelism: ParallelSpec = field(default_factory=ParallelSpec)
-    activation_checkpoint: ACSpec = field(default_factory=ACSpec)
-    compile: CompileSpec = field(default_factory=CompileSpec)
-    gbdoctor: ToolSpec = field(default_factory=ToolSpec)
+    base: str
+    wrap: str = ""
+    variant: int = 1
 
     @property
-    def capture_batch_size(self) -> int:
-        return self.gbdoctor.batch_size or self.training.local_batch_size
+    def label(self) -> str:
+        """The setup's label, without the variant: the key plans and strategies use."""
+        return self.base + (f"+{self.wrap}" if self.wrap else "")
 
     @property
-    def capture_seq_len(self) -> int:
-        return self.gbdoctor.seq_len or self.training.seq_len
+    def ac_wrapped(self) -> bool:
+        return bool(self.wrap)
+
+    def __str__(self) -> str:
+        return self.label + (f"#{self.variant}" if self.variant > 1 else "")
+
+    @classmethod
+    def parse(cls, text: str) -> BlockKind:
+        """The inverse of ``str``: read a kind label back from stored JSON."""
+        label, _, variant = text.partition("#")
+        base, _, wrap = label.partition("+")
+        return cls(base=base, wrap=wrap, variant=int(variant) if variant.isdigit() else 1)
 
 
-# --------------------------------------------------------------------------- capture
-
-
-@dataclass(**_REC)
+@record
 class Location:
     """Innermost user frame of a break: where a human would look."""
 
@@ -125,7 +55,7 @@ class Location:
         return f"{self.file}:{self.line}"
 
 
-@dataclass(**_REC)
+@record
 class Break:
     """One graph break, keyed for baselines by (block kind, cause, gb_type, location, hop)."""
 
@@ -152,7 +82,7 @@ class Break:
     """How many times Dynamo logged this break during the capture."""
 
 
-@dataclass(**_REC)
+@record
 class Event:
     """Something worse than a single break."""
 
@@ -165,7 +95,7 @@ class Event:
     location: Location | None = None
 
 
-@dataclass(**_REC)
+@record
 class BlockReport:
     fqn: str
     """``layers.3``."""
@@ -187,7 +117,7 @@ class BlockReport:
     """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
 
 
-@dataclass(**_REC)
+@record
 class SetupInfo:
     """How the model was set up for the capture; recorded in every report."""
 
@@ -207,7 +137,7 @@ class SetupInfo:
     plan: str | None = None
 
 
-@dataclass(**_REC)
+@record
 class ScanReport:
     spec: str
     model: str
@@ -219,7 +149,7 @@ class ScanReport:
     schema_version: int = SCHEMA_VERSION
 
 
-@dataclass(**_REC)
+@record
 class RawBreak:
     """A break as captured, before classification (``capture.py`` -> ``causes.classify``)."""
 
@@ -243,7 +173,7 @@ class RawBreak:
 # --------------------------------------------------------------------------- inspect
 
 
-@dataclass(**_REC)
+@record
 class HookInfo:
     module: str
     kind: str
@@ -253,7 +183,7 @@ class HookInfo:
     name: str
 
 
-@dataclass(**_REC)
+@record
 class BlockSetup:
     fqn: str
     kind: str
@@ -269,7 +199,7 @@ class BlockSetup:
     """Parameters in the block (local shard sizes on this rank)."""
 
 
-@dataclass(**_REC)
+@record
 class SetupReport:
     spec: str
     model: str

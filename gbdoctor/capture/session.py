@@ -10,13 +10,14 @@ break Dynamo logs is recorded from ``InstructionTranslatorBase.log_graph_break``
 hop, real user stack) with the ``graph_breaks`` log stream as a fallback, plus
 ``counters["graph_break"]`` as a cross-check for breaks that reach neither.
 """
+
 from __future__ import annotations
 
 import contextlib
 import logging
-import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch._dynamo
@@ -157,20 +158,41 @@ class CaptureSession:
     def _region(self) -> str:
         return self._region_stack[-1] if self._region_stack else ""
 
-    def _raw(self, reason: Any, message: str, frames: tuple[Location, ...], hop: str | None) -> RawBreak:
-        module, component = self.locator(frames, self.root) if self.locator else (self.root, "model")
+    def _raw(
+        self, reason: Any, message: str, frames: tuple[Location, ...], hop: str | None
+    ) -> RawBreak:
+        module, component = (
+            self.locator(frames, self.root) if self.locator else (self.root, "model")
+        )
         hop = hop or reason.hop
-        return RawBreak(gb_type=reason.gb_type, message=message, frames=frames, module=module,
-                        component=component, in_checkpoint=bool(hop and "checkpoint" in hop), hop=hop,
-                        explanation=reason.explanation, hints=tuple(reason.hints), context=reason.context)
+        return RawBreak(
+            gb_type=reason.gb_type,
+            message=message,
+            frames=frames,
+            module=module,
+            component=component,
+            in_checkpoint=bool(hop and "checkpoint" in hop),
+            hop=hop,
+            explanation=reason.explanation,
+            hints=tuple(reason.hints),
+            context=reason.context,
+        )
 
     def _record(self, result: RawCapture, reason: str, exc: Any) -> None:
         stack = getattr(exc, "real_stack", None) or []
-        frames = tuple(Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack)
+        frames = tuple(
+            Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack
+        )
         self._add(result, reason, frames, getattr(exc, "_hop_name", None), self._region())
 
-    def _add(self, result: RawCapture, reason: str, frames: tuple[Location, ...], hop: str | None,
-             region: str) -> None:
+    def _add(
+        self,
+        result: RawCapture,
+        reason: str,
+        frames: tuple[Location, ...],
+        hop: str | None,
+        region: str,
+    ) -> None:
         parts = causes.parse_reasons(reason)
         key = (parts[0].gb_type, hop, len(parts))
         # Dynamo meets the same break again when it restarts analysis (same stack), and once
@@ -193,7 +215,7 @@ class CaptureSession:
 
 
 def _is_suffix(short: tuple[Location, ...], long: tuple[Location, ...]) -> bool:
-    return len(short) <= len(long) and tuple(long[len(long) - len(short):]) == tuple(short)
+    return len(short) <= len(long) and tuple(long[len(long) - len(short) :]) == tuple(short)
 
 
 def count_ops(gm: torch.fx.GraphModule) -> int:
@@ -204,102 +226,6 @@ def count_ops(gm: torch.fx.GraphModule) -> int:
         if isinstance(sub, torch.fx.GraphModule):
             total += sum(1 for n in sub.graph.nodes if n.op == "call_function")
     return total
-
-
-def run_block(outer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Forward and backward of one block, the way a training step drives it."""
-    out = outer(*args, **kwargs)
-    tensors = [t for t in _flatten(out) if isinstance(t, torch.Tensor) and t.requires_grad]
-    if tensors:
-        loss = sum(t.float().square().mean() for t in tensors)
-        loss.backward()
-
-
-def _flatten(obj: Any) -> Iterator[Any]:
-    if isinstance(obj, (tuple, list)):
-        for item in obj:
-            yield from _flatten(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _flatten(item)
-    else:
-        yield obj
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for a block that could not be traced at all."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    # Dynamo wraps the real exception; its first useful line is the gb_type or the cause.
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip():
-        first = f"{first} ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
-    return f"{type(exc).__name__}: {first}"[:500]
-
-
-def error_traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc))
-
-
-@contextlib.contextmanager
-def eager_stance() -> Iterator[None]:
-    """Run compiled regions eagerly (warm-up steps that must not compile)."""
-    with torch.compiler.set_stance("force_eager"):
-        yield
-
-
-def collect_block_inputs(model: nn.Module, outers: dict[str, nn.Module]) -> tuple[dict[str, Any], Any]:
-    """Install pre-hooks that record each block's real (args, kwargs); returns (store, remover)."""
-    store: dict[str, Any] = {}
-    handles = []
-    for fqn, outer in outers.items():
-        def hook(mod: nn.Module, args: Any, kwargs: Any, fqn: str = fqn) -> None:
-            if fqn not in store:
-                store[fqn] = (_detach(args), _detach(kwargs))
-        handles.append(outer.register_forward_pre_hook(hook, with_kwargs=True, prepend=True))
-
-    def remove() -> None:
-        for h in handles:
-            h.remove()
-
-    return store, remove
-
-
-def _detach(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        copy = obj.detach().clone()
-        if obj.requires_grad and copy.is_floating_point():
-            copy.requires_grad_(True)
-        return copy
-    if isinstance(obj, tuple):
-        return tuple(_detach(x) for x in obj)
-    if isinstance(obj, list):
-        return [_detach(x) for x in obj]
-    if isinstance(obj, dict):
-        return {k: _detach(v) for k, v in obj.items()}
-    return obj
-
-
-def fresh_inputs(saved: Any) -> Any:
-    """A new leaf copy of recorded inputs for one more replay (grads must not accumulate)."""
-    return _detach(saved)
-
-
-def reset_fsdp_state(model: nn.Module) -> None:
-    """Best effort after a block crashed mid-forward: put FSDP modules back to idle, resharded."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-        from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
-    except ImportError:  # pragma: no cover - other torch versions
-        return
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            state = module._get_fsdp_state()
-            state._training_state = TrainingState.IDLE
-            for group in [state._fsdp_param_group] if state._fsdp_param_group else []:
-                group._training_state = TrainingState.IDLE
-            with contextlib.suppress(Exception):
-                module.reshard()
 
 
 @contextlib.contextmanager

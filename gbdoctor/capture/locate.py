@@ -5,13 +5,15 @@ A break's user stack is a list of (file, line, function). To say *which module* 
 balancer, a user's hook, or the model itself), frames are matched against the code objects of
 every module's ``forward`` and of every hook found on the modules.
 """
+
 from __future__ import annotations
 
 import functools
 import inspect
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -20,8 +22,12 @@ from gbdoctor.records import Location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
-_HOOK_DICTS = (("forward_pre", "_forward_pre_hooks"), ("forward", "_forward_hooks"),
-               ("backward", "_backward_hooks"), ("backward_pre", "_backward_pre_hooks"))
+_HOOK_DICTS = (
+    ("forward_pre", "_forward_pre_hooks"),
+    ("forward", "_forward_hooks"),
+    ("backward", "_backward_hooks"),
+    ("backward_pre", "_backward_pre_hooks"),
+)
 _WRAPPER_ATTRS = ("_orig_mod", "_checkpoint_wrapped_module")
 
 
@@ -50,7 +56,9 @@ def portable_path(path: str) -> str:
 def innermost_user_location(frames: tuple[Location, ...]) -> Location | None:
     """The innermost frame outside torch (where a human would look), else the innermost;
     with a portable path."""
-    chosen = next((f for f in reversed(frames) if not is_torch_path(f.file)), frames[-1] if frames else None)
+    chosen = next(
+        (f for f in reversed(frames) if not is_torch_path(f.file)), frames[-1] if frames else None
+    )
     if chosen is None:
         return None
     return Location(file=portable_path(chosen.file), line=chosen.line, function=chosen.function)
@@ -65,8 +73,14 @@ class CodeSpan:
 
     def contains(self, loc: Location) -> bool:
         # Dynamo names the continuation after a break ``torch_dynamo_resume_in_<fn>_at_<line>``.
-        name_ok = loc.function == self.name or loc.function.startswith(f"torch_dynamo_resume_in_{self.name}_at_")
-        return name_ok and os.path.abspath(loc.file) == self.file and self.first <= loc.line <= self.last
+        name_ok = loc.function == self.name or loc.function.startswith(
+            f"torch_dynamo_resume_in_{self.name}_at_"
+        )
+        return (
+            name_ok
+            and os.path.abspath(loc.file) == self.file
+            and self.first <= loc.line <= self.last
+        )
 
 
 def code_span(fn: Any) -> CodeSpan | None:
@@ -77,7 +91,9 @@ def code_span(fn: Any) -> CodeSpan | None:
     if code is None:
         return None
     lines = [ln for _, _, ln in code.co_lines() if ln is not None] or [code.co_firstlineno]
-    return CodeSpan(os.path.abspath(code.co_filename), code.co_name, code.co_firstlineno, max(lines))
+    return CodeSpan(
+        os.path.abspath(code.co_filename), code.co_name, code.co_firstlineno, max(lines)
+    )
 
 
 @dataclass(frozen=True)
@@ -123,8 +139,11 @@ def find_hooks(model: nn.Module, installed: Iterable[Any]) -> list[FoundHook]:
         for kind, attr in _HOOK_DICTS:
             for fn in getattr(module, attr, {}).values():
                 installer = _hook_installer(fn, known)
-                found.append(FoundHook(module=clean_fqn(name), kind=kind, installer=installer,
-                                       name=_hook_name(fn)))
+                found.append(
+                    FoundHook(
+                        module=clean_fqn(name), kind=kind, installer=installer, name=_hook_name(fn)
+                    )
+                )
     return found
 
 
@@ -169,18 +188,29 @@ class Locator:
         for frame in frames:  # outermost first: the last match is the innermost module
             if os.path.abspath(frame.file).startswith(_FSDP_DIR):
                 component = "fsdp"
-            hooks = [(owner, installer) for span, owner, installer in self._hooks
-                     if span.contains(frame) and within(owner, root)]
+            hooks = [
+                (owner, installer)
+                for span, owner, installer in self._hooks
+                if span.contains(frame) and within(owner, root)
+            ]
             if hooks:
                 # One hook function may serve many modules (every layer's experts): take the
                 # one inside the module matched so far.
-                inside = [h for h in hooks if not module or h[0] == module or h[0].startswith(module + ".")]
+                inside = [
+                    h
+                    for h in hooks
+                    if not module or h[0] == module or h[0].startswith(module + ".")
+                ]
                 module, component = min(inside or hooks)
-            candidates = [fqn for span, fqn in self._spans if span.contains(frame) and within(fqn, root)]
+            candidates = [
+                fqn for span, fqn in self._spans if span.contains(frame) and within(fqn, root)
+            ]
             if candidates:
                 # Several instances of one class share a forward: prefer the one inside the
                 # module matched so far, and the shallowest such (nearest descendant).
-                inside = [c for c in candidates if not module or c == module or c.startswith(module + ".")]
+                inside = [
+                    c for c in candidates if not module or c == module or c.startswith(module + ".")
+                ]
                 pool = inside or candidates
                 module = min(pool, key=lambda c: (c.count("."), c))
         return module, component

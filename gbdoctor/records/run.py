@@ -1,18 +1,18 @@
 """Records of ``gbdoctor run`` (frozen, JSON-serializable with ``report.serialize``)."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from gbdoctor.records.base import record
 
 RUN_SCHEMA_VERSION = 1
 
-_REC = dict(frozen=True, kw_only=True, slots=True)
 
 LOSS_RTOL = 2e-2
 """Relative tolerance on the first step's loss vs eager. bf16 parameters (the torchtitan
 default) make differences of ~1e-3 normal between eager and compiled runs."""
 
 
-@dataclass(**_REC)
+@record
 class Recompile:
     """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
 
@@ -32,7 +32,7 @@ class Recompile:
     """How many cache entries' guards failed (the cache size at that moment)."""
 
 
-@dataclass(**_REC)
+@record
 class ModeResult:
     """One compile configuration, trained in its own processes."""
 
@@ -95,7 +95,7 @@ class ModeResult:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(**_REC)
+@record
 class RunReport:
     spec: str
     model: str
@@ -124,5 +124,3 @@ class RunReport:
     @property
     def has_findings(self) -> bool:
         return bool(self.findings)
-
-

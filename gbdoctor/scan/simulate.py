@@ -26,13 +26,14 @@ rank 0 of the spec's world in this process:
 Nothing here re-implements FSDP2, EP, AC or the capture; it only swaps the process group and the
 tensors. What a simulated scan cannot see is listed in ``ScanReport.notes``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import math
 import os
-from dataclasses import replace
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,7 +42,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from gbdoctor.errors import SetupError
-from gbdoctor.records import ScanReport, Spec
+from gbdoctor.records import Spec
 
 Progress = Callable[[str, int, int], None]
 
@@ -69,8 +70,10 @@ def simulation_reason(spec: Spec) -> str | None:
         return "requested"
     world, limit = spec.parallelism.world_size, local_world_limit()
     if world > limit:
-        return (f"world size {world} exceeds the {limit} ranks this machine runs locally "
-                f"(2 per CPU core), so the scan was simulated automatically")
+        return (
+            f"world size {world} exceeds the {limit} ranks this machine runs locally "
+            f"(2 per CPU core), so the scan was simulated automatically"
+        )
     return None
 
 
@@ -81,6 +84,7 @@ def simulation_reason(spec: Spec) -> str | None:
 def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
     """Rank ``rank`` of a ``world_size`` default process group on PyTorch's fake backend."""
     import torch.distributed as dist
+
     # Importing it registers the "fake" backend with torch.distributed.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -152,7 +156,8 @@ class UniformRouting:
             return math.nan
         raise SimulatedValueError(
             f"a simulated scan has no value for this data-dependent {tensor.dtype} read on the host "
-            f"({func}); only MoE token counts (torch.histc, uniform routing) have a stand-in")
+            f"({func}); only MoE token counts (torch.histc, uniform routing) have a stand-in"
+        )
 
     def _propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         if func is _aten.histc.default:
@@ -169,8 +174,12 @@ class UniformRouting:
             self._forget_written(func, args, kwargs)
             return
         for fake, value in zip(outs, reals):
-            if isinstance(fake, FakeTensor) and isinstance(value, torch.Tensor) \
-                    and fake.shape == value.shape and value.numel() <= _MAX_VALUE_NUMEL:
+            if (
+                isinstance(fake, FakeTensor)
+                and isinstance(value, torch.Tensor)
+                and fake.shape == value.shape
+                and value.numel() <= _MAX_VALUE_NUMEL
+            ):
                 self.values[fake] = value
 
     def _uniform_counts(self, args: Any, kwargs: Any, out: Any) -> None:
@@ -231,7 +240,7 @@ def _collective_values(name: str, args: Any) -> Any:
         if in_splits is None:
             in_splits = [tensor.shape[0] // size] * size
         start = sum(in_splits[:rank])
-        mine = tensor[start:start + in_splits[rank]]  # what each peer sends to this rank
+        mine = tensor[start : start + in_splits[rank]]  # what each peer sends to this rank
         return torch.cat([mine] * size)
     if name == "all_reduce":
         tensor, op, group_name = args[:3]
@@ -269,10 +278,15 @@ def simulated_setup(model: nn.Module, mode: FakeTensorMode, device: str = "cpu")
     with mode:
         model.to_empty(device=device)
     if [id(p) for p in model.parameters()] != params:
-        raise SetupError("materializing the simulated model replaced its parameters instead of "
-                         "swapping them in place (the optimizer would step stale ones)")
-    leftover = [n for n, t in [*model.named_parameters(), *model.named_buffers()]
-                if not isinstance(getattr(t, "_local_tensor", t), FakeTensor)]
+        raise SetupError(
+            "materializing the simulated model replaced its parameters instead of "
+            "swapping them in place (the optimizer would step stale ones)"
+        )
+    leftover = [
+        n
+        for n, t in [*model.named_parameters(), *model.named_buffers()]
+        if not isinstance(getattr(t, "_local_tensor", t), FakeTensor)
+    ]
     if leftover:
         raise SetupError(f"simulation could not make these tensors fake: {', '.join(leftover[:5])}")
 
@@ -285,21 +299,33 @@ def simulation_notes(spec: Spec, reason: str | None) -> tuple[str, ...]:
     p = spec.parallelism
     notes = []
     if reason and reason != "requested":
-        notes.append(f"notice: {reason}; pass --simulate to ask for it explicitly, or scan on a "
-                     f"machine with {p.world_size} ranks for a real capture")
-    notes.append(f"simulated: rank 0 of {p.world_size} on a fake process group (collectives return at once "
-                 "and move no data); the model was built on the meta device, set up by the same "
-                 "EP/AC/compile/FSDP2 code as a real scan, and run as fake tensors (shapes only)")
-    notes.append("not simulated: numerics (values, NaN/overflow; host reads of floats such as the loss "
-                 "return NaN), timing, memory use, communication, the other ranks (no rank_divergence "
-                 "events), and accelerator-only code paths (tensors are fake CPU tensors)")
+        notes.append(
+            f"notice: {reason}; pass --simulate to ask for it explicitly, or scan on a "
+            f"machine with {p.world_size} ranks for a real capture"
+        )
+    notes.append(
+        f"simulated: rank 0 of {p.world_size} on a fake process group (collectives return at once "
+        "and move no data); the model was built on the meta device, set up by the same "
+        "EP/AC/compile/FSDP2 code as a real scan, and run as fake tensors (shapes only)"
+    )
+    notes.append(
+        "not simulated: numerics (values, NaN/overflow; host reads of floats such as the loss "
+        "return NaN), timing, memory use, communication, the other ranks (no rank_divergence "
+        "events), and accelerator-only code paths (tensors are fake CPU tensors)"
+    )
     if p.expert_parallel_degree > 1:
-        ep, tokens, top_k = p.expert_parallel_degree, spec.capture_batch_size * spec.capture_seq_len, _top_k(spec)
+        ep, tokens, top_k = (
+            p.expert_parallel_degree,
+            spec.capture_batch_size * spec.capture_seq_len,
+            _top_k(spec),
+        )
         per_peer = f"{tokens * top_k // ep}" if top_k else f"{tokens} x top_k / {ep}"
-        notes.append(f"stand-in: uniform routing - each MoE's token counts are its routed tokens spread evenly "
-                     f"over the experts, identical on every rank, so EP's split sizes (read on the host) are "
-                     f"{per_peer} tokens to and from each of the {ep} EP ranks; breaks or recompiles that depend "
-                     "on real, uneven split sizes are not seen")
+        notes.append(
+            f"stand-in: uniform routing - each MoE's token counts are its routed tokens spread evenly "
+            f"over the experts, identical on every rank, so EP's split sizes (read on the host) are "
+            f"{per_peer} tokens to and from each of the {ep} EP ranks; breaks or recompiles that depend "
+            "on real, uneven split sizes are not seen"
+        )
     return tuple(notes)
 
 
@@ -310,25 +336,3 @@ def _top_k(spec: Spec) -> int | None:
         return flavor_args(spec.model.name, spec.model.flavor).moe.top_k
     except Exception:  # noqa: BLE001 - custom or dense models: not known from the spec
         return None
-
-
-def simulate_scan(spec: Spec, *, strategy: Any = None, dedupe: bool = True, progress: Progress | None = None,
-                  strict: bool = False, reason: str | None = "requested") -> ScanReport:
-    """Scan rank 0 of ``spec``'s world in this process, on a fake process group and fake tensors."""
-    from gbdoctor.scan import ScanJob, merge_ranks, scan_rank, strategy_for
-    from gbdoctor.setup.compile import Strategy
-
-    if not isinstance(strategy, Strategy):
-        strategy = strategy_for(spec, strategy)
-    world = spec.parallelism.world_size
-    # Fake tensors live on cpu whatever the spec's device: the fake backend needs no accelerator.
-    job = ScanJob(spec=spec, strategy=strategy, device="cpu", dedupe=dedupe, strict=strict)
-    mode, _ = simulation_mode()
-    if progress:
-        progress(f"simulating rank 0 of {world} ranks" + ("" if reason == "requested" else
-                                                          f" ({reason})"), 0, 1)
-    with fake_process_group(world):
-        rank0 = scan_rank(job, progress, fake_mode=mode)
-    report = merge_ranks(spec, job, [rank0])
-    return replace(report, setup=replace(report.setup, simulated=True),
-                   notes=simulation_notes(spec, reason) + report.notes)

@@ -13,77 +13,48 @@ Each round re-scans with the candidate; new breaks feed the next round. The fina
 scan under Dynamo's strict check: every region marked fullgraph must be clean, with no
 ``region_eager`` event and no error. A kind that cannot be proven clean is reported unverified.
 """
+
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
-from gbdoctor.errors import BaselineError
-from gbdoctor.records import BlockReport, Break, ScanReport, Spec
-from gbdoctor.report.serialize import dumps, from_dict
-from gbdoctor.locate import within
+from gbdoctor.capture import within
+from gbdoctor.causes import flags_removing
+from gbdoctor.records import (
+    PLAN_SCHEMA_VERSION,
+    BlockKind,
+    BlockReport,
+    Break,
+    KindPlan,
+    Plan,
+    ScanReport,
+    Spec,
+)
+from gbdoctor.records.io import (
+    check_schema_version,
+    dumps,
+    load_record,
+    parse_json_object,
+    read_text,
+)
 from gbdoctor.setup.compile import BlockRecipe, Strategy
 
-PLAN_SCHEMA_VERSION = 1
 BASELINE_STRATEGY = "titan-v0.2.0"
 MAX_ROUNDS = 3
-_REC = dict(frozen=True, kw_only=True, slots=True)
 
 # Flags a break's gb_type can be removed with, and what each costs. Only flags whose cost is a
 # compile-time or specialization cost are applied automatically; compiled autograd changes how
 # the whole backward runs (and how FSDP's backward hooks fire), so it is only suggested.
 FLAG_COSTS = {
     "capture_scalar_outputs": "data-dependent scalars (.item(), .tolist()) become unbacked SymInts; "
-                              "shapes built from them may need torch._check hints and can recompile",
+    "shapes built from them may need torch._check hints and can recompile",
     "capture_dynamic_output_shape_ops": "ops with data-dependent output shapes (nonzero, bincount) are traced "
-                                        "with unbacked sizes; kernels are generic in those sizes",
+    "with unbacked sizes; kernels are generic in those sizes",
     "skip_fwd_side_effects_in_bwd_under_checkpoint": "Python side effects in an AC region are not replayed "
-                                                     "during recompute (torchtitan main sets it)",
+    "during recompute (torchtitan main sets it)",
 }
-_SCALAR_GB = {"Unsupported Tensor.item() call with capture_scalar_outputs=False", "Data dependent operator"}
-_SHAPE_GB = {"Dynamic shape operator"}
-_SIDE_EFFECT_GB = {"HOP: Unsafe side effect"}
-
-
-@dataclass(**_REC)
-class KindPlan:
-    kind: str
-    layers: tuple[str, ...]
-    mode: str
-    """``block`` (whole block) or ``children`` (children compiled, ``eager`` left eager)."""
-    fullgraph: bool
-    eager: tuple[str, ...] = ()
-    split_ac: bool = False
-    actions: tuple[str, ...] = ()
-    reasons: tuple[str, ...] = ()
-    """Why, tied to cause ids (``cause-id: what was done``)."""
-    breaks_before: int = 0
-    breaks_after: int = 0
-    events_before: int = 0
-    events_after: int = 0
-    fullgraph_share_before: float = 0.0
-    """Share of the block's ops inside clean fullgraph regions under the baseline compile."""
-    fullgraph_share_after: float = 0.0
-    verified: bool = False
-    detail: str = ""
-    """Why verification failed, when it did."""
-
-
-@dataclass(**_REC)
-class Plan:
-    spec: str
-    model: str
-    torch_version: str
-    baseline_strategy: str
-    flags: tuple[tuple[str, bool], ...]
-    flag_costs: tuple[str, ...]
-    kinds: tuple[KindPlan, ...]
-    verified: bool
-    rounds: int
-    suggestions: tuple[str, ...] = ()
-    schema_version: int = PLAN_SCHEMA_VERSION
 
 
 # ------------------------------------------------------------------------------ strategy
@@ -91,31 +62,37 @@ class Plan:
 
 def plan_strategy(plan: Plan, spec: Spec | None = None) -> Strategy:
     """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification)."""
-    recipes = {k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
-               for k in plan.kinds}
+    recipes = {
+        k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
+        for k in plan.kinds
+    }
     return _plan_strategy(recipes, plan.flags, summary=f"gbdoctor plan for {plan.spec}")
 
 
-def _plan_strategy(recipes: dict[str, BlockRecipe], flags: tuple[tuple[str, bool], ...], summary: str = "") -> Strategy:
+def _plan_strategy(
+    recipes: dict[str, BlockRecipe], flags: tuple[tuple[str, bool], ...], summary: str = ""
+) -> Strategy:
     """Per-kind recipes keyed by the setup's kind label (a scan's ``#2`` suffix dropped)."""
-    per_kind = tuple((kind.split("#", 1)[0], recipe) for kind, recipe in sorted(recipes.items()))
-    return Strategy(name="plan", dense=BlockRecipe(), moe=BlockRecipe(mode="children"), flags=flags,
-                    per_kind=per_kind, summary=summary)
+    per_kind = tuple(
+        (BlockKind.parse(kind).label, recipe) for kind, recipe in sorted(recipes.items())
+    )
+    return Strategy(
+        name="plan",
+        dense=BlockRecipe(),
+        moe=BlockRecipe(mode="children"),
+        flags=flags,
+        per_kind=per_kind,
+        summary=summary,
+    )
 
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan JSON file; BaselineError (exit 2) when missing or malformed."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise BaselineError(f"{path}: plan file not found", hint="write one with `gbdoctor plan SPEC -o plan.json`")
-    except (OSError, json.JSONDecodeError) as exc:
-        raise BaselineError(f"{path}: not a plan JSON file ({exc})", hint="regenerate it with `gbdoctor plan`")
-    if not isinstance(data, dict) or data.get("schema_version") != PLAN_SCHEMA_VERSION:
-        raise BaselineError(f"{path}: unsupported plan schema_version {data.get('schema_version') if isinstance(data, dict) else None!r}",
-                            hint=f"this gbdoctor reads schema_version {PLAN_SCHEMA_VERSION}; regenerate the plan")
-    plan = from_dict(Plan, data, where=str(path))
-    return replace(plan, flags=tuple((str(k), bool(v)) for k, v in plan.flags))
+    hint = "regenerate the plan with `gbdoctor plan SPEC -o plan.json`"
+    name = str(path)
+    data = parse_json_object(read_text(path, "plan", hint=hint), name, hint=hint)
+    check_schema_version(data, PLAN_SCHEMA_VERSION, name, "plan", hint=hint)
+    return load_record(Plan, data, name)
 
 
 def dump_plan(plan: Plan) -> str:
@@ -139,8 +116,12 @@ class _Candidate:
     actions: list[str] | None = None
 
     def recipe(self) -> BlockRecipe:
-        return BlockRecipe(mode=self.mode, fullgraph=True, eager=tuple(sorted(self.eager or ())),
-                           split_ac=self.ac_wrapped and self.mode == "children")
+        return BlockRecipe(
+            mode=self.mode,
+            fullgraph=True,
+            eager=tuple(sorted(self.eager or ())),
+            split_ac=self.ac_wrapped and self.mode == "children",
+        )
 
 
 def _representatives(report: ScanReport) -> list[BlockReport]:
@@ -149,17 +130,7 @@ def _representatives(report: ScanReport) -> list[BlockReport]:
 
 def _relative(module: str, block_fqn: str) -> str:
     """``module`` relative to the block ("" for the block itself or a module outside it)."""
-    return module[len(block_fqn) + 1:] if module != block_fqn and within(module, block_fqn) else ""
-
-
-def _flag_for(brk: Break) -> tuple[str, ...]:
-    if brk.gb_type in _SCALAR_GB or brk.gb_type.startswith("Unsupported Tensor.item()"):
-        return ("capture_scalar_outputs",)
-    if brk.gb_type in _SHAPE_GB:
-        return ("capture_scalar_outputs", "capture_dynamic_output_shape_ops")
-    if brk.gb_type in _SIDE_EFFECT_GB and brk.in_checkpoint:
-        return ("skip_fwd_side_effects_in_bwd_under_checkpoint",)
-    return ()
+    return module[len(block_fqn) + 1 :] if module != block_fqn and within(module, block_fqn) else ""
 
 
 def _hooked_module(brk: Break, block_fqn: str) -> str:
@@ -177,12 +148,13 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
     cand.reasons = cand.reasons or []
     cand.actions = cand.actions or []
     for brk in block.breaks:
-        wanted = _flag_for(brk)
+        wanted = flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
         if wanted and not set(wanted) <= flags:
             flags.update(wanted)
             cand.actions.append("flag:" + "+".join(wanted))
-            cand.reasons.append(f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by "
-                                f"{', '.join(wanted)}")
+            cand.reasons.append(
+                f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by {', '.join(wanted)}"
+            )
             continue
         if wanted:
             continue  # a flag already set should remove it; verification will tell
@@ -195,23 +167,32 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
         cand.eager = (cand.eager or set()) | isolated
         where = ", ".join(sorted(isolated)) or "the block's own forward (its children are compiled)"
         cand.actions.append("isolate-child")
-        cand.reasons.append(f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where} stays eager")
+        cand.reasons.append(
+            f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where} stays eager"
+        )
     if block.error and not block.breaks:
         cand.mode = "children"
         cand.actions.append("isolate-child")
-        cand.reasons.append(f"error: the block does not trace ({block.error[:120]}); children compiled around it")
+        cand.reasons.append(
+            f"error: the block does not trace ({block.error[:120]}); children compiled around it"
+        )
     if cand.mode == "children" and cand.ac_wrapped and "split-ac" not in cand.actions:
         cand.actions.append("split-ac")
-        cand.reasons.append("region_eager: AC is wrapped per child so a break (or an eager module) in one child "
-                            "no longer sends the others to eager; children holding eager modules get plain AC")
+        cand.reasons.append(
+            "region_eager: AC is wrapped per child so a break (or an eager module) in one child "
+            "no longer sends the others to eager; children holding eager modules get plain AC"
+        )
 
 
 def _fullgraph_share(block: BlockReport, total_ops: int) -> float:
     if total_ops <= 0:
         return 0.0
     dirty = {b.region for b in block.breaks} | {e.module for e in block.events}
-    clean_ops = sum(n for region, n in block.region_ops if region in block.fullgraph_regions
-                    and region not in dirty and not block.error)
+    clean_ops = sum(
+        n
+        for region, n in block.region_ops
+        if region in block.fullgraph_regions and region not in dirty and not block.error
+    )
     return round(min(1.0, clean_ops / total_ops), 4)
 
 
@@ -219,8 +200,12 @@ def _clean(block: BlockReport) -> bool:
     return not block.breaks and not block.events and block.error is None
 
 
-def propose_plan(spec: Spec, *, scan_fn: Callable[..., ScanReport] | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> Plan:
+def propose_plan(
+    spec: Spec,
+    *,
+    scan_fn: Callable[..., ScanReport] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Plan:
     """Scan, propose, verify (rounds + a final strict scan), and return the plan."""
     from gbdoctor.scan import scan
     from gbdoctor.setup.compile import STRATEGIES
@@ -241,8 +226,12 @@ def propose_plan(spec: Spec, *, scan_fn: Callable[..., ScanReport] | None = None
     cands: dict[str, _Candidate] = {}
     for block in reps:
         layers = tuple(b.fqn for b in before.blocks if b.kind == block.kind)
-        cands[block.kind] = _Candidate(kind=block.kind, layers=layers, ac_wrapped="+" in block.kind.split("#")[0],
-                                       is_moe=block.kind.startswith("moe"))
+        cands[block.kind] = _Candidate(
+            kind=block.kind,
+            layers=layers,
+            ac_wrapped=BlockKind.parse(block.kind).ac_wrapped,
+            is_moe=block.kind.startswith("moe"),
+        )
         _absorb(cands[block.kind], block, flags)
     after = before
     rounds = 0
@@ -271,11 +260,20 @@ def _without_ac(spec: Spec) -> Spec:
 
 
 def _strategy(cands: dict[str, _Candidate], flags: set[str]) -> Strategy:
-    return _plan_strategy({k: c.recipe() for k, c in cands.items()}, tuple((f, True) for f in sorted(flags)))
+    return _plan_strategy(
+        {k: c.recipe() for k, c in cands.items()}, tuple((f, True) for f in sorted(flags))
+    )
 
 
-def _assemble(spec: Spec, before: ScanReport, final: ScanReport, cands: dict[str, _Candidate],
-              flags: set[str], totals: dict[str, int], rounds: int) -> Plan:
+def _assemble(
+    spec: Spec,
+    before: ScanReport,
+    final: ScanReport,
+    cands: dict[str, _Candidate],
+    flags: set[str],
+    totals: dict[str, int],
+    rounds: int,
+) -> Plan:
     before_by_kind = {b.kind: b for b in _representatives(before)}
     final_by_kind = {b.kind: b for b in _representatives(final)}
     kinds = []
@@ -284,24 +282,47 @@ def _assemble(spec: Spec, before: ScanReport, final: ScanReport, cands: dict[str
         verified = new is not None and _clean(new)
         detail = "" if verified else _failure(new)
         recipe = cand.recipe()
-        reasons = tuple(cand.reasons or ()) or ("clean: the whole block compiles with fullgraph=True",)
-        kinds.append(KindPlan(
-            kind=kind, layers=cand.layers, mode=recipe.mode, fullgraph=True, eager=recipe.eager,
-            split_ac=recipe.split_ac, actions=tuple(dict.fromkeys(cand.actions or ("fullgraph-block",))),
-            reasons=reasons, breaks_before=sum(b.count for b in old.breaks),
-            breaks_after=sum(b.count for b in new.breaks) if new else 0, events_before=len(old.events),
-            events_after=len(new.events) if new else 0,
-            fullgraph_share_before=_fullgraph_share(old, totals.get(kind, 0)),
-            fullgraph_share_after=_fullgraph_share(new, totals.get(kind, 0)) if new else 0.0,
-            verified=verified, detail=detail))
+        reasons = tuple(cand.reasons or ()) or (
+            "clean: the whole block compiles with fullgraph=True",
+        )
+        kinds.append(
+            KindPlan(
+                kind=kind,
+                layers=cand.layers,
+                mode=recipe.mode,
+                fullgraph=True,
+                eager=recipe.eager,
+                split_ac=recipe.split_ac,
+                actions=tuple(dict.fromkeys(cand.actions or ("fullgraph-block",))),
+                reasons=reasons,
+                breaks_before=sum(b.count for b in old.breaks),
+                breaks_after=sum(b.count for b in new.breaks) if new else 0,
+                events_before=len(old.events),
+                events_after=len(new.events) if new else 0,
+                fullgraph_share_before=_fullgraph_share(old, totals.get(kind, 0)),
+                fullgraph_share_after=_fullgraph_share(new, totals.get(kind, 0)) if new else 0.0,
+                verified=verified,
+                detail=detail,
+            )
+        )
     suggestions = []
     if any(b.cause == "backward-hook" for blk in _representatives(before) for b in blk.breaks):
-        suggestions.append("backward-hook: torch._dynamo.config.compiled_autograd = True also removes "
-                           "module backward-hook breaks, at the cost of compiling the whole backward")
-    return Plan(spec=spec.path, model=f"{spec.model.name}/{spec.model.flavor}", torch_version=final.torch_version,
-                baseline_strategy=BASELINE_STRATEGY, flags=tuple((f, True) for f in sorted(flags)),
-                flag_costs=tuple(f"{f}: {FLAG_COSTS[f]}" for f in sorted(flags)), kinds=tuple(kinds),
-                verified=all(k.verified for k in kinds), rounds=rounds, suggestions=tuple(suggestions))
+        suggestions.append(
+            "backward-hook: torch._dynamo.config.compiled_autograd = True also removes "
+            "module backward-hook breaks, at the cost of compiling the whole backward"
+        )
+    return Plan(
+        spec=spec.path,
+        model=f"{spec.model.name}/{spec.model.flavor}",
+        torch_version=final.torch_version,
+        baseline_strategy=BASELINE_STRATEGY,
+        flags=tuple((f, True) for f in sorted(flags)),
+        flag_costs=tuple(f"{f}: {FLAG_COSTS[f]}" for f in sorted(flags)),
+        kinds=tuple(kinds),
+        verified=all(k.verified for k in kinds),
+        rounds=rounds,
+        suggestions=tuple(suggestions),
+    )
 
 
 def _failure(block: BlockReport | None) -> str:

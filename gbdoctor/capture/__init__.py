@@ -1,0 +1,54 @@
+"""Capture: the only stage that talks to Dynamo internals (``torch._dynamo.*`` beyond its
+public ``reset``/``config``, ``torch._logging``, Dynamo's counters and log streams).
+
+``session`` (the recording backend and break interception), ``block`` (driving one block with
+its real inputs), ``locate`` (frames -> module FQN and the setup component that installed the
+code), ``counters`` (the ``recompiles`` log stream, Dynamo's counters and failure kinds for
+``run``). Stages above receive records and plain values, never Dynamo objects.
+"""
+
+from gbdoctor.capture.block import (
+    collect_block_inputs,
+    describe_error,
+    eager_stance,
+    error_traceback,
+    fresh_inputs,
+    reset_fsdp_state,
+    run_block,
+)
+from gbdoctor.capture.locate import (
+    Locator,
+    clean_fqn,
+    find_hooks,
+    innermost_user_location,
+    is_torch_path,
+    within,
+)
+from gbdoctor.capture.session import (
+    CaptureSession,
+    RawCapture,
+    count_ops,
+    strict_breaks,
+    torch_version,
+)
+
+__all__ = [
+    "CaptureSession",
+    "Locator",
+    "RawCapture",
+    "clean_fqn",
+    "collect_block_inputs",
+    "count_ops",
+    "describe_error",
+    "eager_stance",
+    "error_traceback",
+    "find_hooks",
+    "fresh_inputs",
+    "innermost_user_location",
+    "is_torch_path",
+    "reset_fsdp_state",
+    "run_block",
+    "strict_breaks",
+    "torch_version",
+    "within",
+]

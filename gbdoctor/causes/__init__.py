@@ -1,0 +1,52 @@
+"""Causes: the taxonomy, the installed torch's graph-break registry, reason parsing and the
+classification rules. The only package that reads Dynamo's message text; no torch import.
+
+``taxonomy`` (``CAUSES``, fixes, plan actions per cause) <- ``rules`` (``classify``) <-
+``parse`` (reason text -> parts) and ``gb_registry`` (gb_type -> ``GBxxxx``).
+"""
+
+from gbdoctor.causes.gb_registry import (
+    RegistryEntry,
+    gb_id_for,
+    gb_id_from_text,
+    load_registry,
+    registry,
+    registry_path,
+)
+from gbdoctor.causes.parse import Reason, parse_graph_break_log, parse_reason, parse_reasons
+from gbdoctor.causes.rules import RULE_ORDER, classify
+from gbdoctor.causes.taxonomy import (
+    CAUSE_IDS,
+    CAUSES,
+    EFFORTS,
+    OWNERS,
+    PLAN_ACTIONS,
+    Cause,
+    explain_cause,
+    flags_removing,
+    plan_actions_for,
+)
+
+__all__ = [
+    "CAUSES",
+    "CAUSE_IDS",
+    "EFFORTS",
+    "OWNERS",
+    "PLAN_ACTIONS",
+    "RULE_ORDER",
+    "Cause",
+    "Reason",
+    "RegistryEntry",
+    "classify",
+    "explain_cause",
+    "flags_removing",
+    "gb_id_for",
+    "gb_id_from_text",
+    "load_registry",
+    "parse_graph_break_log",
+    "parse_reason",
+    "parse_reasons",
+    "plan_actions_for",
+    "registry",
+    "registry_path",
+]

@@ -1,0 +1,419 @@
+"""The classification rules: a :class:`~gbdoctor.records.RawBreak` -> a cause id of ``CAUSES``.
+
+``causes/`` is the ONLY package that reads Dynamo's message text. Everything else handles
+records: ``capture/`` turns log records into :class:`~gbdoctor.records.RawBreak` (using
+``causes.parse_reason`` for the gb_type, explanation, hints, context and HOP), and
+:func:`classify` maps each one to a cause id from ``causes.CAUSES``.
+
+Three signals decide the cause (DESIGN.md section 6):
+
+1. the ``gb_type`` (the first line of Dynamo's reason), looked up by its registry text; the
+   registry shipped with the installed torch (``torch/_dynamo/graph_break_registry.json``)
+   maps it to a stable id (``GB0059``) so renamed types still match;
+2. whether the break sits inside an activation-checkpoint higher-order op;
+3. where it happened: the setup component that installed the code (``raw.component``), the
+   user frames and the module FQN.
+
+The rules are ordered; the first that matches wins (:data:`RULE_ORDER`):
+
+1. ``fsdp-hook``: component ``fsdp``; an FSDP2/FSDP/ZeRO-3 file among the innermost
+   library frames; a ``disable`` reason "skipping FSDP hooks"; an FSDP gb_type.
+2. ``ep-dispatch``: component ``ep``; or a data-dependent/collective break whose local
+   frames (from the innermost ``forward`` on) name dispatch/combine/all_to_all code.
+3. ``backward-hook``: hook gb_types needing compiled autograd (GB0083, GB0029, GB5821, ...);
+   or component ``user-hook`` with backward-hook code on the stack.
+4. ``inplace-in-sac``: inside a checkpoint HOP and a side-effect/mutation gb_type (GB0067,
+   GB4413, GB1177, GB0041) or a message about mutation.
+5. ``moe-load-balancing``: component ``load-balancing``; or a data-dependent break (or the
+   ``Tensor.add_`` follow-on of one) in MoE routing code (a ``router`` module, or local
+   frames about tokens_per_expert/expert_bias/counting).
+6. ``data-dependent``: GB0124, GB0033, GB0036/GB0037, GB0170, GB0109, ..., ``generic_jump``.
+7. ``collective``: async_op, P2P, process-group/c10d gb_types and objects.
+8. ``compiler-disabled``: GB0098/GB0099, or a runtime call of ``torch._dynamo.disable``.
+9. ``explicit``: GB0025 ``torch._dynamo.graph_break()``.
+10. ``python-side-effect``: print-like GB0059, GB0291, GB0296, GB4841 raised in logging,
+    skipped logging/warnings functions, HOP side effects outside checkpointing.
+11. ``error``: hard tracing errors (fake-tensor failures, observed exceptions, backend errors).
+12. ``unsupported``: everything else. Nothing is dropped; the gb_type stays on the record.
+
+No torch import here: the registry is read as a JSON file next to the installed torch package.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gbdoctor.causes.gb_registry import gb_id_for, registry_path
+from gbdoctor.causes.parse import (
+    DATA_DEPENDENT_BRANCHING,
+    GUARD_DATA_DEPENDENT,
+    parse_reason,
+)
+from gbdoctor.records import Location, RawBreak
+
+# --------------------------------------------------------------------------- gb_type groups
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """gb_types matched by registry text first, by registry id second (renamed types)."""
+
+    names: frozenset[str]
+    ids: frozenset[str]
+
+    def __contains__(self, gb_type: object) -> bool:
+        if not isinstance(gb_type, str):
+            return False
+        gb_type = gb_type.strip()
+        if gb_type in self.names:
+            return True
+        gb_id = gb_id_for(gb_type)
+        return gb_id is not None and gb_id in self.ids
+
+
+def _group(**pairs: str) -> _Group:
+    """``_group(GB0083="Module-level ...")``: id -> registry text."""
+    return _Group(frozenset(pairs.values()), frozenset(pairs))
+
+
+_BACKWARD_HOOK = _group(
+    GB0083="Module-level backwards hooks require compiled autograd.",
+    GB0029="Compilation of intermediate hooks requires compiled autograd",
+    GB5821="register_post_accumulate_grad_hook on an intermediate tensor",
+    GB7444="register_hook with stride-dependent code",
+    GB0100="Storing Tensor hook handle in globals",
+    GB0101="Storing Tensor hook handle in globals (inline call)",
+    GB0013="Attempted to represent unregistered RemovableHandle",
+)
+_HOP_SIDE_EFFECT = _group(
+    GB0067="HOP: Unsafe side effect",
+    GB4413="HOP: Non-nullified side effect",
+    GB1177="nn.Module mutation in HigherOrderOp",
+    GB0041="Encountered input mutation during higher order op tracing",
+)
+_DATA_DEPENDENT = _group(
+    GB0124="Unsupported Tensor.item() call with capture_scalar_outputs=False",
+    GB0033="Data dependent operator",
+    GB0036="Dynamic shape operator",
+    GB0037="Dynamic shape operator (no meta kernel)",
+    GB0170=DATA_DEPENDENT_BRANCHING,
+    GB0035="Data-dependent branching with non-constant __bool__",
+    GB0034="Data-dependent assertion failed (cannot compile partial graph)",
+    GB0109="Tensor.tolist() with non-integer tensor",
+    GB0246="Attempted to use `torch.nn.functional.one_hot` with data-dependent output shape",
+)
+_COLLECTIVE = _group(
+    GB0172="async_op=True for distributed collectives",
+    GB2696="P2P compilation disabled for isend/irecv",
+    GB9300="P2P compilation disabled for batch_isend_irecv",
+    GB1750="P2P compilation disabled for P2POp construction",
+    GB3343="Cannot reconstruct P2POpVariable",
+    GB9860="P2POp mutation",
+    GB5210="Constant fold with a rank-relative device",
+)
+_FSDP = _group(GB0053="FSDP with use_orig_params=False")
+_DISABLED = _group(
+    GB0098="Skip calling `torch.compiler.disable()`d function",
+    GB0099="Skip inlining `torch.compiler.disable()`d function",
+)
+_SKIPPED = _group(
+    GB0007="Attempted to call function marked as skipped",
+    GB0008="Attempted to inline function marked as skipped",
+)
+_EXPLICIT = _group(GB0025="Call to `torch._dynamo.graph_break()`")
+_BUILTIN = _group(GB0059="Failed to trace builtin operator")
+_LOGGING = _group(
+    GB0291="logging.Logger method not supported for non-export cases",
+    GB0296="attempted to reorder a debugging function that can't actually be reordered",
+)
+_PYTHON_TYPE = _group(GB4841="Unsupported python_type() call")
+_HARD_ERROR = _group(
+    GB4315="RuntimeError when making fake tensor call",
+    GB0112="TypeError when making fake tensor call",
+    GB0064="Fake tensor propagation exception",
+    GB0087="NotImplementedError/UnsupportedFakeTensorException when running FX node",
+    GB0090="Operator does not support running with fake tensors",
+    GB0088="Observed exception",
+    GB0089="Observed exception (EXCEPT_HANDLER)",
+    GB0219="Backend compiler exception",
+)
+
+# --------------------------------------------------------------------------- location signals
+
+_FSDP_FILE = re.compile(r"torch/distributed/(fsdp|_composable/fsdp)/|deepspeed/runtime/zero/")
+_C10D_FILE = re.compile(
+    r"torch/distributed/(distributed_c10d|_functional_collectives|_symmetric_memory)"
+)
+_EP_NAME = re.compile(r"dispatch|combine|all_?to_?all|expert_parallel", re.IGNORECASE)
+_ROUTING_NAME = re.compile(
+    r"tokens_per_expert|expert_bias|load_balanc|histc|bincount|count", re.IGNORECASE
+)
+_COLLECTIVE_TEXT = re.compile(
+    r"collective|c10d|process.?group|\bP2P|isend|irecv|all_to_all|all_reduce|all_gather|"
+    r"reduce_scatter|DeviceMesh|rank-relative",
+    re.IGNORECASE,
+)
+_COLLECTIVE_OBJECT = re.compile(
+    r"class `(Work|ProcessGroup\w*|P2POp)`|Variable\((Work|ProcessGroup\w*|P2POp)\)|"
+    r"torch\.distributed\.distributed_c10d|_c10d_functional"
+)
+_FSDP_REASON = re.compile(r"skipping FSDP hooks", re.IGNORECASE)
+_MUTATION_GB = re.compile(r"mutat|side effect", re.IGNORECASE)
+_MUTATION_TEXT = re.compile(
+    r"\b(mutating|mutated|mutation of|mutations? (to|on|inside)|side effect)", re.IGNORECASE
+)
+_BUILTIN_NAME = re.compile(r"builtin operator `([\w.]+)`|^builtin ([\w.]+)")
+_PRINT_LIKE = frozenset({"print", "input", "breakpoint", "pprint"})
+_SKIP_MODULE = re.compile(r"module:\s*([\w.<> ]+?),\s*qualname:\s*([\w.<>]+)")
+_LOGGING_MODULE = re.compile(r"^(logging|_?warnings)(\.|$)")
+
+
+def _norm(path: str) -> str:
+    return (path or "").replace("\\", "/")
+
+
+@functools.cache
+def _torch_dir() -> str | None:
+    path = registry_path()
+    return _norm(str(path.parent.parent)) + "/" if path else None
+
+
+def _is_torch_file(path: str) -> bool:
+    path = _norm(path)
+    root = _torch_dir()
+    if root and path.startswith(root):
+        return True
+    return bool(re.search(r"(site|dist)-packages/torch/", path))
+
+
+def _user_frames(frames: tuple[Location, ...]) -> tuple[Location, ...]:
+    return tuple(f for f in frames if not _is_torch_file(f.file))
+
+
+def _local_frames(raw: RawBreak) -> tuple[Location, ...]:
+    """Non-torch frames from the innermost ``forward`` on: the code of the module that broke
+    and what it called (hooks, helpers), not the training script that called the model."""
+    user = _user_frames(raw.frames)
+    for i in range(len(user) - 1, -1, -1):
+        if user[i].function == "forward":
+            return user[i:]
+    return user
+
+
+def _trailing_library_frames(raw: RawBreak) -> tuple[Location, ...]:
+    """The innermost frame plus the torch/sharding frames directly above it: the code that
+    was running when Dynamo broke (an FSDP hook) rather than code that merely wraps the
+    model further out (FSDP1's forward)."""
+    out: list[Location] = []
+    for f in reversed(raw.frames):
+        out.append(f)
+        path = _norm(f.file)
+        if not (_is_torch_file(path) or _FSDP_FILE.search(path)):
+            break
+    return tuple(out)
+
+
+def _text(raw: RawBreak) -> str:
+    return "\n".join((raw.gb_type, raw.explanation, raw.context, raw.message))
+
+
+def _skip_target(raw: RawBreak) -> tuple[str, str]:
+    """(module, qualname) of a GB0007/GB0008 "marked as skipped" context, or ('', '')."""
+    for source in (raw.context, raw.message):
+        m = _SKIP_MODULE.search(source or "")
+        if m:
+            return m.group(1).strip(), m.group(2).strip()
+    return "", ""
+
+
+def _in_checkpoint(raw: RawBreak) -> bool:
+    hop = raw.hop or ""
+    if not hop and raw.message:
+        hop = parse_reason(raw.message).hop or ""
+    return raw.in_checkpoint or "checkpoint" in hop
+
+
+def _is_data_dependent(raw: RawBreak) -> bool:
+    gb = raw.gb_type.strip()
+    return (
+        gb in _DATA_DEPENDENT
+        or gb.startswith("generic_jump")
+        or GUARD_DATA_DEPENDENT in raw.message
+    )
+
+
+def _is_collective(raw: RawBreak) -> bool:
+    if raw.gb_type in _COLLECTIVE or _COLLECTIVE_TEXT.search(raw.gb_type):
+        return True
+    if _COLLECTIVE_OBJECT.search(f"{raw.explanation}\n{raw.context}"):
+        # e.g. "Unsupported method call: ... method `wait` of class `Work`" after async_op=True
+        return True
+    if raw.gb_type in _SKIPPED:
+        module, _ = _skip_target(raw)
+        if module.startswith("torch.distributed") and "fsdp" not in module:
+            return True
+    frames = raw.frames
+    return bool(frames) and bool(_C10D_FILE.search(_norm(frames[-1].file)))
+
+
+def _module_parts(fqn: str) -> list[str]:
+    return [p for p in (fqn or "").lower().split(".") if p]
+
+
+def _points_at_routing(raw: RawBreak) -> bool:
+    parts = _module_parts(raw.module)
+    if any("router" in p for p in parts):
+        return True
+    if parts and parts[-1] == "gate" and any("moe" in p or "expert" in p for p in parts):
+        return True
+    if any(_ROUTING_NAME.search(f.function) for f in _local_frames(raw)):
+        return True
+    return bool(re.search(r"tokens_per_expert|expert_bias", raw.context + raw.explanation))
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _fsdp_hook(raw: RawBreak) -> bool:
+    if raw.component == "fsdp":
+        return True
+    if any(_FSDP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw)):
+        return True
+    if raw.gb_type in _FSDP or re.search(r"\bFSDP\b", raw.gb_type):
+        return True
+    return bool(_FSDP_REASON.search(_text(raw)))
+
+
+def _ep_dispatch(raw: RawBreak) -> bool:
+    if raw.component == "ep":
+        return True
+    if not (_is_data_dependent(raw) or _is_collective(raw)):
+        return False
+    return any(
+        _EP_NAME.search(f.function) or _EP_NAME.search(Path(_norm(f.file)).stem)
+        for f in _local_frames(raw)
+    )
+
+
+def _backward_hook(raw: RawBreak) -> bool:
+    if raw.gb_type in _BACKWARD_HOOK:
+        return True
+    if raw.component != "user-hook":
+        return False
+    if any("backward" in f.function.lower() for f in _local_frames(raw)):
+        return True
+    return bool(
+        re.search(r"backward.?hook|BackwardHook|compiled.?autograd", _text(raw), re.IGNORECASE)
+    )
+
+
+def _inplace_in_sac(raw: RawBreak) -> bool:
+    if not _in_checkpoint(raw):
+        return False
+    if raw.gb_type in _HOP_SIDE_EFFECT:
+        return True
+    if _MUTATION_GB.search(raw.gb_type):
+        return True
+    return bool(_MUTATION_TEXT.search(f"{raw.explanation}\n{raw.context}"))
+
+
+def _moe_load_balancing(raw: RawBreak) -> bool:
+    if raw.component == "load-balancing":
+        return True
+    if _is_data_dependent(raw):
+        return _points_at_routing(raw)
+    if raw.gb_type in _SKIPPED:
+        # After a bincount break inside ``with torch.no_grad():`` the resumed frame breaks
+        # again on the in-place counter update (``Tensor.add_`` "marked as skipped").
+        _, qualname = _skip_target(raw)
+        return qualname.startswith("Tensor.") and qualname.endswith("_") and _points_at_routing(raw)
+    return False
+
+
+def _data_dependent(raw: RawBreak) -> bool:
+    return _is_data_dependent(raw)
+
+
+def _collective(raw: RawBreak) -> bool:
+    return _is_collective(raw)
+
+
+def _compiler_disabled(raw: RawBreak) -> bool:
+    if raw.gb_type in _DISABLED:
+        return True
+    if raw.gb_type in _SKIPPED:
+        # torch._dynamo.disable(fn) called at runtime inside the region (FSDP2's pattern,
+        # minus the FSDP frames the first rule looks for).
+        module, qualname = _skip_target(raw)
+        return module.startswith("torch._dynamo") and qualname.split(".")[-1] == "disable"
+    return False
+
+
+def _explicit(raw: RawBreak) -> bool:
+    return raw.gb_type in _EXPLICIT
+
+
+def _python_side_effect(raw: RawBreak) -> bool:
+    gb = raw.gb_type
+    if gb in _LOGGING:
+        return True
+    if gb in _BUILTIN:
+        for source in (raw.explanation, raw.context, raw.message):
+            m = _BUILTIN_NAME.search(source or "")
+            if m:
+                name = (m.group(1) or m.group(2)).split(".")[-1]
+                return name in _PRINT_LIKE
+        return False
+    if gb in _PYTHON_TYPE:
+        in_logging = any("/logging/" in _norm(f.file) for f in raw.frames)
+        return in_logging or bool(re.search(r"Logg(ing|er)", raw.context))
+    if gb in _SKIPPED:
+        module, qualname = _skip_target(raw)
+        return bool(_LOGGING_MODULE.match(module)) or qualname in _PRINT_LIKE
+    # Python state mutated in a hook or HOP body outside activation checkpointing.
+    return gb in _HOP_SIDE_EFFECT
+
+
+def _error(raw: RawBreak) -> bool:
+    return raw.gb_type in _HARD_ERROR
+
+
+RULE_ORDER: tuple[tuple[str, Callable[[RawBreak], bool]], ...] = (
+    ("fsdp-hook", _fsdp_hook),
+    ("ep-dispatch", _ep_dispatch),
+    ("backward-hook", _backward_hook),
+    ("inplace-in-sac", _inplace_in_sac),
+    ("moe-load-balancing", _moe_load_balancing),
+    ("data-dependent", _data_dependent),
+    ("collective", _collective),
+    ("compiler-disabled", _compiler_disabled),
+    ("explicit", _explicit),
+    ("python-side-effect", _python_side_effect),
+    ("error", _error),
+)
+"""(cause id, predicate) in the order :func:`classify` tries them; ``unsupported`` is last."""
+
+
+def classify(raw: RawBreak) -> str:
+    """The cause id of one captured break: the first rule of :data:`RULE_ORDER` that matches.
+
+    Where the RawBreak's gb_type is empty but its message is not, the message is parsed for
+    it (and for explanation and context) first. Anything no rule claims is ``unsupported``.
+    """
+    if raw.message and not (raw.gb_type and raw.explanation and raw.context):
+        parsed = parse_reason(raw.message)
+        raw = replace(
+            raw,
+            gb_type=raw.gb_type or parsed.gb_type,
+            explanation=raw.explanation or parsed.explanation,
+            context=raw.context or parsed.context,
+            hop=raw.hop or parsed.hop,
+        )
+    for cause_id, rule in RULE_ORDER:
+        if rule(raw):
+            return cause_id
+    return "unsupported"

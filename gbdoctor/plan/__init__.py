@@ -1,0 +1,7 @@
+"""``plan``: a per-block-kind compile and wrapping plan, proven by re-scanning before it is
+offered (``planner``), and its emitters for torchtitan, DeepSpeed and plain Python (``emit``).
+Records are in ``records.plan``."""
+
+from gbdoctor.plan.planner import dump_plan, load_plan, plan_strategy, propose_plan
+
+__all__ = ["dump_plan", "load_plan", "plan_strategy", "propose_plan"]

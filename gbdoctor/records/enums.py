@@ -1,0 +1,103 @@
+"""Every vocabulary that appears in gbdoctor's JSON, as a ``StrEnum``.
+
+Values are the exact strings the JSON has always carried (kebab-case ids, plus the
+snake_case event kinds and compile-mode names that predate this module), so a ``StrEnum``
+member serializes, compares and hashes as its value: records may hold either a member or the
+plain string and the JSON bytes do not change.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class CauseId(StrEnum):
+    """Cause ids of :data:`gbdoctor.causes.CAUSES` (``Break.cause``)."""
+
+    FSDP_HOOK = "fsdp-hook"
+    EP_DISPATCH = "ep-dispatch"
+    BACKWARD_HOOK = "backward-hook"
+    INPLACE_IN_SAC = "inplace-in-sac"
+    MOE_LOAD_BALANCING = "moe-load-balancing"
+    DATA_DEPENDENT = "data-dependent"
+    COLLECTIVE = "collective"
+    COMPILER_DISABLED = "compiler-disabled"
+    EXPLICIT = "explicit"
+    PYTHON_SIDE_EFFECT = "python-side-effect"
+    ERROR = "error"
+    UNSUPPORTED = "unsupported"
+
+
+class Component(StrEnum):
+    """Who installed the code that broke (``Break.component``, ``HookInfo.installer``).
+
+    A hook the setup did not install is ``user-hook`` when it is where a break happened (a
+    break's component) and ``user`` when listed by ``inspect`` (a hook's installer): both
+    spellings are in stored scans and baselines, so both stay; :meth:`of_user_hook` names
+    the one choice in one place.
+    """
+
+    MODEL = "model"
+    FSDP = "fsdp"
+    EP = "ep"
+    LOAD_BALANCING = "load-balancing"
+    USER_HOOK = "user-hook"
+    USER = "user"
+    TORCH = "torch"
+
+
+class EventKind(StrEnum):
+    """``Event.kind``."""
+
+    REGION_EAGER = "region_eager"
+    """An AC/SAC region fell back to eager."""
+    FRAME_SKIPPED = "frame_skipped"
+    """A whole frame ran eager."""
+    RANK_DIVERGENCE = "rank_divergence"
+    """Ranks captured different graphs or breaks."""
+
+
+class Severity(StrEnum):
+    """Gate finding severities, most severe first."""
+
+    REGRESSION = "regression"
+    WARNING = "warning"
+    IMPROVEMENT = "improvement"
+    INFO = "info"
+
+
+class ModeStatus(StrEnum):
+    """``ModeResult.status``."""
+
+    OK = "ok"
+    FAILED = "failed"
+
+
+class CompileMode(StrEnum):
+    """How a block kind is compiled (``BlockRecipe.mode``, ``KindPlan.mode``)."""
+
+    BLOCK = "block"
+    """The whole block is one compiled region."""
+    CHILDREN = "children"
+    """The block's children are compiled; listed ones stay eager."""
+    NONE = "none"
+    """Nothing in the block is compiled."""
+
+
+class ACMode(StrEnum):
+    """``[activation_checkpoint] mode`` (torchtitan's values)."""
+
+    NONE = "none"
+    FULL = "full"
+    SELECTIVE = "selective"
+    MEMORY_BUDGET = "memory_budget"
+
+
+class OutputFormat(StrEnum):
+    """``--format`` values; each command accepts a subset (see ``report.FORMATS``)."""
+
+    TABLE = "table"
+    JSON = "json"
+    MARKDOWN = "markdown"
+    JUNIT = "junit"
+    GITHUB = "github"

@@ -1,0 +1,126 @@
+"""Gate records: a baseline's contents and a gate run's findings (``gate.py`` computes them)."""
+
+from __future__ import annotations
+
+from gbdoctor.errors import ExitCode
+from gbdoctor.records.base import record
+from gbdoctor.records.enums import Severity
+from gbdoctor.records.scan import Location
+
+BASELINE_SCHEMA_VERSION = 1
+
+SEVERITIES = tuple(Severity)
+"""Finding severities, most severe first (findings are sorted in this order)."""
+
+
+@record
+class KindCounts:
+    """What the baseline keeps for one block kind of one spec."""
+
+    layers: int
+    """Number of blocks of this kind (informational: more layers never fail the gate)."""
+    graph_count: int
+    """Graphs of the representative block."""
+    breaks: tuple[tuple[str, int], ...] = ()
+    """(``"<cause>|<gb_type>"``, count) for the representative block, sorted by key."""
+    events: tuple[tuple[str, int], ...] = ()
+    """(event kind, count) for the representative block, sorted by kind."""
+    error: bool = False
+    """A block of this kind could not be traced."""
+
+    @property
+    def break_count(self) -> int:
+        """Breaks of the representative block."""
+        return sum(n for _, n in self.breaks)
+
+    @property
+    def causes(self) -> frozenset[str]:
+        """Cause ids present among the breaks."""
+        return frozenset(key.partition("|")[0] for key, _ in self.breaks)
+
+
+@record
+class Baseline:
+    """Accepted per-kind counts of every spec: the contents of a baseline file."""
+
+    torch_version: str
+    specs: tuple[tuple[str, tuple[tuple[str, KindCounts], ...]], ...] = ()
+    """(spec key, ((kind, counts), ...)), both levels sorted by key."""
+    schema_version: int = BASELINE_SCHEMA_VERSION
+
+    def kinds(self, spec: str) -> dict[str, KindCounts] | None:
+        """Kind -> counts of ``spec`` (a spec key); None when the baseline lacks the spec."""
+        for key, kinds in self.specs:
+            if key == spec:
+                return dict(kinds)
+        return None
+
+
+@record
+class Finding:
+    """One difference between a scan and its baseline."""
+
+    severity: str
+    """``regression``, ``improvement``, ``warning`` or ``info`` (see :data:`SEVERITIES`)."""
+    spec: str
+    """Spec key (POSIX relative path of the spec)."""
+    kind: str
+    """Block kind; ``""`` for spec-level findings (torch version, spec missing)."""
+    what: str
+    """``break count 0 -> 1``, ``new cause fsdp-hook``, ``new event region_eager``, ..."""
+    cause: str = ""
+    gb_type: str = ""
+    locations: tuple[Location, ...] = ()
+    """file:line of each break/event behind the finding, from the new scan (for annotations)."""
+    hint: str = ""
+    """First fix of the cause, or what to do next."""
+
+    @property
+    def location(self) -> Location | None:
+        """The first of :attr:`locations`, if any."""
+        return self.locations[0] if self.locations else None
+
+
+@record
+class GateResult:
+    """The findings of one gate run; ``passed``/``exit_code`` follow the failing rules."""
+
+    findings: tuple[Finding, ...]
+    strict_improvements: bool = False
+    """Improvements fail too (the baseline must be updated to lock them in)."""
+    specs: tuple[str, ...] = ()
+    """Spec keys that were checked."""
+    kinds: tuple[tuple[str, str], ...] = ()
+    """(spec key, kind) of every block kind that was checked, sorted."""
+
+    def fails(self, finding: Finding) -> bool:
+        """Whether this finding fails the gate."""
+        return finding.severity == Severity.REGRESSION or (
+            self.strict_improvements and finding.severity == Severity.IMPROVEMENT
+        )
+
+    @property
+    def failures(self) -> tuple[Finding, ...]:
+        """The findings that fail the gate."""
+        return tuple(f for f in self.findings if self.fails(f))
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        """0 when passed, 1 when any finding fails."""
+        return int(ExitCode.OK if self.passed else ExitCode.FINDINGS)
+
+    def count(self, severity: str) -> int:
+        """Number of findings of one severity."""
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    @property
+    def headline(self) -> str:
+        """``FAILED: 1 regression, 0 improvements, 1 warning over 1 spec(s)``."""
+        verdict = "PASSED" if self.passed else "FAILED"
+        parts = ", ".join(f"{self.count(s)} {s}(s)" for s in SEVERITIES[:3])
+        strict = " (strict improvements)" if self.strict_improvements else ""
+        return f"{verdict}: {parts} over {len(self.specs)} spec(s){strict}"

@@ -1,0 +1,46 @@
+"""Plan records: a per-block-kind compile and wrapping plan (``plan/`` proposes and verifies it)."""
+
+from __future__ import annotations
+
+from gbdoctor.records.base import record
+
+PLAN_SCHEMA_VERSION = 1
+
+
+@record
+class KindPlan:
+    kind: str
+    layers: tuple[str, ...]
+    mode: str
+    """``block`` (whole block) or ``children`` (children compiled, ``eager`` left eager)."""
+    fullgraph: bool
+    eager: tuple[str, ...] = ()
+    split_ac: bool = False
+    actions: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    """Why, tied to cause ids (``cause-id: what was done``)."""
+    breaks_before: int = 0
+    breaks_after: int = 0
+    events_before: int = 0
+    events_after: int = 0
+    fullgraph_share_before: float = 0.0
+    """Share of the block's ops inside clean fullgraph regions under the baseline compile."""
+    fullgraph_share_after: float = 0.0
+    verified: bool = False
+    detail: str = ""
+    """Why verification failed, when it did."""
+
+
+@record
+class Plan:
+    spec: str
+    model: str
+    torch_version: str
+    baseline_strategy: str
+    flags: tuple[tuple[str, bool], ...]
+    flag_costs: tuple[str, ...]
+    kinds: tuple[KindPlan, ...]
+    verified: bool
+    rounds: int
+    suggestions: tuple[str, ...] = ()
+    schema_version: int = PLAN_SCHEMA_VERSION

@@ -1,0 +1,104 @@
+"""Spec records: a torchtitan v0.2.x TOML train config, as ``spec.load_spec`` validated it.
+
+Only the keys that can change graph breaks are typed; the rest are accepted by ``spec.py`` and
+dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import field
+
+from gbdoctor.records.base import record
+
+
+@record
+class ModelSpec:
+    name: str
+    """Model family: ``llama3``, ``llama4``, ``deepseek_v3`` or ``custom``."""
+    flavor: str
+    """Flavor within the family (``debugmodel``, ``8B``, ``17bx16e``, ...), passed to a custom factory."""
+    factory: str | None = None
+    """For ``custom``: ``path/to/file.py:build`` or ``package.module:build``."""
+
+
+@record
+class TrainingSpec:
+    local_batch_size: int = 8
+    seq_len: int = 2048
+    steps: int = 10
+    mixed_precision_param: str = "bfloat16"
+    mixed_precision_reduce: str = "float32"
+    max_norm: float = 1.0
+    seed: int = 0
+
+
+@record
+class ParallelSpec:
+    data_parallel_replicate_degree: int = 1
+    data_parallel_shard_degree: int = -1
+    """As in torchtitan, -1 means "all remaining ranks"; ``dp_shard`` holds the resolved value."""
+    expert_parallel_degree: int = 1
+    expert_tensor_parallel_degree: int = 1
+    tensor_parallel_degree: int = 1
+    context_parallel_degree: int = 1
+    pipeline_parallel_degree: int = 1
+    fsdp_reshard_after_forward: str = "default"
+    dp_shard: int = 1
+    """Resolved data-parallel shard degree."""
+    world_size: int = 1
+    """Resolved number of ranks: dp_replicate * dp_shard * cp * tp * pp."""
+
+
+@record
+class ACSpec:
+    mode: str = "selective"
+    """``none``, ``full`` or ``selective``."""
+    selective_ac_option: str = "2"
+    """An integer N (wrap every Nth block) or ``op`` (per-op SAC policy)."""
+    per_op_sac_force_recompute_mm_shapes_by_fqns: tuple[str, ...] = ("moe.router.gate",)
+    preserve_rng_state: bool = False
+
+
+@record
+class CompileSpec:
+    enable: bool = False
+    components: tuple[str, ...] = ("model", "loss")
+    backend: str = "inductor"
+
+
+@record
+class ToolSpec:
+    """The ``[gbdoctor]`` section: the tool's own settings."""
+
+    strategy: str = "block"
+    """Compile strategy preset (see ``setup.compile.STRATEGIES``)."""
+    batch_size: int = 0
+    """Batch size for scan/inspect captures; 0 means ``training.local_batch_size``."""
+    seq_len: int = 0
+    """Sequence length for scan/inspect captures; 0 means ``training.seq_len``."""
+    device: str = "auto"
+    """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
+    timeout_s: float = 600.0
+    """Wall-clock limit for a multi-rank job; a hung rank never hangs the tool."""
+    simulate: bool = False
+    """Meta tensors and a fake process group instead of real ranks (production-size specs)."""
+
+
+@record
+class Spec:
+    path: str
+    """The spec file as given (reports print it; it is not opened again)."""
+    model: ModelSpec
+    training: TrainingSpec = field(default_factory=TrainingSpec)
+    parallelism: ParallelSpec = field(default_factory=ParallelSpec)
+    activation_checkpoint: ACSpec = field(default_factory=ACSpec)
+    compile: CompileSpec = field(default_factory=CompileSpec)
+    gbdoctor: ToolSpec = field(default_factory=ToolSpec)
+
+    @property
+    def capture_batch_size(self) -> int:
+        return self.gbdoctor.batch_size or self.training.local_batch_size
+
+    @property
+    def capture_seq_len(self) -> int:
+        return self.gbdoctor.seq_len or self.training.seq_len

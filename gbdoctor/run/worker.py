@@ -1,0 +1,180 @@
+"""One rank of one ``gbdoctor run`` mode: build, set up, warm up, measure (a ``run_ranks`` target).
+
+Each mode runs in freshly spawned rank processes, so this module's state (Dynamo caches, the
+recompile log handler, peak memory) belongs to one mode only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from gbdoctor.capture.counters import (
+    counter_totals,
+    dynamo_compile_s,
+    failure_kind,
+    record_recompiles,
+)
+from gbdoctor.errors import GbdoctorError, SetupError
+from gbdoctor.records import Recompile, Spec
+from gbdoctor.setup.compile import Strategy
+
+
+@dataclass(frozen=True)
+class ModeJob:
+    """What a rank needs to run one mode (picklable: sent to spawned ranks)."""
+
+    spec: Spec
+    mode: str
+    strategy: Strategy
+    device: str
+    backend: str
+    warmup: int
+    steps: int
+    cache_dir: str | None = None
+    """A fresh compile-cache folder for this mode (made and removed by ``run_modes``): every mode
+    compiles cold, none profits from a cache another mode filled."""
+
+
+@dataclass
+class RankRun:
+    """One rank's measurements of one mode."""
+
+    rank: int
+    warmup_times: list[float]
+    step_times: list[float]
+    losses: list[float]
+    peak_memory_mib: float
+    memory_metric: str
+    graphs: int
+    graphs_measured: int
+    graph_breaks: int
+    dynamo_compile_s: float
+    recompiles: list[Recompile]
+    recompile_limit_hit: bool
+    layout: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
+    """(block fqn, regions, fullgraph regions) as the setup placed them."""
+
+
+class ModeFailure(SetupError):
+    """A mode failed on a rank. Raised (not returned) so ``run_ranks`` stops every rank at once;
+    the failure kind travels in ``hint`` because ``run_ranks`` re-raises GbdoctorErrors with
+    message and hint only. ``run_modes`` turns it into a failed :class:`ModeResult`."""
+
+
+def _first_line(exc: BaseException) -> str:
+    """One line for an exception; wrapped backend errors ("backend='x' raised:") get the
+    wrapped error's line appended."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    first = text[0] if text else ""
+    if first.endswith(":") and len(text) > 1:
+        first = f"{first} {text[1]}"
+    return (f"{type(exc).__name__}: {first}" if first else type(exc).__name__)[:400]
+
+
+def _peak_memory(device_type: str) -> tuple[float, str]:
+    if device_type == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20, "cuda_max_allocated_measured"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "cpu_peak_rss_process"
+
+
+def run_mode_rank(job: ModeJob) -> RankRun:
+    """One rank of one mode (a ``run_ranks`` target; the process group is initialized)."""
+    if job.cache_dir is not None:
+        # Read lazily by inductor (and triton), so setting them before the first compile works.
+        rank_dir = os.path.join(job.cache_dir, f"rank{os.environ.get('RANK', '0')}")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = rank_dir
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(rank_dir, "triton")
+    return _run_mode_rank(job)
+
+
+def _run_mode_rank(job: ModeJob) -> RankRun:
+    import torch
+    import torch.distributed as dist
+
+    from gbdoctor.models import build_model, vocab_size
+    from gbdoctor.setup.apply import apply_setup, recipe_context
+    from gbdoctor.setup.dist import build_meshes
+    from gbdoctor.setup.train import synthetic_batch, train_step
+
+    spec = job.spec
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cuda = job.device == "cuda"
+    try:
+        torch.manual_seed(spec.training.seed)
+        meshes = build_meshes(spec.parallelism, job.device)
+        model = build_model(spec.model, device=meshes.device)
+        setup = apply_setup(model, spec, meshes, strategy=job.strategy, backend=job.backend)
+        vocab = vocab_size(model)
+    except GbdoctorError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+        raise ModeFailure(f"setup: {_first_line(exc)}", "setup") from exc
+    layout = tuple((s.fqn, s.regions, s.fullgraph_regions) for s in setup.blocks)
+
+    warmup_times: list[float] = []
+    step_times: list[float] = []
+    losses: list[float] = []
+    graphs_before_measured = 0
+    warmup_compile_s = 0.0
+    total = job.warmup + job.steps
+    with (
+        record_recompiles() as recorder,
+        recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled),
+    ):
+        for step in range(total):
+            measured = step >= job.warmup
+            if step == job.warmup:
+                graphs_before_measured = counter_totals()[0]
+                warmup_compile_s = dynamo_compile_s()
+                if cuda:
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+            recorder.step, recorder.measured = step, measured
+            tokens, labels = synthetic_batch(
+                seed=spec.training.seed,
+                step=step,
+                vocab=vocab,
+                local_batch=spec.capture_batch_size,
+                seq_len=spec.capture_seq_len,
+                rank=rank,
+                world_size=world,
+                device=meshes.device,
+            )
+            if world > 1:
+                dist.barrier()
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            try:
+                loss = train_step(setup, tokens, labels)
+                if cuda:
+                    torch.cuda.synchronize()
+            except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+                phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
+                raise ModeFailure(f"{phase}: {_first_line(exc)}", failure_kind(exc)) from exc
+            elapsed = time.perf_counter() - start
+            (step_times if measured else warmup_times).append(elapsed)
+            losses.append(loss)
+    graphs, breaks = counter_totals()
+    peak, metric = _peak_memory(job.device)
+    return RankRun(
+        rank=rank,
+        warmup_times=warmup_times,
+        step_times=step_times,
+        losses=losses,
+        peak_memory_mib=peak,
+        memory_metric=metric,
+        graphs=graphs,
+        graphs_measured=graphs - graphs_before_measured,
+        graph_breaks=breaks,
+        dynamo_compile_s=warmup_compile_s,
+        recompiles=recorder.records,
+        recompile_limit_hit=recorder.limit_hit,
+        layout=layout,
+    )

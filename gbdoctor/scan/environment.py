@@ -1,0 +1,97 @@
+"""``scan``: choose where the capture runs, run it there, merge the ranks.
+
+Three environments, one per-rank pipeline (``scan.rank.scan_rank``):
+
+- in-process: world size 1, a single-process group;
+- spawned ranks: world size N, one spawned process per rank (``setup.dist.run_ranks``);
+- simulated: ``--simulate``, or a world too large for local ranks; rank 0 of N in this
+  process on a fake process group and fake tensors (``scan.simulate``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gbdoctor.records import ScanReport, Spec
+from gbdoctor.scan.job import Progress, ScanJob, strategy_for
+from gbdoctor.scan.merge import merge_ranks
+from gbdoctor.scan.rank import scan_rank, scan_rank_entry
+from gbdoctor.scan.simulate import (
+    fake_process_group,
+    simulation_mode,
+    simulation_notes,
+    simulation_reason,
+)
+from gbdoctor.setup.compile import Strategy
+from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
+
+
+def scan(
+    spec: Spec,
+    *,
+    strategy: Strategy | str | None = None,
+    dedupe: bool = True,
+    progress: Progress | None = None,
+    strict: bool = False,
+) -> ScanReport:
+    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
+    if not isinstance(strategy, Strategy):
+        strategy = strategy_for(spec, strategy)
+    reason = simulation_reason(spec)  # --simulate, or a world too large for local ranks
+    if reason is not None:
+        return simulate_scan(
+            spec, strategy=strategy, dedupe=dedupe, progress=progress, strict=strict, reason=reason
+        )
+    device = resolve_device(spec.gbdoctor.device)
+    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe, strict=strict)
+    world = spec.parallelism.world_size
+    if world == 1:
+        with single_process_group(device):
+            ranks = [scan_rank(job, progress)]
+    else:
+        if progress:
+            progress(f"capturing on {world} ranks", 0, 1)
+        ranks = run_ranks(
+            scan_rank_entry,
+            job,
+            world_size=world,
+            device_type=device,
+            timeout_s=spec.gbdoctor.timeout_s,
+        )
+        if progress:
+            progress(f"captured on {world} ranks", 1, 1)
+    return merge_ranks(spec, job, ranks)
+
+
+def simulate_scan(
+    spec: Spec,
+    *,
+    strategy: Any = None,
+    dedupe: bool = True,
+    progress: Progress | None = None,
+    strict: bool = False,
+    reason: str | None = "requested",
+) -> ScanReport:
+    """Scan rank 0 of ``spec``'s world in this process, on a fake process group and fake tensors."""
+    if not isinstance(strategy, Strategy):
+        strategy = strategy_for(spec, strategy)
+    world = spec.parallelism.world_size
+    # Fake tensors live on cpu whatever the spec's device: the fake backend needs no accelerator.
+    job = ScanJob(spec=spec, strategy=strategy, device="cpu", dedupe=dedupe, strict=strict)
+    mode, _ = simulation_mode()
+    if progress:
+        progress(
+            f"simulating rank 0 of {world} ranks"
+            + ("" if reason == "requested" else f" ({reason})"),
+            0,
+            1,
+        )
+    with fake_process_group(world):
+        rank0 = scan_rank(job, progress, fake_mode=mode)
+    report = merge_ranks(spec, job, [rank0])
+    return replace(
+        report,
+        setup=replace(report.setup, simulated=True),
+        notes=simulation_notes(spec, reason) + report.notes,
+    )

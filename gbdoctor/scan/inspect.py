@@ -1,0 +1,95 @@
+"""``inspect``: the model as set up, with what wraps, compiles, shards and hooks what."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+
+from gbdoctor.capture import clean_fqn, find_hooks, torch_version, within
+from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
+from gbdoctor.scan.job import ScanJob, strategy_for
+from gbdoctor.scan.rank import build_and_setup, setup_info
+from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
+
+
+def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
+    """Set the spec's model up (on its real world size) and describe rank 0's view."""
+    job = ScanJob(
+        spec=spec,
+        strategy=strategy_for(spec, strategy),
+        device=resolve_device(spec.gbdoctor.device),
+    )
+    world = spec.parallelism.world_size
+    if world == 1:
+        with single_process_group(job.device):
+            return inspect_rank(job)
+    return run_ranks(
+        inspect_rank,
+        job,
+        world_size=world,
+        device_type=job.device,
+        timeout_s=spec.gbdoctor.timeout_s,
+    )[0]
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def inspect_rank(job: ScanJob) -> SetupReport:
+    setup, _ = build_and_setup(job)
+    model = setup.model
+    hooks = [
+        HookInfo(module=h.module, kind=h.kind, installer=h.installer, name=h.name)
+        for h in find_hooks(model, setup.hooks)
+    ]
+    hooks += [
+        HookInfo(
+            module=h.module,
+            kind=h.kind,
+            installer=h.installer,
+            name=getattr(h.fn, "__qualname__", ""),
+        )
+        for h in setup.hooks
+        if h.kind == "optimizer_pre_step"
+    ]
+    sharded = sorted({clean_fqn(n) or "<root>" for n, m in model.named_modules() if _is_fsdp(m)})
+    blocks = []
+    for slot in setup.blocks:
+        ac = tuple(slot.fqn if s == "" else f"{slot.fqn}.{s}" for s in slot.ac_wrapped)
+        params = sum(
+            p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            for p in slot.block.parameters()
+        )
+        blocks.append(
+            BlockSetup(
+                fqn=slot.fqn,
+                kind=slot.kind,
+                moe=slot.is_moe,
+                ac_wrapped=ac,
+                compiled=slot.regions,
+                fullgraph=slot.fullgraph_regions,
+                sharded=tuple(s for s in sharded if within(s, slot.fqn)),
+                hooks=tuple(
+                    sorted((h for h in hooks if within(h.module, slot.fqn)), key=_hook_order)
+                ),
+                params=int(params),
+            )
+        )
+    in_block = lambda fqn: any(within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
+    return SetupReport(
+        spec=job.spec.path,
+        model=f"{job.spec.model.name}/{job.spec.model.flavor}",
+        torch_version=torch_version(),
+        setup=setup_info(job.spec, job, setup),
+        blocks=tuple(blocks),
+        other_sharded=tuple(s for s in sharded if not in_block(s)),
+        other_hooks=tuple(sorted((h for h in hooks if not in_block(h.module)), key=_hook_order)),
+    )
+
+
+def _hook_order(h: HookInfo) -> Any:
+    return (h.module, h.kind, h.installer, h.name)

@@ -1,0 +1,60 @@
+"""Merge: one report from the per-rank scans (rank 0's records plus ``rank_divergence`` events)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gbdoctor.capture import torch_version
+from gbdoctor.records import BlockReport, Event, ScanReport, Spec
+from gbdoctor.scan.job import RankScan, ScanJob
+from gbdoctor.scan.rank import event_order
+
+
+def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
+    """Rank 0's records, plus a ``rank_divergence`` event on every block where ranks disagree."""
+    blocks0, info, notes0 = ranks[0]
+    merged = []
+    for i, block in enumerate(blocks0):
+        differing = [
+            r
+            for r, (blocks, _, _) in enumerate(ranks[1:], start=1)
+            if _fingerprint(blocks[i]) != _fingerprint(block)
+        ]
+        if differing:
+            detail = "; ".join(f"rank {r}: {_fingerprint_text(ranks[r][0][i])}" for r in differing)
+            event = Event(
+                kind="rank_divergence",
+                module=block.fqn,
+                detail=f"rank 0: {_fingerprint_text(block)}; {detail}",
+            )
+            block = replace(block, events=tuple(sorted(block.events + (event,), key=event_order)))
+        merged.append(block)
+    notes = notes0
+    if len(ranks) > 1:
+        notes += (
+            f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",
+        )
+    return ScanReport(
+        spec=spec.path,
+        model=f"{spec.model.name}/{spec.model.flavor}",
+        torch_version=torch_version(),
+        setup=info,
+        blocks=tuple(merged),
+        notes=notes,
+    )
+
+
+def _fingerprint(block: BlockReport) -> tuple[Any, ...]:
+    return (
+        block.graph_count,
+        tuple((b.cause, b.gb_type, str(b.location)) for b in block.breaks),
+        tuple((e.kind, e.module) for e in block.events),
+        block.error,
+    )
+
+
+def _fingerprint_text(block: BlockReport) -> str:
+    return (
+        f"{block.graph_count} graph(s), {len(block.breaks)} break(s), {len(block.events)} event(s)"
+    )

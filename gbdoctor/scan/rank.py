@@ -1,0 +1,344 @@
+"""One rank of a scan: build the model and its training setup, capture every block kind, classify.
+
+Per rank: build -> set up (EP, AC, compile with recording backends, FSDP, optimizer) -> one
+eager training step (FSDP lazy init, load-balancing hook, and the real arguments every block
+receives) -> per distinct block kind, a fresh Dynamo capture of forward + backward through the
+block's real wrappers -> records. ``scan.environment`` runs this on one or N ranks and merges.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from gbdoctor import causes
+from gbdoctor.capture import (
+    CaptureSession,
+    Locator,
+    RawCapture,
+    collect_block_inputs,
+    describe_error,
+    eager_stance,
+    error_traceback,
+    fresh_inputs,
+    innermost_user_location,
+    reset_fsdp_state,
+    run_block,
+    strict_breaks,
+)
+from gbdoctor.errors import SetupError
+from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
+from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
+from gbdoctor.scan.job import Progress, RankScan, ScanJob
+from gbdoctor.scan.simulate import simulated_setup
+from gbdoctor.setup.apply import Setup, apply_setup, recipe_context
+from gbdoctor.setup.dist import build_meshes
+from gbdoctor.setup.train import forward_loss, synthetic_batch, train_step
+
+
+def scan_rank_entry(job: ScanJob) -> RankScan:
+    return scan_rank(job, None)
+
+
+def build_and_setup(
+    job: ScanJob, session: CaptureSession | None = None, fake_mode: Any = None
+) -> tuple[Setup, Any]:
+    """Build the model on this rank's device and apply the training setup.
+
+    With ``fake_mode`` (simulated scans) the model is built and set up on meta, then becomes that
+    mode's fake tensors (``simulate.simulated_setup``)."""
+    from gbdoctor.models import build_model
+
+    spec = job.spec
+    torch.manual_seed(spec.training.seed)
+    meshes = build_meshes(spec.parallelism, job.device)
+    device = "meta" if fake_mode is not None else meshes.device
+    model = build_model(spec.model, device=device, max_seq_len=spec.training.seq_len)
+    try:
+        with (
+            simulated_setup(model, fake_mode) if fake_mode is not None else contextlib.nullcontext()
+        ):
+            setup = apply_setup(
+                model,
+                spec,
+                meshes,
+                strategy=job.strategy,
+                build_optimizer=True if fake_mode is not None else None,
+                compile_fn=session.compile_fn if session else None,
+            )
+    except (ValueError, AssertionError, RuntimeError) as exc:
+        raise SetupError(
+            f"could not apply the training setup: {exc}",
+            hint="check the parallel degrees and the model's structure (--debug for details)",
+        ) from exc
+    return setup, meshes
+
+
+def scan_rank(job: ScanJob, progress: Progress | None, fake_mode: Any = None) -> RankScan:
+    """One rank's scan: per-block reports (same_as filled) and the setup description.
+
+    ``fake_mode`` (simulated scans): build fake, and run the warm-up and captures under it."""
+    session = CaptureSession()
+    setup, meshes = build_and_setup(job, session, fake_mode)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return _scan_set_up(job, session, setup, meshes, progress)
+
+
+def _scan_set_up(
+    job: ScanJob, session: CaptureSession, setup: Setup, meshes: Any, progress: Progress | None
+) -> RankScan:
+    import torch.distributed as dist
+
+    spec = job.spec
+    from gbdoctor.models import vocab_size
+
+    vocab = vocab_size(setup.model)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    tokens, labels = synthetic_batch(
+        seed=spec.training.seed,
+        step=0,
+        vocab=vocab,
+        local_batch=spec.capture_batch_size,
+        seq_len=spec.capture_seq_len,
+        rank=rank,
+        world_size=world,
+        device=meshes.device,
+    )
+    outers = {slot.fqn: slot.outer for slot in setup.blocks}
+    with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
+        store, remove = collect_block_inputs(setup.model, outers)
+        notes: list[str] = []
+        try:
+            warm_up(setup, tokens, labels, notes)
+        finally:
+            remove()
+        session.locator = Locator(setup.model, setup.hooks)
+        groups = group_blocks(setup, store) if job.dedupe else [[s.fqn] for s in setup.blocks]
+        reps: dict[str, BlockReport] = {}
+        for i, members in enumerate(groups):
+            rep = members[0]
+            if progress:
+                progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
+            slot = next(s for s in setup.blocks if s.fqn == rep)
+            reps[rep] = capture_block(session, setup, slot, store.get(rep), strict=job.strict)
+        if progress:
+            progress("captured", len(groups), len(groups))
+    kinds = kind_labels(setup, groups)
+    reports = []
+    for members in groups:
+        base = reps[members[0]]
+        for fqn in members:
+            same_as = None if fqn == members[0] else members[0]
+            shared = rebase(base, members[0], fqn) if same_as else base
+            reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
+    reports.sort(key=lambda r: _layer_order(r.fqn))
+    return tuple(reports), setup_info(spec, job, setup), tuple(notes)
+
+
+def warm_up(setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]) -> None:
+    """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
+
+    If the eager step fails (e.g. eager SAC around an FSDP-managed module fails in backward,
+    FlexAttention has no backward on CPU), that is a note, and the inputs come from a
+    forward-only pass (with autograd, else under no_grad); the per-block captures then show
+    which blocks fail and why.
+    """
+
+    def full_step() -> None:
+        train_step(setup, tokens, labels)
+
+    def forward_only() -> None:
+        forward_loss(setup.model, tokens, labels, 1)
+
+    def forward_no_grad() -> None:
+        with torch.no_grad():
+            forward_loss(setup.model, tokens, labels, 1)
+
+    attempts = [
+        ("the eager training step", full_step),
+        ("an eager forward", forward_only),
+        ("an eager forward under no_grad", forward_no_grad),
+    ]
+    failures = []
+    for name, attempt in attempts:
+        try:
+            with eager_stance():
+                attempt()
+        except Exception as exc:  # noqa: BLE001 - reported, then the next, weaker warm-up
+            failures.append(f"{name} fails under this setup ({describe_error(exc)})")
+            reset_fsdp_state(setup.model)
+            if setup.optimizer is not None:
+                setup.optimizer.zero_grad(set_to_none=True)
+            continue
+        if failures:
+            notes.append("; ".join(failures) + f"; blocks were captured after {name}")
+        return
+    raise SetupError(
+        f"the model does not run eagerly under this setup: {failures[-1]}",
+        hint="fix the model or the setup first (run with --debug for the traceback)",
+    )
+
+
+def _layer_order(fqn: str) -> tuple[int, str]:
+    tail = fqn.rsplit(".", 1)[-1]
+    return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
+
+
+def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
+    flags = tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags))
+    if setup.ac_enabled:
+        flags = tuple(sorted(flags + (("lru_cache", "False"),)))
+    return SetupInfo(
+        strategy=job.strategy.name,
+        device=job.device,
+        world_size=spec.parallelism.world_size,
+        ep_degree=spec.parallelism.expert_parallel_degree,
+        dp_shard=spec.parallelism.dp_shard,
+        ac_mode=spec.activation_checkpoint.mode,
+        ac_option=spec.activation_checkpoint.selective_ac_option,
+        fsdp=setup.fsdp,
+        dynamo_config=flags,
+        batch_size=spec.capture_batch_size,
+        seq_len=spec.capture_seq_len,
+    )
+
+
+def capture_block(
+    session: CaptureSession, setup: Setup, slot: Any, inputs: Any, *, strict: bool = False
+) -> BlockReport:
+    """Capture one block (forward + backward) and turn what Dynamo did into records.
+
+    ``strict``: when every compiled region of the block is fullgraph, run it under
+    ``error_on_graph_break(True)`` (``fullgraph=True`` alone silently allows data-dependent
+    capture), so any break becomes an error of the block.
+    """
+    if inputs is None:
+        return BlockReport(
+            fqn=slot.fqn,
+            kind=slot.kind,
+            error="the block was not called by the model's forward",
+            regions=slot.regions,
+            fullgraph_regions=slot.fullgraph_regions,
+        )
+    args, kwargs = fresh_inputs(inputs)
+    strict = strict and bool(slot.regions) and set(slot.regions) == set(slot.fullgraph_regions)
+    session.root = slot.fqn
+    with session.capture() as raw:
+        try:
+            if strict:
+                with strict_breaks():
+                    run_block(slot.outer, args, kwargs)
+            else:
+                run_block(slot.outer, args, kwargs)
+        except Exception as exc:  # a block that cannot be traced is data, not a crash
+            raw.error = describe_error(exc)
+            raw.error_traceback = error_traceback(exc)
+            reset_fsdp_state(setup.model)
+    if setup.optimizer is not None:
+        setup.optimizer.zero_grad(set_to_none=True)
+    return block_report(slot, raw)
+
+
+def _ac_region(slot: Any, module: str) -> str:
+    """FQN of the AC region a module sits in (the block, or the wrapped child)."""
+    for sub in slot.ac_wrapped:
+        region = slot.fqn if sub == "" else f"{slot.fqn}.{sub}"
+        if module == region or module.startswith(region + ".") or sub == "":
+            return region
+    return module or slot.fqn
+
+
+def block_report(slot: Any, raw: RawCapture) -> BlockReport:
+    merged: dict[tuple[Any, ...], Break] = {}
+    events: dict[tuple[Any, ...], Event] = {}
+    for rb, region in raw.breaks:
+        location = innermost_user_location(rb.frames)
+        brk = Break(
+            cause=causes.classify(rb),
+            gb_type=rb.gb_type,
+            gb_id=causes.gb_id_for(rb.gb_type),
+            location=location,
+            module=rb.module or region or slot.fqn,
+            in_checkpoint=rb.in_checkpoint,
+            component=rb.component,
+            region=region,
+            explanation=rb.explanation,
+            hints=rb.hints,
+            context=rb.context,
+        )
+        key = (brk.cause, brk.gb_type, str(brk.location), brk.module, brk.in_checkpoint)
+        merged[key] = replace(merged[key], count=merged[key].count + 1) if key in merged else brk
+        if rb.in_checkpoint:
+            ac_region = _ac_region(slot, brk.module)
+            events[("region_eager", ac_region)] = Event(
+                kind="region_eager",
+                module=ac_region,
+                gb_type=rb.gb_type,
+                location=location,
+                detail="a break inside the activation-checkpoint region sent the whole region to eager",
+            )
+    for rb, region in raw.frame_skips:
+        location = innermost_user_location(rb.frames)
+        module = rb.module or region or slot.fqn
+        events[("frame_skipped", module, str(location))] = Event(
+            kind="frame_skipped",
+            module=module,
+            gb_type=rb.gb_type,
+            location=location,
+            detail=rb.context or "Dynamo skipped the whole frame and ran it eagerly",
+        )
+    seen_types = {b.gb_type for b in merged.values()}
+    for gb_type, n in sorted(raw.counter_types.items()):
+        if gb_type not in seen_types:
+            # Only counters saw it (no stack): keep it, never drop a break.
+            rb = RawBreak(gb_type=gb_type, message=gb_type, component="torch")
+            merged[(gb_type,)] = Break(
+                cause=causes.classify(rb),
+                gb_type=gb_type,
+                gb_id=causes.gb_id_for(gb_type),
+                location=None,
+                module=slot.fqn,
+                in_checkpoint=False,
+                component="torch",
+                region=slot.fqn,
+                count=n,
+            )
+    for region in sorted(raw.entered):
+        if (
+            not raw.graphs.get(region)
+            and not any(e.module.startswith(region) for e in events.values())
+            and not any(b.region == region for b in merged.values())
+            and raw.error is None
+        ):
+            events[("frame_skipped", region, "")] = Event(
+                kind="frame_skipped",
+                module=region,
+                detail="the compiled region ran without producing a graph",
+            )
+    graphs = [n for ops in raw.graphs.values() for n in ops]
+    breaks = tuple(sorted(merged.values(), key=break_order))
+    return BlockReport(
+        fqn=slot.fqn,
+        kind=slot.kind,
+        graph_count=len(graphs),
+        op_count=sum(graphs),
+        breaks=breaks,
+        events=tuple(sorted(events.values(), key=event_order)),
+        error=raw.error,
+        regions=slot.regions,
+        fullgraph_regions=slot.fullgraph_regions,
+        region_ops=tuple(sorted((r, sum(ops)) for r, ops in raw.graphs.items())),
+    )
+
+
+def break_order(b: Break) -> tuple[Any, ...]:
+    loc = b.location
+    return (b.module, loc.file if loc else "", loc.line if loc else 0, b.gb_type, b.cause)
+
+
+def event_order(e: Event) -> tuple[Any, ...]:
+    loc = e.location
+    return (e.kind, e.module, loc.file if loc else "", loc.line if loc else 0, e.gb_type)

@@ -1,0 +1,206 @@
+"""The import graph of ``gbdoctor/`` keeps the layering of DESIGN.md section 8 and README "Layout".
+
+Read with ``ast`` (nothing is imported), every ``import``/``from ... import`` in every module,
+at any depth (function-level lazy imports count: they are still dependencies), is an edge:
+
+- ``records/`` imports nothing from gbdoctor except ``gbdoctor.errors``, and ``errors.py``
+  imports nothing from gbdoctor: together they are the ground floor (a malformed JSON file is
+  a ``BaselineError`` raised by ``records.io``, exit code 2).
+- Formatters (``report/``) import no command module: ``scan``, ``plan``, ``run``, ``gate``,
+  ``cli`` (they lay out records; they never call a command back).
+- Stage packages form no cycle: the graph between stages (``records``, ``errors``, ``causes``,
+  ``capture``, ``setup``, ``models``, ``scan``, ``plan``, ``run``, ``gate``, ``summary``,
+  ``spec``, ``report``, ``cli``) is acyclic.
+- Only ``capture/`` uses Dynamo internals. What counts: importing any module under
+  ``torch._dynamo`` or ``torch._logging`` (Dynamo's counters, exceptions, symbolic converter,
+  log streams), and any attribute ``torch._dynamo.X`` except ``config``, ``reset`` and
+  ``list_backends``. Those three are Dynamo's user-facing configuration surface, which the
+  other stages genuinely need: ``setup/apply.py`` patches ``torch._dynamo.config`` flags the
+  way torchtitan's ``apply_compile`` sets them, ``run/driver.py`` validates ``--backend`` with
+  ``torch._dynamo.list_backends``, and ``plan/emit.py`` writes code that sets config flags.
+  A bare ``import torch._dynamo`` (needed to reach ``config``) is allowed for that reason.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gbdoctor"
+
+COMMANDS = ("scan", "plan", "run", "gate", "cli")
+PUBLIC_DYNAMO = {"config", "reset", "list_backends"}
+"""``torch._dynamo`` attributes any stage may use: configuration and backend listing."""
+DYNAMO_MODULES = ("torch._dynamo", "torch._logging")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, root: Path) -> set[str]:
+    """Absolute module names imported by ``path`` (relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    me = _module_name(path, root)
+    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            # ``from gbdoctor import causes`` imports the submodule gbdoctor.causes
+            out.update(f"{mod}.{alias.name}" for alias in node.names if mod == "gbdoctor")
+    return out
+
+
+def _dynamo_attributes(path: Path) -> set[str]:
+    """``X`` of every ``torch._dynamo.X`` attribute access in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "_dynamo"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id == "torch"
+        ):
+            out.add(node.attr)
+    return out
+
+
+def _graph(root: Path) -> dict[str, set[str]]:
+    """Module -> gbdoctor modules it imports."""
+    return {
+        _module_name(p, root): {
+            m for m in _imports(p, root) if m == "gbdoctor" or m.startswith("gbdoctor.")
+        }
+        for p in sorted(root.rglob("*.py"))
+    }
+
+
+def _stage(module: str) -> str:
+    """``gbdoctor.scan.rank`` -> ``scan``; ``gbdoctor`` -> ``gbdoctor``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layering_violations(root: Path = PACKAGE) -> list[str]:
+    """Every broken rule, one line each (empty when the layering holds)."""
+    graph = _graph(root)
+    problems = []
+    for mod, deps in graph.items():
+        stage = _stage(mod)
+        for dep in sorted(deps):
+            target = _stage(dep)
+            if stage in ("records", "errors") and target not in ("records", "errors"):
+                problems.append(f"{mod} imports {dep}: records/errors are the ground floor")
+            if stage == "errors" and target != "errors":
+                problems.append(f"{mod} imports {dep}: errors.py imports nothing from gbdoctor")
+            if stage == "report" and target in COMMANDS:
+                problems.append(f"{mod} imports {dep}: formatters import no command module")
+    # Stage cycles (edges between different stages; the top-level package itself is skipped).
+    edges: dict[str, set[str]] = {}
+    for mod, deps in graph.items():
+        for dep in deps:
+            a, b = _stage(mod), _stage(dep)
+            if a != b and "gbdoctor" not in (a, b) and a != "__main__":
+                edges.setdefault(a, set()).add(b)
+    problems += [f"import cycle between stages: {' -> '.join(c)}" for c in _cycles(edges)]
+    # Dynamo internals.
+    for path in sorted(root.rglob("*.py")):
+        mod = _module_name(path, root)
+        if _stage(mod) == "capture":
+            continue
+        for dep in sorted(_imports(path, root)):
+            if (
+                any(dep == d or dep.startswith(d + ".") for d in DYNAMO_MODULES)
+                and dep != "torch._dynamo"
+            ):
+                problems.append(f"{mod} imports {dep}: only capture/ uses Dynamo internals")
+        for attr in sorted(_dynamo_attributes(path) - PUBLIC_DYNAMO):
+            problems.append(f"{mod} uses torch._dynamo.{attr}: only capture/ uses Dynamo internals")
+    return problems
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One representative cycle per strongly connected component with more than one node."""
+    found, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_layering_holds():
+    assert layering_violations() == []
+
+
+def test_expected_stage_packages_exist():
+    for stage in (
+        "records",
+        "capture",
+        "causes",
+        "scan",
+        "plan",
+        "run",
+        "report",
+        "setup",
+        "models",
+    ):
+        assert (PACKAGE / stage / "__init__.py").is_file(), stage
+    assert (PACKAGE / "__init__.py").is_file()  # a regular package, not a namespace package
+
+
+@pytest.mark.parametrize(
+    ("where", "code", "expected"),
+    [
+        ("records/bad.py", "from gbdoctor.summary import summarize\n", "ground floor"),
+        (
+            "report/bad.py",
+            "def f():\n    from gbdoctor.gate import check_gate\n",
+            "no command module",
+        ),
+        ("causes/bad.py", "from gbdoctor.scan import scan\n", "import cycle"),
+        ("scan/bad.py", "from torch._dynamo.utils import counters\n", "Dynamo internals"),
+        (
+            "plan/bad.py",
+            "import torch._dynamo\nx = torch._dynamo.utils.counters\n",
+            "Dynamo internals",
+        ),
+    ],
+)
+def test_a_planted_violation_is_caught(tmp_path, where, code, expected):
+    """The check can fail: copy the package, plant one violation, expect it reported."""
+    import shutil
+
+    root = tmp_path / "gbdoctor"
+    shutil.copytree(PACKAGE, root, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / where).write_text(code)
+    problems = layering_violations(root)
+    assert any(expected in p for p in problems), problems
