@@ -12,7 +12,7 @@ import functools
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gbdoctor.errors import ExitCode, GbdoctorError
+from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -54,7 +54,23 @@ StrictOpt = Annotated[
 
 
 def _debug_enabled(debug: bool) -> bool:
-    return debug or os.environ.get("GBDOCTOR_DEBUG") == "1"
+    return debug or os.environ.get(DEBUG_ENV) == "1"
+
+
+@contextlib.contextmanager
+def _debug_env(debug: bool) -> Iterator[None]:
+    """``--debug`` as ``GBDOCTOR_DEBUG=1`` for the command's duration: spawned ranks inherit it
+    (a block that does not trace prints its traceback to stderr)."""
+    old = os.environ.get(DEBUG_ENV)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = old
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -64,7 +80,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         debug = _debug_enabled(bool(kwargs.get("debug")))
         try:
-            return fn(*args, **kwargs)
+            with _debug_env(debug):
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.BadParameter):
             raise
         except GbdoctorError as exc:

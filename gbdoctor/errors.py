@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+DEBUG_ENV = "GBDOCTOR_DEBUG"
+"""``GBDOCTOR_DEBUG=1`` (set by ``--debug``, inherited by spawned ranks): tracebacks on stderr."""
+
 
 class ExitCode(IntEnum):
     OK = 0

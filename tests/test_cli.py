@@ -154,3 +154,13 @@ def test_gate_malformed_baseline_exits_2(tmp_path):
     )
     assert result.exit_code == 2
     _one_line_error(result)
+
+
+def test_debug_shows_the_traceback_of_a_block_that_does_not_trace():
+    """The report keeps a block's error to one line; --debug adds its traceback on stderr."""
+    spec = ("fixtures/llama3_debug.toml", "--set", "model.flavor=debugmodel_flex_attn")
+    quiet = _run("scan", *spec, "--format", "json")
+    loud = _run("scan", *spec, "--format", "json", "--debug")
+    assert "does not trace" not in quiet.stderr
+    assert "does not trace:" in loud.stderr and "Traceback (most recent call last)" in loud.stderr
+    assert json.loads(loud.stdout)["blocks"] == json.loads(quiet.stdout)["blocks"]

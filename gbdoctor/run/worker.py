@@ -97,19 +97,17 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     import torch
     import torch.distributed as dist
 
-    from gbdoctor.models import build_model, vocab_size
-    from gbdoctor.setup.apply import apply_setup, recipe_context
-    from gbdoctor.setup.dist import build_meshes
-    from gbdoctor.setup.train import synthetic_batch, train_step
+    from gbdoctor.models import vocab_size
+    from gbdoctor.setup.recipe import recipe_for
+    from gbdoctor.setup.train import synthetic_batch
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = job.device == "cuda"
     try:
-        torch.manual_seed(spec.training.seed)
-        meshes = build_meshes(spec.parallelism, job.device)
-        model = build_model(spec.model, device=meshes.device)
-        setup = apply_setup(model, spec, meshes, strategy=job.strategy, backend=job.backend)
+        recipe = recipe_for(spec)
+        model, meshes = recipe.build(spec, job.device)
+        setup = recipe.set_up(model, spec, meshes, strategy=job.strategy, backend=job.backend)
         vocab = vocab_size(model)
     except GbdoctorError:
         raise
@@ -125,7 +123,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     total = job.warmup + job.steps
     with (
         record_recompiles() as recorder,
-        recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled),
+        recipe.step_context(setup),
     ):
         for step in range(total):
             measured = step >= job.warmup
@@ -152,7 +150,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             try:
-                loss = train_step(setup, tokens, labels)
+                loss = recipe.train_step(setup, tokens, labels)
                 if cuda:
                     torch.cuda.synchronize()
             except Exception as exc:  # noqa: BLE001 - reported as the mode's failure

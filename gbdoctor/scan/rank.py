@@ -9,6 +9,8 @@ block's real wrappers -> records. ``scan.environment`` runs this on one or N ran
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -29,14 +31,14 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
-from gbdoctor.errors import SetupError
+from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.simulate import simulated_setup
-from gbdoctor.setup.apply import Setup, apply_setup, recipe_context
-from gbdoctor.setup.dist import build_meshes
-from gbdoctor.setup.train import forward_loss, synthetic_batch, train_step
+from gbdoctor.setup.apply import Setup
+from gbdoctor.setup.recipe import Recipe, recipe_for
+from gbdoctor.setup.train import forward_loss, synthetic_batch
 
 
 def scan_rank_entry(job: ScanJob) -> RankScan:
@@ -50,18 +52,16 @@ def build_and_setup(
 
     With ``fake_mode`` (simulated scans) the model is built and set up on meta, then becomes that
     mode's fake tensors (``simulate.simulated_setup``)."""
-    from gbdoctor.models import build_model
-
     spec = job.spec
-    torch.manual_seed(spec.training.seed)
-    meshes = build_meshes(spec.parallelism, job.device)
-    device = "meta" if fake_mode is not None else meshes.device
-    model = build_model(spec.model, device=device, max_seq_len=spec.training.seq_len)
+    recipe = recipe_for(spec)
+    model, meshes = recipe.build(
+        spec, job.device, meta=fake_mode is not None, max_seq_len=spec.training.seq_len
+    )
     try:
         with (
             simulated_setup(model, fake_mode) if fake_mode is not None else contextlib.nullcontext()
         ):
-            setup = apply_setup(
+            setup = recipe.set_up(
                 model,
                 spec,
                 meshes,
@@ -108,11 +108,12 @@ def _scan_set_up(
         device=meshes.device,
     )
     outers = {slot.fqn: slot.outer for slot in setup.blocks}
-    with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
+    recipe = recipe_for(spec)
+    with recipe.step_context(setup):
         store, remove = collect_block_inputs(setup.model, outers)
         notes: list[str] = []
         try:
-            warm_up(setup, tokens, labels, notes)
+            warm_up(recipe, setup, tokens, labels, notes)
         finally:
             remove()
         session.locator = Locator(setup.model, setup.hooks)
@@ -138,7 +139,9 @@ def _scan_set_up(
     return tuple(reports), setup_info(spec, job, setup), tuple(notes)
 
 
-def warm_up(setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]) -> None:
+def warm_up(
+    recipe: Recipe, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]
+) -> None:
     """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
 
     If the eager step fails (e.g. eager SAC around an FSDP-managed module fails in backward,
@@ -148,7 +151,7 @@ def warm_up(setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: lis
     """
 
     def full_step() -> None:
-        train_step(setup, tokens, labels)
+        recipe.train_step(setup, tokens, labels)
 
     def forward_only() -> None:
         forward_loss(setup.model, tokens, labels, 1)
@@ -236,6 +239,8 @@ def capture_block(
         except Exception as exc:  # a block that cannot be traced is data, not a crash
             raw.error = describe_error(exc)
             raw.error_traceback = error_traceback(exc)
+            if os.environ.get(DEBUG_ENV) == "1":  # --debug: the report keeps one line, stderr all
+                print(f"{slot.fqn} does not trace:\n{raw.error_traceback}", file=sys.stderr)
             reset_fsdp_state(setup.model)
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
