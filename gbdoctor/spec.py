@@ -13,15 +13,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 from gbdoctor.errors import SpecError
 from gbdoctor.records import (

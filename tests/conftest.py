@@ -5,9 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "fixtures"
+from repo_paths import FIXTURES
 
 
 @pytest.fixture

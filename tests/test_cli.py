@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 runner = CliRunner()
 

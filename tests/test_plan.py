@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
+from repo_paths import FIXTURES
 
 from gbdoctor.models import build_model
 from gbdoctor.plan import dump_plan, load_plan, plan_strategy, propose_plan
 from gbdoctor.plan.emit import EMITTERS, emit
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 @pytest.fixture(autouse=True)

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 
 from gbdoctor.report import render
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
 from gbdoctor.summary import summarize
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _planted():

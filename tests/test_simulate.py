@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import resource
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import FIXTURES
 
 from gbdoctor.scan import scan, simulate, simulate_scan
 from gbdoctor.scan.simulate import (
@@ -19,7 +19,6 @@ from gbdoctor.scan.simulate import (
 )
 from gbdoctor.spec import load_spec
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 MULTI_RANK_NOTE = "captured on 2 ranks"
 
 

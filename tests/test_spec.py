@@ -6,12 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import ExitCode, SpecError
 from gbdoctor.spec import STRATEGY_NAMES, VALID_KEYS, load_spec, parse_override
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = ROOT / "fixtures"
 TITAN_CONFIGS = Path("/work/shared/reference/torchtitan-configs-v0.2.2")
 
 LLAMA4 = '[model]\nname = "llama4"\nflavor = "debugmodel"\n'
@@ -443,8 +442,8 @@ def test_relative_factory_path_is_resolved_against_the_spec_dir(tmp_path, monkey
     path = write(
         sub, '[model]\nname = "custom"\nflavor = "tiny"\nfactory = "../models/my_model.py:build"\n'
     )
-    monkeypatch.chdir(ROOT)  # resolution must not depend on the working directory
-    spec = load_spec(os.path.relpath(path, ROOT))
+    monkeypatch.chdir(REPO)  # resolution must not depend on the working directory
+    spec = load_spec(os.path.relpath(path, REPO))
     assert spec.model.factory == f"{tmp_path / 'models' / 'my_model.py'}:build"
     assert spec.model.flavor == "tiny"
 

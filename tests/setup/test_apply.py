@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch._dynamo
+from repo_paths import REPO
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 
@@ -15,8 +14,6 @@ from gbdoctor.scan.inspect import inspect_spec
 from gbdoctor.setup.apply import apply_setup, recipe_context
 from gbdoctor.setup.dist import build_meshes, single_process_group
 from gbdoctor.spec import load_spec
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _setup(spec_name: str, overrides: list[str], strategy: str):
