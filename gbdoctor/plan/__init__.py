@@ -3,5 +3,6 @@ offered (``planner``), and its emitters for torchtitan, DeepSpeed and plain Pyth
 Records are in ``records.plan``."""
 
 from gbdoctor.plan.planner import dump_plan, load_plan, plan_strategy, propose_plan
+from gbdoctor.records import KindPlan, Plan
 
-__all__ = ["dump_plan", "load_plan", "plan_strategy", "propose_plan"]
+__all__ = ["KindPlan", "Plan", "dump_plan", "load_plan", "plan_strategy", "propose_plan"]
