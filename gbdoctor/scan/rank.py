@@ -37,6 +37,7 @@ from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
+from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
 from gbdoctor.setup.recipe import Recipe, recipe_for
 from gbdoctor.setup.train import forward_loss, synthetic_batch
 
@@ -112,10 +113,17 @@ def _scan_set_up(
     with recipe.step_context(setup):
         store, remove = collect_block_inputs(setup.model, outers)
         notes: list[str] = []
+        sources: list[LossSource] = []
+        watch = setup.model.register_forward_hook(
+            lambda module, args, output: sources.append(loss_source(output, labels, vocab))
+        )
         try:
             warm_up(recipe, setup, tokens, labels, notes)
         finally:
             remove()
+            watch.remove()
+        if sources:
+            notes.append(loss_note(sources[0]))
         session.locator = Locator(setup.model, setup.hooks)
         groups = group_blocks(setup, store) if job.dedupe else [[s.fqn] for s in setup.blocks]
         reps: dict[str, BlockReport] = {}
