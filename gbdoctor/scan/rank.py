@@ -31,6 +31,7 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
+from gbdoctor.capture.locate import within
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
@@ -255,6 +256,15 @@ def capture_block(
     return block_report(slot, raw)
 
 
+def _in_ac(slot: Any, module: str) -> bool:
+    """Whether ``module`` sits in one of the block's AC-wrapped regions."""
+    for sub in slot.ac_wrapped:
+        region = slot.fqn if sub == "" else f"{slot.fqn}.{sub}"
+        if within(module, region):
+            return True
+    return False
+
+
 def _ac_region(slot: Any, module: str) -> str:
     """FQN of the AC region a module sits in (the block, or the wrapped child)."""
     for sub in slot.ac_wrapped:
@@ -318,6 +328,24 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
                 component="torch",
                 region=slot.fqn,
                 count=n,
+            )
+    for region in sorted(raw.entered):
+        # With the checkpoint side-effect flag (the default strategy's) or scalar capture, a
+        # break inside a checkpoint region need not carry the HOP in its record; the region
+        # still produced no graph and ran eagerly, which is what region_eager reports.
+        inside = sorted((b for b in merged.values() if b.region == region), key=break_order)
+        checkpointed = [b for b in inside if _in_ac(slot, b.module)]
+        if raw.graphs.get(region) or raw.error is not None or not checkpointed:
+            continue
+        ac_region = _ac_region(slot, checkpointed[0].module)
+        if ("region_eager", ac_region) not in events:
+            events[("region_eager", ac_region)] = Event(
+                kind="region_eager",
+                module=ac_region,
+                gb_type=checkpointed[0].gb_type,
+                location=checkpointed[0].location,
+                detail="a break inside the activation-checkpoint region left it with no graph: "
+                "the whole region ran eagerly",
             )
     for region in sorted(raw.entered):
         if (
