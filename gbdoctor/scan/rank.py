@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from dataclasses import replace
 from typing import Any
@@ -148,6 +149,11 @@ def _scan_set_up(
     return tuple(reports), setup_info(spec, job, setup), tuple(notes)
 
 
+_BF16_FAILURE = re.compile(
+    r"BFloat16|bfloat16|same dtype|expected scalar type|dtype mismatch", re.IGNORECASE
+)
+
+
 def warm_up(
     recipe: Recipe, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]
 ) -> None:
@@ -188,10 +194,15 @@ def warm_up(
         if failures:
             notes.append("; ".join(failures) + f"; blocks were captured after {name}")
         return
-    raise SetupError(
-        f"the model does not run eagerly under this setup: {failures[-1]}",
-        hint="fix the model or the setup first (run with --debug for the traceback)",
-    )
+    hint = "fix the model or the setup first (run with --debug for the traceback)"
+    if any(_BF16_FAILURE.search(f) for f in failures):
+        # FSDP's MixedPrecisionPolicy casts parameters to bfloat16 (torchtitan's default
+        # mixed_precision_param); code that builds fp32 tensors next to them then fails.
+        hint = (
+            "the parameters run in bfloat16 under FSDP's mixed_precision_param; retry with "
+            "--set training.mixed_precision_param=float32"
+        )
+    raise SetupError(f"the model does not run eagerly under this setup: {failures[-1]}", hint=hint)
 
 
 def _layer_order(fqn: str) -> tuple[int, str]:

@@ -164,3 +164,20 @@ def test_region_eager_under_default_strategy(tmp_path):
         events = [e for e in block.events if e.kind == "region_eager"]
         assert [e.module for e in events] == [block.fqn]
         assert events[0].location is not None and events[0].location.file.endswith("planted.py")
+
+
+def test_bf16_warm_up_failure_names_the_float32_override(monkeypatch):
+    from gbdoctor.errors import SetupError
+    from gbdoctor.scan import rank
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("mat1 and mat2 must have the same dtype, but got Float and BFloat16")
+
+    class Recipe:
+        train_step = staticmethod(fails)
+
+    monkeypatch.setattr(rank, "forward_loss", fails)
+    setup = type("Setup", (), {"optimizer": None, "model": nn.Linear(2, 2)})()
+    with pytest.raises(SetupError) as err:
+        rank.warm_up(Recipe(), setup, None, None, [])
+    assert "--set training.mixed_precision_param=float32" in err.value.hint
