@@ -8,6 +8,7 @@ backward, and puts FSDP back to idle if a block crashed mid-forward.
 from __future__ import annotations
 
 import contextlib
+import copy
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -81,17 +82,57 @@ def collect_block_inputs(
 
 def _detach(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
-        copy = obj.detach().clone()
-        if obj.requires_grad and copy.is_floating_point():
-            copy.requires_grad_(True)
-        return copy
+        leaf = obj.detach().clone()
+        if obj.requires_grad and leaf.is_floating_point():
+            leaf.requires_grad_(True)
+        return leaf
     if isinstance(obj, tuple):
         return tuple(_detach(x) for x in obj)
     if isinstance(obj, list):
         return [_detach(x) for x in obj]
     if isinstance(obj, dict):
         return {k: _detach(v) for k, v in obj.items()}
-    return obj
+    if obj is None or isinstance(
+        obj, (bool, int, float, str, torch.dtype, torch.device, nn.Module)
+    ):
+        return obj
+    return _snapshot(obj)
+
+
+def _snapshot(obj: Any) -> Any:
+    """A copy of a stateful argument as it was when the block was called.
+
+    Hugging Face decoders pass a KV cache object (``past_key_values``) that every layer appends
+    to: replaying a block with the live object would see the other layers' (and its own
+    earlier) entries, whose autograd graphs are already freed. Tensors inside become detached
+    copies, modules stay shared; an object that cannot be copied is passed as it is.
+    """
+    memo: dict[int, Any] = {}
+    keep: list[Any] = []  # the originals stay alive while their ids key the memo
+    for found in _reachable(obj, depth=5):
+        keep.append(found)
+        memo[id(found)] = _detach(found) if isinstance(found, torch.Tensor) else found
+    try:
+        return copy.deepcopy(obj, memo)
+    except Exception:  # noqa: BLE001 - an uncopyable argument is replayed as is
+        return obj
+
+
+def _reachable(obj: Any, depth: int) -> Iterator[Any]:
+    """Tensors and modules reachable from ``obj`` through attributes and containers."""
+    if isinstance(obj, (torch.Tensor, nn.Module)):
+        yield obj
+        return
+    if depth == 0 or obj is None or isinstance(obj, (bool, int, float, str, bytes, type)):
+        return
+    if isinstance(obj, dict):
+        children: Any = obj.values()
+    elif isinstance(obj, (tuple, list, set, frozenset)):
+        children = obj
+    else:
+        children = getattr(obj, "__dict__", {}).values()
+    for child in list(children):
+        yield from _reachable(child, depth - 1)
 
 
 def fresh_inputs(saved: Any) -> Any:

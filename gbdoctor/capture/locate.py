@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gbdoctor.models.structure import find_moe_layers, hidden_size
 from gbdoctor.records import Location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -152,10 +155,31 @@ def within(fqn: str, root: str) -> bool:
     return not root or fqn == root or fqn.startswith(root + ".")
 
 
+_COUNTING_OP = re.compile(r"\b(bincount|histc|scatter_add_?|index_add_?|scatter_reduce_?)\s*\(")
+"""Ops that count tokens per expert (their output is sized by the expert count, not by data)."""
+_IN_PLACE = re.compile(
+    r"\.(add_|sub_|mul_|copy_|zero_|fill_|index_add_|scatter_add_|scatter_|index_put_|clamp_)\s*\(|"
+    r"(\+=|-=|\*=)"
+)
+
+
+def source_line(loc: Location) -> str:
+    """The source text at ``loc`` (empty when the file cannot be read)."""
+    return linecache.getline(loc.file, loc.line).strip()
+
+
 class Locator:
     """Frames -> (module FQN, component) for one model as set up."""
 
     def __init__(self, model: nn.Module, installed: Iterable[Any]) -> None:
+        # MoE layers by structure (router + experts) with the buffers each holds: routing
+        # statistics live there, whatever they are called.
+        self._moe_buffers: dict[str, frozenset[str]] = {}
+        for moe in find_moe_layers(model, hidden_size(model)):
+            layer = model.get_submodule(moe.path) if moe.path else model
+            self._moe_buffers[clean_fqn(moe.path)] = frozenset(
+                name.rsplit(".", 1)[-1] for name, _ in layer.named_buffers()
+            )
         self._spans: list[tuple[CodeSpan, str]] = []
         seen: set[tuple[int, str]] = set()
         for name, module in model.named_modules():
@@ -179,6 +203,22 @@ class Locator:
                         continue
                     if not any(s == span for s, _, _ in self._hooks):
                         self._hooks.append((span, clean_fqn(name), "user-hook"))
+
+    def routing_state(self, frames: tuple[Location, ...], module: str) -> bool:
+        """Whether the innermost user frame keeps MoE routing statistics: ``module`` sits in an
+        MoE layer and the source line counts tokens per expert (bincount, histc, scatter_add,
+        index_add) or updates one of that layer's buffers in place."""
+        layers = [path for path in self._moe_buffers if within(module, path)]
+        user = [f for f in frames if not is_torch_path(f.file)]
+        if not layers or not user:
+            return False
+        line = source_line(user[-1])
+        if _COUNTING_OP.search(line):
+            return True
+        if not _IN_PLACE.search(line):
+            return False
+        buffers = set().union(*(self._moe_buffers[p] for p in layers))
+        return any(re.search(rf"\b{re.escape(b)}\b", line) for b in buffers)
 
     def __call__(self, frames: tuple[Location, ...], root: str = "") -> tuple[str, str]:
         """``root``: the FQN of the block being captured; frames are matched inside it only

@@ -164,6 +164,7 @@ class CaptureSession:
         module, component = (
             self.locator(frames, self.root) if self.locator else (self.root, "model")
         )
+        routing = self.locator.routing_state(frames, module) if self.locator else False
         hop = hop or reason.hop
         return RawBreak(
             gb_type=reason.gb_type,
@@ -176,6 +177,7 @@ class CaptureSession:
             explanation=reason.explanation,
             hints=tuple(reason.hints),
             context=reason.context,
+            routing_state=routing,
         )
 
     def _record(self, result: RawCapture, reason: str, exc: Any) -> None:
@@ -183,6 +185,14 @@ class CaptureSession:
         frames = tuple(
             Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack
         )
+        parts = causes.parse_reasons(reason)
+        if len(parts) == 1 and causes.is_frame_skip(parts[0].gb_type):
+            # "graph break in loop" alone: Dynamo chained the break that made it give up on the
+            # frame (a data-dependent op inside the loop, ...) as the exception's cause. Report
+            # that one as the break, and the skip as a frame_skipped event.
+            underlying = _underlying_reason(exc)
+            if underlying:
+                reason = causes.chain_reasons(underlying, reason)
         self._add(result, reason, frames, getattr(exc, "_hop_name", None), self._region())
 
     def _add(
@@ -204,7 +214,7 @@ class CaptureSession:
         # "Failed to handle graph break gracefully ... another graph break occurred": the first
         # part is the real break, the last one says the whole frame was skipped (GB7000).
         result.breaks.append((self._raw(parts[0], reason, frames, hop), region))
-        if len(parts) > 1:
+        if len(parts) > 1 or causes.is_frame_skip(parts[0].gb_type):
             result.frame_skips.append((self._raw(parts[-1], reason, frames, hop), region))
 
     def _record_from_log(self, result: RawCapture, message: str) -> None:
@@ -212,6 +222,19 @@ class CaptureSession:
         if parsed is not None:
             reason, frames = parsed
             self._add(result, reason, frames, None, "")
+
+
+def _underlying_reason(exc: BaseException) -> str:
+    """The message of the innermost exception chained under a frame-skip ``Unsupported``."""
+    seen: set[int] = {id(exc)}
+    inner = exc.__cause__ or exc.__context__
+    while inner is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        text = str(inner).strip()
+        if text and not causes.is_frame_skip(causes.parse_reason(text).gb_type):
+            return text
+        inner = inner.__cause__ or inner.__context__
+    return ""
 
 
 def _is_suffix(short: tuple[Location, ...], long: tuple[Location, ...]) -> bool:

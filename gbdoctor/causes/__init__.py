@@ -13,7 +13,14 @@ from gbdoctor.causes.gb_registry import (
     registry,
     registry_path,
 )
-from gbdoctor.causes.parse import Reason, parse_graph_break_log, parse_reason, parse_reasons
+from gbdoctor.causes.parse import (
+    Reason,
+    chain_reasons,
+    is_frame_skip,
+    parse_graph_break_log,
+    parse_reason,
+    parse_reasons,
+)
 from gbdoctor.causes.rules import RULE_ORDER, classify
 from gbdoctor.causes.taxonomy import (
     CAUSE_IDS,
@@ -37,11 +44,13 @@ __all__ = [
     "Cause",
     "Reason",
     "RegistryEntry",
+    "chain_reasons",
     "classify",
     "explain_cause",
     "flags_removing",
     "gb_id_for",
     "gb_id_from_text",
+    "is_frame_skip",
     "load_registry",
     "parse_graph_break_log",
     "parse_reason",

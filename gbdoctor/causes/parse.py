@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from gbdoctor.causes.gb_registry import gb_id_for
 from gbdoctor.records import Location
 
 # --------------------------------------------------------------------------- parsing
@@ -38,6 +39,26 @@ _FIELD = re.compile(
 )
 _MORE = re.compile(r"^\s*For more details about this graph break")
 GUARD_DATA_DEPENDENT = "Could not guard on data-dependent expression"
+DATA_DEPENDENT_SPECIALIZATION = (
+    "Could not extract specialized integer from data-dependent expression"
+)
+"""Dynamo's text (no registry entry) when a data-dependent value (an unbacked ``u0``) is used
+where a Python int is needed, e.g. indexing with an element of ``nonzero()``'s output; the
+``u0 (unhinted: u0)`` tail varies, so this stable prefix is the gb_type."""
+_TRACE_HEADER = re.compile(r"^Encountered graph break when attempting to trace .*:$")
+FRAME_SKIP_LOOP = "graph break in loop"
+"""GB7000: Dynamo gave up on the whole frame because a break happened inside a loop."""
+
+
+def chain_reasons(first: str, then: str) -> str:
+    """The text Dynamo writes when handling one break led to another (``then``, e.g. GB7000
+    "graph break in loop"): :func:`parse_reasons` splits it back into both."""
+    return f"{first}\n\n{_NEXT_REASON}\n\n{then}"
+
+
+def is_frame_skip(gb_type: str) -> bool:
+    """Whether a gb_type says Dynamo skipped the whole frame (GB7000, "graph break in loop")."""
+    return gb_type.strip() == FRAME_SKIP_LOOP or gb_id_for(gb_type) == "GB7000"
 
 
 def parse_reasons(text: str) -> list[Reason]:
@@ -65,7 +86,7 @@ def _body_lines(text: str) -> list[str]:
         stripped = line.strip()
         if any(stripped.startswith(s) for s in _STOP):
             break
-        if _HEADER.match(stripped):
+        if _HEADER.match(stripped) or _TRACE_HEADER.match(stripped):
             continue
         if stripped.startswith(_REASON_PREFIX):
             rest = stripped[len(_REASON_PREFIX) :].strip()
@@ -147,6 +168,9 @@ def _parse_one(text: str) -> Reason:
 def _parse_unstructured(lines: list[str], hop: str | None) -> Reason:
     first = lines[0].strip()
     body = "\n".join(lines)
+    if first.startswith(DATA_DEPENDENT_SPECIALIZATION):
+        caused_by = next((ln.strip() for ln in lines if ln.strip().startswith("Caused by:")), "")
+        return Reason(DATA_DEPENDENT_SPECIALIZATION, first, (), caused_by, hop)
     if first.startswith("generic_jump") or GUARD_DATA_DEPENDENT in body:
         explanation = next((ln.strip() for ln in lines if GUARD_DATA_DEPENDENT in ln), "")
         caused_by = next((ln.strip() for ln in lines if ln.strip().startswith("Caused by:")), "")

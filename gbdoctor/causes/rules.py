@@ -25,8 +25,10 @@ The rules are ordered; the first that matches wins (:data:`RULE_ORDER`):
 4. ``inplace-in-sac``: inside a checkpoint HOP and a side-effect/mutation gb_type (GB0067,
    GB4413, GB1177, GB0041) or a message about mutation.
 5. ``moe-load-balancing``: component ``load-balancing``; or a data-dependent break (or the
-   ``Tensor.add_`` follow-on of one) in MoE routing code (a ``router`` module, or local
-   frames about tokens_per_expert/expert_bias/counting).
+   ``Tensor.add_`` follow-on of one) in code that keeps routing statistics: measured by
+   behaviour (``raw.routing_state``: inside an MoE layer found by structure, the source line
+   counts tokens per expert or updates one of the layer's buffers in place, whatever the
+   names), else a ``router`` module or local frames about tokens_per_expert/expert_bias/counting.
 6. ``data-dependent``: GB0124, GB0033, GB0036/GB0037, GB0170, GB0109, ..., ``generic_jump``.
 7. ``collective``: async_op, P2P, process-group/c10d gb_types and objects.
 8. ``compiler-disabled``: GB0098/GB0099, or a runtime call of ``torch._dynamo.disable``.
@@ -50,6 +52,7 @@ from pathlib import Path
 from gbdoctor.causes.gb_registry import gb_id_for, registry_path
 from gbdoctor.causes.parse import (
     DATA_DEPENDENT_BRANCHING,
+    DATA_DEPENDENT_SPECIALIZATION,
     GUARD_DATA_DEPENDENT,
     parse_reason,
 )
@@ -242,6 +245,7 @@ def _is_data_dependent(raw: RawBreak) -> bool:
     return (
         gb in _DATA_DEPENDENT
         or gb.startswith("generic_jump")
+        or gb == DATA_DEPENDENT_SPECIALIZATION
         or GUARD_DATA_DEPENDENT in raw.message
     )
 
@@ -265,6 +269,8 @@ def _module_parts(fqn: str) -> list[str]:
 
 
 def _points_at_routing(raw: RawBreak) -> bool:
+    if raw.routing_state:
+        return True  # measured by structure + source line (Locator.routing_state), names aside
     parts = _module_parts(raw.module)
     if any("router" in p for p in parts):
         return True

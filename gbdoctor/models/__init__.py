@@ -18,6 +18,7 @@ from ..records import ModelSpec
 from . import deepseek_v3, llama3, llama4
 from .custom import load_factory
 from .moe import MoEArgs, grouped_mm_supported
+from .structure import find_blocks, find_moe_layers
 
 FAMILIES: tuple[str, ...] = ("custom", "deepseek_v3", "llama3", "llama4")
 
@@ -28,6 +29,8 @@ __all__ = [
     "block_container",
     "build_model",
     "family_flavors",
+    "find_blocks",
+    "find_moe_layers",
     "flavor_args",
     "grouped_mm_supported",
     "load_factory",
@@ -123,14 +126,8 @@ def vocab_size(model: nn.Module) -> int:
     )
 
 
-def block_container(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``[("layers.0", block), ...]`` in container order (ModuleDict keys or ModuleList indices)."""
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        return [(f"layers.{key}", block) for key, block in layers.items()]
-    if isinstance(layers, nn.ModuleList):
-        return [(f"layers.{i}", block) for i, block in enumerate(layers)]
-    raise SpecError(
-        f"model {type(model).__name__} has no 'layers' ModuleDict or ModuleList",
-        hint="put the repeated transformer blocks in model.layers, as torchtitan does",
-    )
+def block_container(model: nn.Module, path: str | None = None) -> list[tuple[str, nn.Module]]:
+    """``[("layers.0", block), ...]`` in container order (ModuleDict keys or ModuleList indices),
+    with the model's real FQNs (``model.layers.0`` for a Hugging Face decoder); the container is
+    found by structure unless ``path`` names it (``models.structure.find_blocks``)."""
+    return [(fqn, block) for fqn, _, block in find_blocks(model, path).items()]

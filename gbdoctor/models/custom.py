@@ -3,8 +3,9 @@
 
 Every way this can go wrong is a ``SpecError`` (exit 2) naming the factory and the problem, because
 a broken factory is bad input, not a gbdoctor failure. The returned model must look enough like a
-torchtitan decoder for the per-block machinery: a ``layers`` ModuleDict/ModuleList of blocks and an
-``nn.Embedding`` (its ``num_embeddings`` is the vocabulary used for synthetic tokens).
+decoder for the per-block machinery: a ModuleList/ModuleDict of blocks anywhere in the tree (found
+by structure, ``structure.find_blocks``, or named by ``[gbdoctor] blocks``) and an ``nn.Embedding``
+(its ``num_embeddings`` is the vocabulary used for synthetic tokens).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SpecError
+from .structure import find_blocks
 
 _FORMAT_HINT = "write the factory as 'path/to/file.py:build' or 'package.module:build'"
 
@@ -107,18 +109,16 @@ def validate_model(model: object, ref: str) -> nn.Module:
             f"model factory {ref!r} returned {type(model).__name__}, not a torch.nn.Module",
             hint="make build(flavor) return the model instance",
         )
-    layers = getattr(model, "layers", None)
-    if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
-        found = "nothing" if layers is None else type(layers).__name__
-        raise SpecError(
-            f"model from factory {ref!r} has no 'layers' ModuleDict or ModuleList (found {found})",
-            hint="put the repeated transformer blocks in model.layers, as torchtitan does",
-        )
-    if len(layers) == 0:
-        raise SpecError(
-            f"model from factory {ref!r} has an empty 'layers' container",
-            hint="build at least one block into model.layers",
-        )
+    try:
+        find_blocks(model)
+    except SpecError as exc:
+        # A Sequential can hold the blocks only when the spec names it ([gbdoctor] blocks);
+        # the setup checks that path later.
+        sequentials = [m for m in model.modules() if isinstance(m, nn.Sequential)]
+        if not any(
+            sum(1 for e in m if any(True for _ in e.parameters())) >= 2 for m in sequentials
+        ):
+            raise SpecError(f"model from factory {ref!r}: {exc.message}", hint=exc.hint) from None
     if not any(isinstance(m, nn.Embedding) for m in model.modules()):
         raise SpecError(
             f"model from factory {ref!r} has no nn.Embedding",

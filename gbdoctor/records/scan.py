@@ -168,6 +168,10 @@ class RawBreak:
     explanation: str = ""
     hints: tuple[str, ...] = ()
     context: str = ""
+    routing_state: bool = False
+    """The break's source line keeps MoE routing statistics: inside a module recognised as an MoE
+    layer, it updates one of that layer's buffers in place or counts tokens per expert
+    (bincount/histc/scatter_add/index_add), whatever the code's names (``Locator.routing_state``)."""
 
 
 # --------------------------------------------------------------------------- inspect

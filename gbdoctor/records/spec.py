@@ -82,6 +82,9 @@ class ToolSpec:
     """Wall-clock limit for a multi-rank job; a hung rank never hangs the tool."""
     simulate: bool = False
     """Meta tensors and a fake process group instead of real ranks (production-size specs)."""
+    blocks: str = ""
+    """Dotted path of the model's ModuleList/ModuleDict of blocks (``model.layers``); empty: found
+    by structure (``models.structure.find_blocks``)."""
 
 
 @record

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 from dataclasses import replace
 from typing import Any
@@ -31,12 +32,14 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
+from gbdoctor.capture.locate import within
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
+from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
 from gbdoctor.setup.recipe import Recipe, recipe_for
 from gbdoctor.setup.train import forward_loss, synthetic_batch
 
@@ -112,10 +115,17 @@ def _scan_set_up(
     with recipe.step_context(setup):
         store, remove = collect_block_inputs(setup.model, outers)
         notes: list[str] = []
+        sources: list[LossSource] = []
+        watch = setup.model.register_forward_hook(
+            lambda module, args, output: sources.append(loss_source(output, labels, vocab))
+        )
         try:
             warm_up(recipe, setup, tokens, labels, notes)
         finally:
             remove()
+            watch.remove()
+        if sources:
+            notes.append(loss_note(sources[0]))
         session.locator = Locator(setup.model, setup.hooks)
         groups = group_blocks(setup, store) if job.dedupe else [[s.fqn] for s in setup.blocks]
         reps: dict[str, BlockReport] = {}
@@ -137,6 +147,11 @@ def _scan_set_up(
             reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
     reports.sort(key=lambda r: _layer_order(r.fqn))
     return tuple(reports), setup_info(spec, job, setup), tuple(notes)
+
+
+_BF16_FAILURE = re.compile(
+    r"BFloat16|bfloat16|same dtype|expected scalar type|dtype mismatch", re.IGNORECASE
+)
 
 
 def warm_up(
@@ -179,10 +194,15 @@ def warm_up(
         if failures:
             notes.append("; ".join(failures) + f"; blocks were captured after {name}")
         return
-    raise SetupError(
-        f"the model does not run eagerly under this setup: {failures[-1]}",
-        hint="fix the model or the setup first (run with --debug for the traceback)",
-    )
+    hint = "fix the model or the setup first (run with --debug for the traceback)"
+    if any(_BF16_FAILURE.search(f) for f in failures):
+        # FSDP's MixedPrecisionPolicy casts parameters to bfloat16 (torchtitan's default
+        # mixed_precision_param); code that builds fp32 tensors next to them then fails.
+        hint = (
+            "the parameters run in bfloat16 under FSDP's mixed_precision_param; retry with "
+            "--set training.mixed_precision_param=float32"
+        )
+    raise SetupError(f"the model does not run eagerly under this setup: {failures[-1]}", hint=hint)
 
 
 def _layer_order(fqn: str) -> tuple[int, str]:
@@ -245,6 +265,15 @@ def capture_block(
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
     return block_report(slot, raw)
+
+
+def _in_ac(slot: Any, module: str) -> bool:
+    """Whether ``module`` sits in one of the block's AC-wrapped regions."""
+    for sub in slot.ac_wrapped:
+        region = slot.fqn if sub == "" else f"{slot.fqn}.{sub}"
+        if within(module, region):
+            return True
+    return False
 
 
 def _ac_region(slot: Any, module: str) -> str:
@@ -310,6 +339,24 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
                 component="torch",
                 region=slot.fqn,
                 count=n,
+            )
+    for region in sorted(raw.entered):
+        # With the checkpoint side-effect flag (the default strategy's) or scalar capture, a
+        # break inside a checkpoint region need not carry the HOP in its record; the region
+        # still produced no graph and ran eagerly, which is what region_eager reports.
+        inside = sorted((b for b in merged.values() if b.region == region), key=break_order)
+        checkpointed = [b for b in inside if _in_ac(slot, b.module)]
+        if raw.graphs.get(region) or raw.error is not None or not checkpointed:
+            continue
+        ac_region = _ac_region(slot, checkpointed[0].module)
+        if ("region_eager", ac_region) not in events:
+            events[("region_eager", ac_region)] = Event(
+                kind="region_eager",
+                module=ac_region,
+                gb_type=checkpointed[0].gb_type,
+                location=checkpointed[0].location,
+                detail="a break inside the activation-checkpoint region left it with no graph: "
+                "the whole region ran eagerly",
             )
     for region in sorted(raw.entered):
         if (

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gbdoctor.errors import SpecError
+from gbdoctor.models.structure import ep_refusal, find_blocks, find_moe_layers, hidden_size
 from gbdoctor.records import BlockKind, Spec
 from gbdoctor.setup import ac as ac_mod
 from gbdoctor.setup.balance import load_balanced_moes, register_load_balancing
@@ -25,7 +27,6 @@ from gbdoctor.setup.compile import (
     Strategy,
     apply_compile,
     default_eager,
-    is_moe_block,
 )
 from gbdoctor.setup.ep import apply_ep
 from gbdoctor.setup.fsdp import apply_fsdp
@@ -82,31 +83,27 @@ class Setup:
         return any(slot.ac_wrapped for slot in self.blocks)
 
 
-def block_slots(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
-    """(fqn, container key, block) for the model's ``layers`` container."""
-    layers = getattr(model, "layers", None)
-    if isinstance(layers, nn.ModuleDict):
-        return [(f"layers.{k}", k, b) for k, b in layers.items()]
-    if isinstance(layers, (nn.ModuleList, nn.Sequential)):
-        return [(f"layers.{i}", str(i), b) for i, b in enumerate(layers)]
-    raise ValueError("the model has no `layers` ModuleDict/ModuleList of blocks")
+def block_slots(model: nn.Module, path: str | None = None) -> list[tuple[str, str, nn.Module]]:
+    """(fqn, container key, block) for the model's block container, found by structure unless
+    ``path`` (``[gbdoctor] blocks``) names it; FQNs are the model's own (``model.layers.3``)."""
+    return find_blocks(model, path).items()
 
 
-def _set_block(model: nn.Module, key: str, module: nn.Module) -> None:
-    layers = model.layers
-    if isinstance(layers, nn.ModuleDict):
-        layers[key] = module
-    else:
-        layers[int(key)] = module
-
-
-def _moe_modules(fqn: str, block: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Modules with an ``experts`` child (the MoE layer whose experts EP shards)."""
-    return [
-        (f"{fqn}.{name}" if name else fqn, m)
-        for name, m in block.named_modules()
-        if isinstance(getattr(m, "experts", None), nn.Module)
-    ]
+def _expert_stores(fqn: str, block: nn.Module, hidden: int | None) -> list[tuple[str, nn.Module]]:
+    """(FQN, module) of the block's expert stores (MoE found by structure), which EP shards;
+    refuses (exit 2) an MoE layer gbdoctor's torchtitan-style dispatch cannot drive."""
+    found = []
+    for moe in find_moe_layers(block, hidden):
+        experts = block.get_submodule(moe.experts)
+        reason = ep_refusal(moe, experts)
+        if reason is not None:
+            where = f"{fqn}.{moe.path}" if moe.path else fqn
+            raise SpecError(
+                f"expert parallelism is not supported for {where}: {reason}",
+                hint="set parallelism.expert_parallel_degree = 1 for this model",
+            )
+        found.append((f"{fqn}.{moe.experts}", experts))
+    return found
 
 
 def default_compile_fn(backend: str) -> CompileFn:
@@ -138,29 +135,40 @@ def apply_setup(
     if compile_fn is None:
         compile_fn = default_compile_fn(backend or spec.compile.backend)
     ac = spec.activation_checkpoint
-    raw = block_slots(model)
+    container = find_blocks(model, spec.gbdoctor.blocks or None)
+    raw = container.items()
+    hidden = hidden_size(model)
+    moe_blocks = {fqn for fqn, _, block in raw if find_moe_layers(block, hidden)}
     hooks: list[InstalledHook] = []
 
-    # 1. EP: dispatch/combine hooks on moe.experts, experts sharded on dim 0.
+    # 1. EP: dispatch/combine hooks on each MoE's expert store, experts sharded on dim 0.
     experts: dict[str, nn.Module] = {}
     if meshes is not None and meshes.ep is not None:
+        if not moe_blocks:
+            raise SpecError(
+                f"expert_parallel_degree = {meshes.ep.size()} but the model has no MoE layer "
+                "(a router plus stacked or repeated experts)",
+                hint="set parallelism.expert_parallel_degree = 1 for this model",
+            )
         for fqn, _, block in raw:
-            moes = _moe_modules(fqn, block)
-            for moe_fqn, kind, fn in apply_ep(moes, meshes.ep):
-                hooks.append(InstalledHook(module=moe_fqn, kind=kind, installer="ep", fn=fn))
-            if moes:
-                experts[fqn] = moes[0][1].experts
+            stores = _expert_stores(fqn, block, hidden)
+            for experts_fqn, kind, fn in apply_ep(stores, meshes.ep):
+                hooks.append(InstalledHook(module=experts_fqn, kind=kind, installer="ep", fn=fn))
+            if stores:
+                experts[fqn] = stores[0][1]
 
     # 2. AC, with kind labels known before wrapping (plans are keyed by them).
     wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, i)}
     kinds = []
-    for i, (_, _, block) in enumerate(raw):
+    for i, (fqn, _, _) in enumerate(raw):
         kind = BlockKind(
-            base="moe" if is_moe_block(block) else "dense",
+            base="moe" if fqn in moe_blocks else "dense",
             wrap=ac_mod.ac_label(ac) if i in wrapped_idx else "",
         )
         kinds.append(str(kind))
-    recipes = [strategy.recipe_for(kind, is_moe_block(b)) for kind, (_, _, b) in zip(kinds, raw)]
+    recipes = [
+        strategy.recipe_for(kind, fqn in moe_blocks) for kind, (fqn, _, _) in zip(kinds, raw)
+    ]
     split = {
         fqn: (r.eager or default_eager(b)) for (fqn, _, b), r in zip(raw, recipes) if r.split_ac
     }
@@ -170,15 +178,15 @@ def apply_setup(
     slots: list[BlockSlot] = []
     for (fqn, key, block), kind, recipe in zip(raw, kinds, recipes):
         outer, ac_subs = wrapped[fqn]
-        outer, regions, fg = apply_compile(outer, fqn, recipe, is_moe_block(block), compile_fn)
-        _set_block(model, key, outer)
+        outer, regions, fg = apply_compile(outer, fqn, recipe, fqn in moe_blocks, compile_fn)
+        container.set(key, outer)
         slots.append(
             BlockSlot(
                 fqn=fqn,
                 key=key,
                 block=block,
                 outer=outer,
-                is_moe=is_moe_block(block),
+                is_moe=fqn in moe_blocks,
                 kind=kind,
                 ac_wrapped=ac_subs,
                 regions=regions,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from gbdoctor.models.structure import expert_paths
 from gbdoctor.setup.ac import unwrap_checkpoint
 
 HEAD_FLAGS = (
@@ -34,7 +35,7 @@ class BlockRecipe:
     fullgraph: bool = True
     eager: tuple[str, ...] = ()
     """Sub-FQNs (relative to the block) left eager in ``children`` mode; empty means the
-    strategy default (every sub-module named ``experts``)."""
+    strategy default (every MoE's expert store, found by structure)."""
     split_ac: bool = False
     """Wrap AC/SAC per child instead of around the whole block."""
 
@@ -103,18 +104,10 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
-def is_moe_block(block: nn.Module) -> bool:
-    """Built-in blocks say so (``moe_enabled``); for others, any sub-module named ``experts``."""
-    flag = getattr(block, "moe_enabled", None)
-    if flag is not None:
-        return bool(flag)
-    return any(name.rsplit(".", 1)[-1] == "experts" for name, _ in block.named_modules())
-
-
 def default_eager(block: nn.Module) -> tuple[str, ...]:
-    return tuple(
-        sorted(name for name, _ in block.named_modules() if name.rsplit(".", 1)[-1] == "experts")
-    )
+    """The block's expert stores (MoE recognised by structure, ``models.structure``): where EP
+    and FSDP hook in, so ``children`` mode leaves them eager."""
+    return expert_paths(block)
 
 
 CompileFn = Callable[[nn.Module, str, bool], nn.Module]

@@ -16,6 +16,8 @@ import torch.nn as nn
 from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from gbdoctor.errors import SpecError
+
 
 class TokenDispatcher:
     """Holds the per-call state that dispatch hands to combine (split sizes, permutation)."""
@@ -75,18 +77,21 @@ class TokenDispatcher:
         return all_to_all_single_autograd(unpermuted, self.input_splits, self.output_splits, group)
 
 
-def apply_ep(moe_modules: list[tuple[str, nn.Module]], ep_mesh: Any) -> list[tuple[str, str, Any]]:
-    """Shard each MoE's experts on dim 0 over ``ep_mesh`` and install dispatch/combine hooks.
+def apply_ep(
+    expert_stores: list[tuple[str, nn.Module]], ep_mesh: Any
+) -> list[tuple[str, str, Any]]:
+    """Shard each MoE's expert store (stacked weights) on dim 0 over ``ep_mesh`` and install
+    dispatch/combine hooks on it.
 
     Returns the installed hooks as (module fqn, hook kind, callable) for the hook registry.
     """
     installed: list[tuple[str, str, Any]] = []
-    for fqn, moe in moe_modules:
-        experts = moe.experts
+    for fqn, experts in expert_stores:
         num_experts = next(iter(experts.parameters())).shape[0]
         if num_experts % ep_mesh.size():
-            raise ValueError(
-                f"{fqn}: {num_experts} experts cannot be split over EP degree {ep_mesh.size()}"
+            raise SpecError(
+                f"{fqn}: {num_experts} experts cannot be split over EP degree {ep_mesh.size()}",
+                hint=f"use a divisor of {num_experts} for parallelism.expert_parallel_degree",
             )
         for name, param in list(experts.named_parameters(recurse=False)):
             sharded = nn.Parameter(
@@ -97,6 +102,6 @@ def apply_ep(moe_modules: list[tuple[str, nn.Module]], ep_mesh: Any) -> list[tup
         dispatcher = TokenDispatcher(ep_mesh)
         experts.register_forward_pre_hook(dispatcher.token_dispatch)
         experts.register_forward_hook(dispatcher.token_combine)
-        installed.append((f"{fqn}.experts", "forward_pre", dispatcher.token_dispatch))
-        installed.append((f"{fqn}.experts", "forward", dispatcher.token_combine))
+        installed.append((fqn, "forward_pre", dispatcher.token_dispatch))
+        installed.append((fqn, "forward", dispatcher.token_combine))
     return installed

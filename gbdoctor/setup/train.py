@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
+
+from gbdoctor.setup.outputs import embedding_vocab, training_loss
 
 
 def synthetic_batch(
@@ -36,12 +37,10 @@ def synthetic_batch(
 def forward_loss(
     model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor, world_size: int
 ) -> torch.Tensor:
-    """Local token-summed cross entropy over the global token count."""
-    logits = model(tokens)
-    if isinstance(logits, (tuple, list)):
-        logits = logits[0]
-    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(0, 1), reduction="sum")
-    return loss_sum / (labels.numel() * world_size)
+    """Local token-summed cross entropy over the global token count, or what the model's outputs
+    allow instead (``setup.outputs``: its own loss, or the hidden-state surrogate)."""
+    loss, _ = training_loss(model(tokens), labels, world_size, embedding_vocab(model))
+    return loss
 
 
 def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:

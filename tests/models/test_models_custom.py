@@ -129,13 +129,13 @@ def test_factory_raising(tmp_path):
         ("def build(flavor):\n    return {'layers': []}\n", "not a torch.nn.Module"),
         (
             "from torch import nn\ndef build(flavor):\n    return nn.Sequential(nn.Embedding(3, 2))\n",
-            "no 'layers'",
+            "no non-empty ModuleList",
         ),
         (
             "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
             "        self.layers = [nn.Linear(2, 2)]\n        self.e = nn.Embedding(3, 2)\n"
             "def build(flavor):\n    return M()\n",
-            "found list",
+            "layers is a plain Python list",
         ),
         (
             "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
@@ -147,7 +147,7 @@ def test_factory_raising(tmp_path):
             "from torch import nn\nclass M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
             "        self.layers = nn.ModuleDict()\n        self.e = nn.Embedding(3, 2)\n"
             "def build(flavor):\n    return M()\n",
-            "empty",
+            "no non-empty ModuleList",
         ),
     ],
 )
