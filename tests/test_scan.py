@@ -13,14 +13,14 @@ from gbdoctor.spec import load_spec
 from gbdoctor.summary import summarize
 
 
-def _planted():
-    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "models" / "planted.py")
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, FIXTURES / "models" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-PLANTED = _planted()
+PLANTED = _load("planted")
 
 
 @pytest.fixture(autouse=True)
@@ -97,6 +97,36 @@ def test_block_that_cannot_trace_is_an_error_record(custom_spec):
     assert (
         "FlexAttention" in report.blocks[0].error or "NotImplementedError" in report.blocks[0].error
     )
+
+
+def test_pytorch_bug_while_tracing_names_the_inner_error_and_the_user_line(custom_spec):
+    # Dynamo re-raises the symbolic-shape failure wrapped; the record keeps the inner exception,
+    # the model line it came from, and says it was raised inside PyTorch.
+    bug = _load("torch_bug")
+    spec = custom_spec("torch_bug.py", "x")
+    report = scan(load_spec(spec, ["training.mixed_precision_param=float32"]), strategy="block")
+    for block in report.blocks:
+        assert block.error is not None and "\n" not in block.error
+        assert block.error.startswith("AssertionError: ToFloat")
+        assert f"torch_bug.py:{bug.BUG_LINE}" in block.error
+        assert "raised inside PyTorch" in block.error
+
+
+def test_backend_failure_is_reported_by_its_inner_exception():
+    import torch
+
+    from gbdoctor.capture import describe_error
+
+    def broken_backend(gm, example_inputs):
+        raise KeyError("u0")
+
+    fn = torch.compile(lambda x: x * 2, backend=broken_backend)
+    with pytest.raises(Exception) as info:
+        fn(torch.ones(2))
+    line = describe_error(info.value)
+    assert line.startswith("KeyError: 'u0'"), line
+    assert f"wrapped in {type(info.value).__name__}" in line
+    assert "raised by the model's code" in line  # the backend here is user code, not torch
 
 
 @pytest.mark.slow

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import traceback
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
+
+from gbdoctor.capture.locate import is_torch_path, portable_path
 
 
 def run_block(outer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -38,14 +41,62 @@ def _flatten(obj: Any) -> Iterator[Any]:
 
 
 def describe_error(exc: BaseException) -> str:
-    """One line for a block that could not be traced at all."""
-    text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
-    # Dynamo wraps the real exception; its first useful line is the gb_type or the cause.
-    cause = exc.__cause__
-    if cause is not None and str(cause).strip():
-        first = f"{first} ({type(cause).__name__}: {str(cause).strip().splitlines()[0]})"
-    return f"{type(exc).__name__}: {first}"[:500]
+    """One line for a block that could not be traced at all.
+
+    Dynamo and the backend wrap the real exception (``BackendCompilerFailed: backend=... raised``,
+    ``InternalTorchDynamoError``); the line names the innermost one, where in the user's code
+    tracing stood, and whether it was raised inside PyTorch itself (a PyTorch bug that training
+    compiling the same block would hit too) or by the model's own code.
+    """
+    inner = _innermost(exc)
+    message = _first_line(inner)
+    where = _user_site(exc) or _user_site(inner)
+    owner = "raised inside PyTorch" if _raised_in_torch(inner) else "raised by the model's code"
+    site = f" at {where}" if where else ""
+    wrapped = f"; wrapped in {type(exc).__name__}" if inner is not exc else ""
+    return (
+        f"{type(inner).__name__}: {message}{site} ({owner}{wrapped}; a training step that "
+        "compiles this block fails the same way)"
+    )[:500]
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """Follow the chain Dynamo builds (``inner_exception``, ``__cause__``) to the original error."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = getattr(exc, "inner_exception", None) or exc.__cause__
+        if not isinstance(nxt, BaseException) or not str(nxt).strip():
+            break
+        exc = nxt
+    return exc
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+# Dynamo appends 'from user code:' and the user frames, outermost first, to errors it re-raises.
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _user_site(exc: BaseException) -> str | None:
+    """The innermost non-torch frame of Dynamo's 'from user code:' section, as file:line."""
+    text = str(exc)
+    if "from user code:" not in text:
+        return None
+    frames = _USER_FRAME.findall(text.split("from user code:", 1)[1])
+    user = [(file, line) for file, line in frames if not is_torch_path(file)]
+    if not user:
+        return None
+    file, line = user[-1]
+    return f"{portable_path(file)}:{line}"
+
+
+def _raised_in_torch(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and is_torch_path(frames[-1].filename)
 
 
 def error_traceback(exc: BaseException) -> str:
