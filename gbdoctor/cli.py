@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -19,10 +20,46 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
 
 from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError
 
+# typer vendors click (``typer._click``) in recent releases and uses the real package in older
+# ones: find click's base exception through a public class instead of importing either.
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (unknown option, bad value) as click's plain ``Error: ...`` line instead of
+    typer's rich box, which wraps the message over several lines."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _ClickException as exc:
+            if not standalone_mode:
+                raise
+            exc.show()
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            _say("Aborted.")
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -73,14 +110,38 @@ def _debug_env(debug: bool) -> Iterator[None]:
             os.environ[DEBUG_ENV] = old
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (CI cancel or timeout): unwound like Ctrl-C, so every child is stopped."""
+
+
+SIGNAL_EXIT = {"interrupted": 130, "terminated": 143}
+"""Exit status after Ctrl-C (SIGINT) and SIGTERM: 128 + the signal number, as a shell reports it."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def _say(line: str) -> None:
+    """One line on stderr, never wrapped (rich wraps at 80 columns when stderr is a pipe)."""
+    sys.stderr.write(line.replace("\n", " ") + "\n")
+    sys.stderr.flush()
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map library errors to one line and an exit code (traceback only with --debug)."""
+    """Map library errors to one line and an exit code (traceback only with --debug).
+
+    User code run by the command (a custom model's factory, forward, hooks) that calls
+    ``sys.exit`` or ``os._exit`` is an error too (exit 3): a scan must never pass by exiting."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gbdoctor.usercode import exits_guarded
+
         debug = _debug_enabled(bool(kwargs.get("debug")))
         try:
-            with _debug_env(debug):
+            with _debug_env(debug), exits_guarded():
                 return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.BadParameter):
             raise
@@ -90,25 +151,27 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                 remote = getattr(exc, "remote_traceback", None)
                 if remote:
                     err_console.print(remote, markup=False, highlight=False)
-            err_console.print(f"Error: {exc.message}", markup=False, highlight=False)
+            _say(f"Error: {exc.message}")
             if exc.hint:
-                err_console.print(f"Hint: {exc.hint}", markup=False, highlight=False)
+                _say(f"Hint: {exc.hint}")
             raise typer.Exit(int(exc.exit_code)) from None
         except KeyboardInterrupt:
-            err_console.print("Interrupted.")
-            raise typer.Exit(130) from None
+            _say("Interrupted.")
+            raise typer.Exit(SIGNAL_EXIT["interrupted"]) from None
+        except Terminated:
+            _say("Terminated.")
+            raise typer.Exit(SIGNAL_EXIT["terminated"]) from None
+        except RecursionError:
+            if debug:
+                err_console.print(traceback.format_exc(), markup=False, highlight=False)
+            _say("Error: input nested too deeply to read")
+            raise typer.Exit(int(ExitCode.BAD_INPUT)) from None
         except Exception as exc:  # noqa: BLE001 - last line of defence: no raw traceback
             if debug:
                 err_console.print(traceback.format_exc(), markup=False, highlight=False)
             first = (str(exc).strip().splitlines() or [""])[0]
-            err_console.print(
-                f"Error: internal error: {type(exc).__name__}: {first}",
-                markup=False,
-                highlight=False,
-            )
-            err_console.print(
-                "Hint: rerun with --debug and report the traceback", markup=False, highlight=False
-            )
+            _say(f"Error: internal error: {type(exc).__name__}: {first}")
+            _say("Hint: rerun with --debug and report the traceback")
             raise typer.Exit(int(ExitCode.ENVIRONMENT)) from None
 
     return wrapper
@@ -125,9 +188,23 @@ def _emit(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
-        err_console.print(f"wrote {output}")
+        from gbdoctor.records.io import write_atomic
+
+        write_atomic(output, text)
+        err_console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _preflight(format: str | None, formats: tuple[str, ...], *outputs: Path | None) -> None:
+    """Check the options that need no model before any work: the format name and every output
+    location (a bad one is exit 2 in a second, instead of a lost scan)."""
+    from gbdoctor.errors import SpecError
+    from gbdoctor.records.io import check_writable
+
+    if format is not None and format not in formats:
+        raise SpecError(f"unknown --format {format!r}", hint=f"valid formats: {', '.join(formats)}")
+    for path in outputs:
+        if path is not None:
+            check_writable(path)
 
 
 class _ProgressBar:
@@ -186,9 +263,10 @@ def scan(
     debug: DebugOpt = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
-    from gbdoctor.report import render
+    from gbdoctor.report import FORMAT_NAMES, render
     from gbdoctor.summary import has_findings
 
+    _preflight(format, FORMAT_NAMES, output)
     loaded = _load(spec, (set_ or []) + (["gbdoctor.simulate=true"] if simulate else []))
     report = _scan_with_progress(loaded, _strategy(loaded, strategy, plan), dedupe=not no_dedupe)
     _emit(render(report, format), output)
@@ -200,9 +278,10 @@ def _strategy(spec: Any, strategy: str | None, plan: Path | None) -> Any:
     if plan is not None:
         if strategy is not None:
             raise typer.BadParameter("--plan and --strategy are mutually exclusive")
-        from gbdoctor.plan import load_plan, plan_strategy
+        from gbdoctor.plan import plan_strategy, read_plan
 
-        return plan_strategy(load_plan(plan), spec)
+        loaded_plan, identity = read_plan(plan)
+        return plan_strategy(loaded_plan, spec, identity=identity)
     if strategy is not None:
         from gbdoctor.setup.compile import STRATEGIES
 
@@ -227,6 +306,7 @@ def inspect(
     from gbdoctor.report.inspect import render_inspect
     from gbdoctor.scan.inspect import inspect_spec
 
+    _preflight(format, ("table", "json"), output)
     loaded = _load(spec, set_)
     with contextlib.redirect_stdout(sys.stderr):
         report = inspect_spec(loaded, strategy=_strategy(loaded, strategy, None))
@@ -266,6 +346,7 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
+    _preflight(None, (), output)
     loaded = _load(spec, set_)
     with _ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
@@ -315,9 +396,10 @@ def run(
     debug: DebugOpt = False,
 ) -> None:
     """Train for real under eager, the torchtitan baselines and the plan; compare throughput."""
-    from gbdoctor.report.run_formats import render_run, write_csv
+    from gbdoctor.report.run_formats import RUN_FORMAT_NAMES, render_run, write_csv
     from gbdoctor.run import run_modes
 
+    _preflight(format, RUN_FORMAT_NAMES, output, csv)
     loaded = _load(spec, set_)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     with _ProgressBar() as bar:
@@ -384,23 +466,38 @@ def gate(
         load_baseline,
         merge_baselines,
     )
-    from gbdoctor.report import render_gate
+    from gbdoctor.records.io import check_writable, locked, write_atomic
+    from gbdoctor.report import GATE_FORMAT_NAMES, render_gate
     from gbdoctor.report.json import load_scan_json
 
     if not specs and not scan_json:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    reports = [load_scan_json(path) for path in scan_json or []]
-    for spec in specs or []:
-        loaded = _load(spec, set_)
-        reports.append(_scan_with_progress(loaded, _strategy(loaded, strategy, None)))
+    _preflight(format, GATE_FORMAT_NAMES, output)
+    # Everything that can be wrong with the inputs is found before the first scan starts.
     if update_baseline:
-        old = load_baseline(baseline) if baseline.exists() else None
-        baseline.write_text(dump_baseline(merge_baselines(old, baseline_from_reports(reports))))
-        err_console.print(f"baseline written: {baseline}")
+        check_writable(baseline, "baseline")
+        if baseline.exists():
+            load_baseline(baseline)
+        accepted = None
+    else:
+        accepted = load_baseline(baseline)
+    reports = [load_scan_json(path) for path in scan_json or []]
+    loaded_specs = [_load(spec, set_) for spec in specs or []]
+    strategies = [_strategy(loaded, strategy, None) for loaded in loaded_specs]
+    for loaded, chosen in zip(loaded_specs, strategies, strict=True):
+        reports.append(_scan_with_progress(loaded, chosen))
+    if update_baseline:
+        with locked(baseline):  # read-merge-write: a concurrent update must not lose an entry
+            old = load_baseline(baseline) if baseline.exists() else None
+            merged = merge_baselines(old, baseline_from_reports(reports))
+            write_atomic(baseline, dump_baseline(merged), "baseline")
+        err_console.print(
+            f"baseline written: {baseline}", markup=False, highlight=False, soft_wrap=True
+        )
         return
     result = check_gate(
         reports,
-        load_baseline(baseline),
+        accepted,
         strict_improvements=strict_improvements,
         recompiles=recompiles,
     )
@@ -422,9 +519,10 @@ def diff(
 ) -> None:
     """Compare two saved scans (e.g. before/after a torch upgrade) with the gate's rules."""
     from gbdoctor.gate import diff_reports
-    from gbdoctor.report import render_gate
+    from gbdoctor.report import GATE_FORMAT_NAMES, render_gate
     from gbdoctor.report.json import load_scan_json
 
+    _preflight(format, GATE_FORMAT_NAMES, output)
     result = diff_reports(
         load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements
     )
@@ -439,9 +537,11 @@ def _scan_with_progress(spec: Any, strategy: Any, dedupe: bool = True) -> Any:
         return run_scan(spec, strategy=strategy, dedupe=dedupe, progress=bar)
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app()
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point. SIGTERM (what CI sends on cancel or timeout) unwinds like
+    Ctrl-C: children are stopped, and the exit status is 143 (130 for Ctrl-C)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    app(args)
 
 
 if __name__ == "__main__":

@@ -86,11 +86,13 @@ _UPDATE_HINT = "review the change, then accept it with --update-baseline"
 
 
 def spec_key(path: str, *, root: str | Path | None = None) -> str:
-    """The spec path as given, in POSIX form, relative to ``root`` (default: the cwd) if under it."""
+    """The spec path as recorded (scans record it relative to the spec's repository,
+    ``Spec.key``), in POSIX form; an absolute path is made relative to ``root`` when given and
+    under it. Never relative to the working directory."""
     text = posixpath.normpath(str(path).replace("\\", "/"))
     posix = PurePosixPath(text)
-    if posix.is_absolute():
-        base = PurePosixPath(Path(root if root is not None else Path.cwd()).resolve().as_posix())
+    if posix.is_absolute() and root is not None:
+        base = PurePosixPath(Path(root).resolve().as_posix())
         try:
             return str(posix.relative_to(base))
         except ValueError:

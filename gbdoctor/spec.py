@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import tomllib
 import types
@@ -178,6 +179,20 @@ _UNSUPPORTED_DEGREES = (
     "expert_tensor_parallel_degree",
 )
 
+MAX_WORLD_SIZE = 16384
+"""Largest world size a spec may ask for (real local ranks or simulated). Llama 3 405B trained
+on 16K GPUs; a bigger world is a typo (``data_parallel_shard_degree = 1e9`` grew the simulated
+process group to 24 GB before the kernel killed it, issue #18).
+TODO(issue 13): replace with the memory estimate of the simulated setup once it lands."""
+
+MAX_CAPTURE_TOKENS = 1 << 20
+"""Largest capture batch (batch_size x seq_len tokens per rank): 16 x 65536. The capture's
+activations grow with it; breaks do not depend on size.
+TODO(issue 13): replace with the memory estimate of the real setup once it lands."""
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""Largest ``[gbdoctor] timeout_s`` (a week); larger values overflow the process-group timeout."""
+
 _TYPE_WORDS = {
     bool: "a boolean",
     int: "an integer",
@@ -251,8 +266,9 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
     spec_dir = os.path.dirname(os.path.abspath(shown))
     model = _check_model(values["model"], data, spec_dir, ctx)
     n_experts = _num_experts(model)
-    return Spec(
+    spec = Spec(
         path=shown,
+        root=stable_root(shown),
         model=model,
         training=_check_training(values["training"], ctx),
         parallelism=_check_parallelism(values["parallelism"], model, n_experts, ctx),
@@ -260,6 +276,29 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
         compile=_check_compile(values["compile"], ctx),
         gbdoctor=_check_tool(values["gbdoctor"], ctx),
     )
+    tokens = spec.capture_batch_size * spec.capture_seq_len
+    if tokens > MAX_CAPTURE_TOKENS:
+        ctx.fail(
+            f"capture batch {spec.capture_batch_size} x {spec.capture_seq_len} = {tokens} tokens "
+            f"per rank exceeds gbdoctor's limit of {MAX_CAPTURE_TOKENS}",
+            "set [gbdoctor] batch_size and seq_len small (e.g. 2 and 64): breaks do not depend on size",
+        )
+    return spec
+
+
+def stable_root(path: str) -> str:
+    """The directory report paths are relative to (``Spec.root``): the nearest ancestor of the
+    spec file holding ``.git`` (a directory, or a file in a git worktree), else the spec file's
+    directory. Never the working directory (issue #18: keys must not depend on it)."""
+    here = os.path.dirname(os.path.abspath(path))
+    parent = here
+    while True:
+        if os.path.exists(os.path.join(parent, ".git")):
+            return parent
+        up = os.path.dirname(parent)
+        if up == parent:
+            return here
+        parent = up
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -467,6 +506,15 @@ def _resolve_factory(factory: str, spec_dir: str, ctx: _Ctx) -> str:
             "name the file (relative to the spec file) or module, a colon, and the function",
         )
     if not is_path:
+        from gbdoctor.usercode import stdlib_target
+
+        if stdlib_target(target):
+            ctx.fail(
+                f"{ctx.where('model', 'factory')} = '{factory}' names the standard-library or "
+                f"builtin module '{target}', not a model factory",
+                "point the factory at your own file or package, which defines "
+                "build(flavor) -> nn.Module",
+            )
         return factory
     resolved = os.path.normpath(os.path.join(spec_dir, os.path.expanduser(target)))
     return f"{resolved}:{attr}"
@@ -565,6 +613,15 @@ def _check_parallelism(
             "make data_parallel_shard_degree a multiple of expert_parallel_degree, or -1",
         )
     world_size = p.data_parallel_replicate_degree * dp_shard
+    if world_size > MAX_WORLD_SIZE:
+        ctx.fail(
+            f"world size {world_size} "
+            f"({ctx.where('parallelism', 'data_parallel_replicate_degree')} x "
+            f"{ctx.where('parallelism', 'data_parallel_shard_degree')}) exceeds gbdoctor's "
+            f"limit of {MAX_WORLD_SIZE} ranks",
+            "check the degrees for a typo; breaks do not depend on the world size beyond the EP "
+            "and FSDP degrees",
+        )
     return dataclasses.replace(p, dp_shard=dp_shard, world_size=world_size)
 
 
@@ -583,7 +640,8 @@ def _check_ac(values: dict[str, Any], ctx: _Ctx) -> ACSpec:
         )
     option = ac.selective_ac_option.strip()
     if option != "op":
-        if not option.isdigit() or int(option) < 1:
+        # isdigit() alone accepts '²', which int() refuses.
+        if not (option.isascii() and option.isdigit()) or int(option) < 1:
             ctx.fail(
                 f"{ctx.where('activation_checkpoint', 'selective_ac_option')} = "
                 f"'{ac.selective_ac_option}' must be a positive integer (wrap every Nth "
@@ -627,9 +685,10 @@ def _check_tool(values: dict[str, Any], ctx: _Ctx) -> ToolSpec:
                 f"[training] value), got {getattr(t, key)}",
                 f"fix {key} in [gbdoctor]",
             )
-    if t.timeout_s <= 0:
+    if not math.isfinite(t.timeout_s) or not 0 < t.timeout_s <= MAX_TIMEOUT_S:
         ctx.fail(
-            f"{ctx.where('gbdoctor', 'timeout_s')} must be positive, got {t.timeout_s}",
+            f"{ctx.where('gbdoctor', 'timeout_s')} must be a number of seconds in (0, "
+            f"{MAX_TIMEOUT_S:g}], got {t.timeout_s}",
             "a wall-clock limit in seconds for multi-rank jobs, e.g. 600",
         )
     return t

@@ -43,20 +43,24 @@ def is_torch_path(path: str) -> bool:
     return os.path.abspath(path).startswith(_TORCH_DIR)
 
 
-def portable_path(path: str) -> str:
-    """Report paths that do not depend on the machine: relative to the working directory when
-    under it (so CI annotations land on the diff), else from ``site-packages/`` on."""
+def portable_path(path: str, root: str | None = None) -> str:
+    """Report paths that depend neither on the machine nor on the working directory: relative to
+    ``root`` (the spec's repository, ``Spec.root``) when under it, so CI annotations land on the
+    diff; else from ``site-packages/`` on; else absolute. Without a root, the working directory
+    stands in (library callers that have no spec)."""
     full = os.path.abspath(path)
-    cwd = os.getcwd() + os.sep
-    if full.startswith(cwd):
-        return os.path.relpath(full, cwd).replace(os.sep, "/")
+    base = os.path.abspath(root if root else os.getcwd()) + os.sep
+    if full.startswith(base):
+        return os.path.relpath(full, base).replace(os.sep, "/")
     marker = os.sep + "site-packages" + os.sep
     if marker in full:
         return full.split(marker, 1)[1].replace(os.sep, "/")
     return full
 
 
-def innermost_user_location(frames: tuple[Location, ...]) -> Location | None:
+def innermost_user_location(
+    frames: tuple[Location, ...], root: str | None = None
+) -> Location | None:
     """The innermost frame outside torch (where a human would look), else the innermost;
     with a portable path."""
     chosen = next(
@@ -64,7 +68,9 @@ def innermost_user_location(frames: tuple[Location, ...]) -> Location | None:
     )
     if chosen is None:
         return None
-    return Location(file=portable_path(chosen.file), line=chosen.line, function=chosen.function)
+    return Location(
+        file=portable_path(chosen.file, root), line=chosen.line, function=chosen.function
+    )
 
 
 @dataclass(frozen=True)

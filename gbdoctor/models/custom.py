@@ -20,9 +20,13 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SpecError
+from ..usercode import defined_in, stdlib_file, stdlib_target
 from .structure import find_blocks
 
 _FORMAT_HINT = "write the factory as 'path/to/file.py:build' or 'package.module:build'"
+_OWN_CODE_HINT = (
+    "point the factory at your own file or package, which defines build(flavor) -> nn.Module"
+)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -52,6 +56,11 @@ def _import_file(target: str, ref: str):
         raise SpecError(
             f"model factory {ref!r}: file {str(path)!r} does not exist",
             hint="relative factory paths are resolved against the spec file's directory",
+        )
+    if stdlib_file(str(path)):
+        raise SpecError(
+            f"model factory {ref!r}: {str(path)!r} is part of the Python standard library",
+            hint=_OWN_CODE_HINT,
         )
     # A unique, stable module name: two factories called model.py in different folders must not collide.
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
@@ -83,6 +92,12 @@ def _import_file(target: str, ref: str):
 
 
 def _import_module(target: str, ref: str):
+    if stdlib_target(target):
+        raise SpecError(
+            f"model factory {ref!r}: {target!r} is a standard-library or builtin module, "
+            "not a model factory",
+            hint=_OWN_CODE_HINT,
+        )
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:
@@ -149,6 +164,12 @@ def load_factory(ref: str, flavor: str) -> nn.Module:
         raise SpecError(
             f"model factory {ref!r}: {attr!r} is a {type(factory).__name__}, not a function",
             hint="point the factory at a function build(flavor) -> nn.Module",
+        )
+    if not defined_in(factory, module.__name__):
+        owner = getattr(factory, "__module__", None) or "an unknown module"
+        raise SpecError(
+            f"model factory {ref!r}: {attr!r} is defined in {owner}, not in {target}",
+            hint=_OWN_CODE_HINT,
         )
     try:
         model = factory(flavor)

@@ -2,7 +2,15 @@
 offered (``planner``), and its emitters for torchtitan, DeepSpeed and plain Python (``emit``).
 Records are in ``records.plan``."""
 
-from gbdoctor.plan.planner import dump_plan, load_plan, plan_strategy, propose_plan
+from gbdoctor.plan.planner import dump_plan, load_plan, plan_strategy, propose_plan, read_plan
 from gbdoctor.records import KindPlan, Plan
 
-__all__ = ["KindPlan", "Plan", "dump_plan", "load_plan", "plan_strategy", "propose_plan"]
+__all__ = [
+    "KindPlan",
+    "Plan",
+    "dump_plan",
+    "load_plan",
+    "plan_strategy",
+    "propose_plan",
+    "read_plan",
+]

@@ -16,12 +16,14 @@ scan under Dynamo's strict check: every region marked fullgraph must be clean, w
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gbdoctor.capture import within
 from gbdoctor.causes import flags_removing
+from gbdoctor.errors import BaselineError
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
     BlockKind,
@@ -60,13 +62,18 @@ FLAG_COSTS = {
 # ------------------------------------------------------------------------------ strategy
 
 
-def plan_strategy(plan: Plan, spec: Spec | None = None) -> Strategy:
-    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification)."""
+def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Strategy:
+    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification).
+
+    With ``identity`` (a loaded plan file) the strategy applies the plan strictly: the model's
+    block kinds and the plan's must be the same, and every module the plan leaves eager must
+    exist (``setup.apply`` refuses a stale or foreign plan), and reports record the identity."""
     recipes = {
         k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
         for k in plan.kinds
     }
-    return _plan_strategy(recipes, plan.flags, summary=f"gbdoctor plan for {plan.spec}")
+    strategy = _plan_strategy(recipes, plan.flags, summary=f"gbdoctor plan for {plan.spec}")
+    return replace(strategy, plan=identity) if identity else strategy
 
 
 def _plan_strategy(
@@ -86,13 +93,49 @@ def _plan_strategy(
     )
 
 
-def load_plan(path: str | Path) -> Plan:
-    """Read a plan JSON file; BaselineError (exit 2) when missing or malformed."""
-    hint = "regenerate the plan with `gbdoctor plan SPEC -o plan.json`"
+PLAN_MODES = ("block", "children")
+"""``KindPlan.mode`` values a plan file may hold."""
+
+
+def plan_identity(path: str | Path, text: str) -> str:
+    """How reports name the plan they applied: file name and content hash (no directory, so
+    the same plan gives the same report wherever it lives)."""
+    return f"{Path(path).name} sha256:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+
+
+def read_plan(path: str | Path) -> tuple[Plan, str]:
+    """Read and check a plan JSON file: (plan, identity). BaselineError (exit 2) for a missing,
+    unreadable, binary, malformed or impossible plan: unknown keys, wrong types, negative counts,
+    a flags entry that is not [name, bool], a Dynamo flag that does not exist, an unknown mode."""
+    import torch._dynamo
+
+    hint = "regenerate the plan with `gbdoctor plan SPEC --emit-config json -o FILE`"
     name = str(path)
-    data = parse_json_object(read_text(path, "plan", hint=hint), name, hint=hint)
+    text = read_text(path, "plan", hint=hint)
+    data = parse_json_object(text, name, hint=hint)
     check_schema_version(data, PLAN_SCHEMA_VERSION, name, "plan", hint=hint)
-    return load_record(Plan, data, name)
+    plan = load_record(Plan, data, name, counts=True)
+    for flag, _ in plan.flags:
+        if not hasattr(torch._dynamo.config, flag):
+            raise BaselineError(
+                f"{name}: $.flags: {flag!r} is not a torch._dynamo.config setting of torch "
+                f"{torch.__version__}",
+                hint=hint,
+            )
+    if not plan.kinds:
+        raise BaselineError(f"{name}: $.kinds: the plan has no block kinds", hint=hint)
+    for i, kind in enumerate(plan.kinds):
+        if kind.mode not in PLAN_MODES:
+            raise BaselineError(
+                f"{name}: $.kinds[{i}].mode: {kind.mode!r} is not one of {', '.join(PLAN_MODES)}",
+                hint=hint,
+            )
+    return plan, plan_identity(path, text)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan JSON file; BaselineError (exit 2) when missing or malformed (see read_plan)."""
+    return read_plan(path)[0]
 
 
 def dump_plan(plan: Plan) -> str:
@@ -312,7 +355,7 @@ def _assemble(
             "module backward-hook breaks, at the cost of compiling the whole backward"
         )
     return Plan(
-        spec=spec.path,
+        spec=spec.key,
         model=f"{spec.model.name}/{spec.model.flavor}",
         torch_version=final.torch_version,
         baseline_strategy=BASELINE_STRATEGY,

@@ -6,6 +6,7 @@ dropped.
 
 from __future__ import annotations
 
+import os
 from dataclasses import field
 
 from gbdoctor.records.base import record
@@ -97,6 +98,18 @@ class Spec:
     activation_checkpoint: ACSpec = field(default_factory=ACSpec)
     compile: CompileSpec = field(default_factory=CompileSpec)
     gbdoctor: ToolSpec = field(default_factory=ToolSpec)
+    root: str = ""
+    """Absolute directory that report paths are relative to: the repository holding the spec
+    file (its nearest ancestor with ``.git``), else the spec file's directory. Never the working
+    directory, so the same scan run from anywhere gives the same JSON and baseline keys.
+    Empty: paths as given (specs built in code)."""
+
+    @property
+    def key(self) -> str:
+        """The spec file relative to :attr:`root`, POSIX form: how reports and baselines name it."""
+        if not self.root:
+            return self.path.replace("\\", "/")
+        return os.path.relpath(os.path.abspath(self.path), self.root).replace(os.sep, "/")
 
     @property
     def capture_batch_size(self) -> int:

@@ -60,7 +60,8 @@ def load_scan_json(source: str | Path) -> ScanReport:
     """A :class:`ScanReport` from ``--format json`` output: a path, or the JSON text itself.
 
     Raises :class:`BaselineError` (exit 2) with a one-line message for an unreadable file,
-    malformed JSON, a wrong ``schema_version``, and missing, unknown or mistyped keys.
+    malformed JSON, a wrong ``schema_version``, missing, unknown or mistyped keys, and
+    impossible values (a negative count or line, a non-finite number).
     """
     if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
         text, name = source, "scan JSON"
@@ -73,4 +74,4 @@ def load_scan_json(source: str | Path) -> ScanReport:
     check_schema_version(
         data, SCHEMA_VERSION, name, "scan", hint="re-run the scan with this gbdoctor version"
     )
-    return load_record(ScanReport, data, name, ignore=DERIVED_KEYS)
+    return load_record(ScanReport, data, name, ignore=DERIVED_KEYS, counts=True)

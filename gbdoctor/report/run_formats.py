@@ -402,9 +402,10 @@ def csv_rows(report: RunReport) -> list[dict[str, Any]]:
 
 
 def write_csv(report: RunReport, path: str | Path) -> None:
-    """Write :func:`csv_rows` to ``path`` with pandas (parent folders created)."""
+    """Write :func:`csv_rows` to ``path`` with pandas, atomically (parent folders created)."""
     import pandas as pd
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(csv_rows(report), columns=list(CSV_COLUMNS)).to_csv(path, index=False)
+    from gbdoctor.records.io import write_atomic
+
+    frame = pd.DataFrame(csv_rows(report), columns=list(CSV_COLUMNS))
+    write_atomic(path, frame.to_csv(index=False), "CSV")

@@ -157,9 +157,10 @@ def run_modes(
         m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"
     }
     if "plan" in chosen:
-        from gbdoctor.plan import load_plan, plan_strategy  # only with --plan
+        from gbdoctor.plan import plan_strategy, read_plan  # only with --plan
 
-        strategies["plan"] = plan_strategy(load_plan(plan_path), spec)
+        loaded_plan, identity = read_plan(plan_path)
+        strategies["plan"] = plan_strategy(loaded_plan, spec, identity=identity)
 
     raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]] = []
     loads: list[float] = []
@@ -378,7 +379,7 @@ def build_report(
         )
     ac = spec.activation_checkpoint
     return RunReport(
-        spec=spec.path,
+        spec=spec.key,
         model=f"{spec.model.name}/{spec.model.flavor}",
         torch_version=torch_version,
         device=device,

@@ -81,7 +81,7 @@ def inspect_rank(job: ScanJob) -> SetupReport:
         )
     in_block = lambda fqn: any(within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
     return SetupReport(
-        spec=job.spec.path,
+        spec=job.spec.key,
         model=f"{job.spec.model.name}/{job.spec.model.flavor}",
         torch_version=torch_version(),
         setup=setup_info(job.spec, job, setup),

@@ -36,7 +36,7 @@ def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
             f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",
         )
     return ScanReport(
-        spec=spec.path,
+        spec=spec.key,
         model=f"{spec.model.name}/{spec.model.flavor}",
         torch_version=torch_version(),
         setup=info,

@@ -134,7 +134,9 @@ def _scan_set_up(
             if progress:
                 progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
             slot = next(s for s in setup.blocks if s.fqn == rep)
-            reps[rep] = capture_block(session, setup, slot, store.get(rep), strict=job.strict)
+            reps[rep] = capture_block(
+                session, setup, slot, store.get(rep), strict=job.strict, root=job.spec.root or None
+            )
         if progress:
             progress("captured", len(groups), len(groups))
     kinds = kind_labels(setup, groups)
@@ -226,11 +228,18 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         dynamo_config=flags,
         batch_size=spec.capture_batch_size,
         seq_len=spec.capture_seq_len,
+        plan=job.strategy.plan,
     )
 
 
 def capture_block(
-    session: CaptureSession, setup: Setup, slot: Any, inputs: Any, *, strict: bool = False
+    session: CaptureSession,
+    setup: Setup,
+    slot: Any,
+    inputs: Any,
+    *,
+    strict: bool = False,
+    root: str | None = None,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
 
@@ -264,7 +273,7 @@ def capture_block(
             reset_fsdp_state(setup.model)
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
-    return block_report(slot, raw)
+    return block_report(slot, raw, root=root)
 
 
 def _in_ac(slot: Any, module: str) -> bool:
@@ -285,11 +294,12 @@ def _ac_region(slot: Any, module: str) -> str:
     return module or slot.fqn
 
 
-def block_report(slot: Any, raw: RawCapture) -> BlockReport:
+def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> BlockReport:
+    """Records of one capture; locations relative to ``root`` (the spec's ``Spec.root``)."""
     merged: dict[tuple[Any, ...], Break] = {}
     events: dict[tuple[Any, ...], Event] = {}
     for rb, region in raw.breaks:
-        location = innermost_user_location(rb.frames)
+        location = innermost_user_location(rb.frames, root)
         brk = Break(
             cause=causes.classify(rb),
             gb_type=rb.gb_type,
@@ -315,7 +325,7 @@ def block_report(slot: Any, raw: RawCapture) -> BlockReport:
                 detail="a break inside the activation-checkpoint region sent the whole region to eager",
             )
     for rb, region in raw.frame_skips:
-        location = innermost_user_location(rb.frames)
+        location = innermost_user_location(rb.frames, root)
         module = rb.module or region or slot.fqn
         events[("frame_skipped", module, str(location))] = Event(
             kind="frame_skipped",

@@ -113,6 +113,32 @@ def default_compile_fn(backend: str) -> CompileFn:
     return compile_region
 
 
+_PLAN_HINT = "make the plan for this spec with `gbdoctor plan SPEC --emit-config json -o FILE`"
+
+
+def check_plan_matches(strategy: Strategy, kinds: list[str], blocks: list[nn.Module]) -> None:
+    """A plan is for one model: the same block kinds, and every module it leaves eager exists in
+    the blocks of its kind. SpecError (exit 2) otherwise, instead of a scan that silently applies
+    defaults to the kinds it does not know and reports "all clean" (issue #18)."""
+    planned = dict(strategy.per_kind)
+    if set(planned) != set(kinds):
+        raise SpecError(
+            f"plan {strategy.plan} does not match this model: the plan covers block kinds "
+            f"{', '.join(sorted(planned)) or 'none'}, the model has {', '.join(sorted(set(kinds)))}",
+            hint=_PLAN_HINT,
+        )
+    for kind, block in zip(kinds, blocks, strict=True):
+        for name in planned[kind].eager:
+            try:
+                block.get_submodule(name)
+            except AttributeError:
+                raise SpecError(
+                    f"plan {strategy.plan} leaves module {name!r} of the {kind} blocks eager, but "
+                    "this model's blocks have no such module",
+                    hint=_PLAN_HINT,
+                ) from None
+
+
 def apply_setup(
     model: nn.Module,
     spec: Spec,
@@ -166,6 +192,8 @@ def apply_setup(
             wrap=ac_mod.ac_label(ac) if i in wrapped_idx else "",
         )
         kinds.append(str(kind))
+    if strategy.plan is not None:
+        check_plan_matches(strategy, kinds, [b for _, _, b in raw])
     recipes = [
         strategy.recipe_for(kind, fqn in moe_blocks) for kind, (fqn, _, _) in zip(kinds, raw)
     ]

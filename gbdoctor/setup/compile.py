@@ -49,6 +49,9 @@ class Strategy:
     summary: str = ""
     per_kind: tuple[tuple[str, BlockRecipe], ...] = field(default=())
     """Overrides by exact kind label (plans use these)."""
+    plan: str | None = None
+    """Identity of the plan file this strategy applies (``plan.json sha256:...``). When set,
+    ``apply_setup`` refuses a model whose block kinds or modules do not match ``per_kind``."""
 
     def recipe_for(self, kind: str, is_moe: bool) -> BlockRecipe:
         for label, recipe in self.per_kind:

@@ -2,17 +2,21 @@
 
 World size 1 runs in-process on a real (gloo or nccl) process group; world size N > 1 runs as
 N spawned local processes. A job has a wall-clock limit so a hung rank never hangs the tool, and
-every child is killed on failure, timeout or Ctrl-C.
+every child is killed on failure, timeout, Ctrl-C or SIGTERM; ranks also die when the parent is
+killed outright. The rendezvous store and gloo's transport listen on loopback only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import importlib
 import multiprocessing as mp
 import os
-import queue as queue_mod
+import signal
 import socket
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -22,6 +26,8 @@ from typing import Any
 
 from gbdoctor.errors import GbdoctorError, SetupError
 from gbdoctor.records import ParallelSpec
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def resolve_device(requested: str) -> str:
@@ -117,10 +123,76 @@ def single_process_group(device_type: str) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _loopback_store(timeout_s: float) -> Any:
+    """A TCPStore served by this process on a socket bound to 127.0.0.1 (never ``*:PORT``).
+
+    torch's TCPStore binds its server to every interface; handing it an already-listening
+    loopback socket (``master_listen_fd``) keeps the rendezvous unreachable from other machines,
+    and the kernel-chosen port cannot be taken by another process between choice and bind.
+    """
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(
+            "127.0.0.1",
+            port,
+            None,
+            True,
+            timedelta(seconds=_pg_timeout(timeout_s)),
+            wait_for_workers=False,
+            master_listen_fd=sock.fileno(),
+        )
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()  # the store owns the descriptor now
+    return store
+
+
+def _pg_timeout(timeout_s: float) -> float:
+    """Collective/rendezvous timeout of the ranks: the job's limit, at least 30 s (gloo's own
+    default), so a slow collective is reported by the job deadline, not as a gloo error."""
+    return max(30.0, min(timeout_s, 7 * 24 * 3600.0))
+
+
+def _loopback_interface() -> str | None:
+    """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS), for gloo's transport."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except (AttributeError, OSError):
+        return None
+    return next((n for n in names if n in ("lo", "lo0")), None)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Make this rank die when the gbdoctor process that spawned it dies, however it dies
+    (kill -9 included): PR_SET_PDEATHSIG on Linux, a watcher thread elsewhere."""
+    real_exit = (
+        os._exit
+    )  # the user-code guard replaces os._exit later; the watcher must not see that
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            armed = False
+    else:
+        armed = False
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        real_exit(1)
+    if armed:
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        real_exit(1)
+
+    threading.Thread(target=watch, name="gbdoctor-parent-watch", daemon=True).start()
 
 
 def _rank_main(
@@ -132,8 +204,17 @@ def _rank_main(
     target: Callable[[Any], Any],
     payload: Any,
     results: Any,
+    parent_pid: int,
 ) -> None:
-    """Entry point of one spawned rank: init the group, run ``target(payload)``, report."""
+    """Entry point of one spawned rank: init the group, run ``target(payload)``, report.
+
+    The parent owns the job: a rank ignores Ctrl-C (the parent stops it) and dies with the
+    parent. Exactly one message goes back through ``results`` (a pipe): ``ok``, ``gbdoctor``
+    (a GbdoctorError, re-raised by the parent with its class) or ``crash``; each failure carries
+    the wall time it happened at, so the parent can tell the first failure from its echoes.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -141,8 +222,15 @@ def _rank_main(
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
     )
+    loopback = _loopback_interface()
+    if loopback:
+        os.environ.setdefault(
+            "GLOO_SOCKET_IFNAME", loopback
+        )  # gloo's pairs listen on loopback only
     # Ranks share the machine's cores; oversubscribing threads makes gloo ranks crawl.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    from gbdoctor.usercode import exits_guarded
+
     try:
         import torch
         import torch.distributed as dist
@@ -151,23 +239,34 @@ def _rank_main(
         if device_type == "cuda":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "nccl" if device_type == "cuda" else "gloo"
+        timeout = timedelta(seconds=_pg_timeout(timeout_s))
+        store = dist.TCPStore("127.0.0.1", port, None, False, timeout)
         dist.init_process_group(
-            backend,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=max(30.0, timeout_s)),
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         try:
-            out = target(payload)
+            with exits_guarded():
+                out = target(payload)
         finally:
             dist.destroy_process_group()
-        results.put(("ok", rank, out))
+        message: tuple[Any, ...] = ("ok", rank, out)
     except GbdoctorError as exc:
-        results.put(
-            ("gbdoctor", rank, (type(exc).__module__, type(exc).__name__, exc.message, exc.hint))
+        message = (
+            "gbdoctor",
+            rank,
+            (type(exc).__module__, type(exc).__name__, exc.message, exc.hint),
+            time.time(),
         )
     except BaseException as exc:  # noqa: BLE001 - a rank's failure is reported, never swallowed
-        results.put(("crash", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        message = (
+            "crash",
+            rank,
+            f"{type(exc).__name__}: {exc}",
+            traceback.format_exc(),
+            time.time(),
+        )
+    results.send(message)
+    results.close()
 
 
 def _kill_all(procs: list[Any]) -> None:
@@ -183,6 +282,98 @@ def _kill_all(procs: list[Any]) -> None:
             p.join(1)
 
 
+FAILURE_GRACE_S = 3.0
+"""After the first failure, how long to wait for the other ranks' reports before choosing which
+failure came first (a rank that dies takes its peers' collectives down a moment later)."""
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "ended"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}" + (
+            " (out of memory?)" if -exitcode == signal.SIGKILL else ""
+        )
+    return f"exited with code {exitcode}"
+
+
+class _Job:
+    """The parent's view of N running ranks: one result pipe and one process sentinel each."""
+
+    def __init__(self, procs: list[Any], readers: list[Any]) -> None:
+        self.procs = procs
+        self.readers = readers
+        self.messages: dict[int, tuple[Any, ...]] = {}
+        self.silent: list[int] = []
+        """Ranks that ended without sending a message, in the order they were seen to end."""
+
+    def pending(self) -> list[int]:
+        return [
+            r for r in range(len(self.procs)) if r not in self.messages and r not in self.silent
+        ]
+
+    def failures(self) -> bool:
+        return bool(self.silent) or any(m[0] != "ok" for m in self.messages.values())
+
+    def poll(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a rank to report or end, and record what happened."""
+        from multiprocessing.connection import wait
+
+        waiting = {}
+        for r in self.pending():
+            waiting[self.readers[r]] = r
+            waiting[self.procs[r].sentinel] = r
+        if not waiting:
+            return
+        ready = wait(list(waiting), timeout)
+        # Pipes before sentinels: a rank that reported and then exited is not a silent death.
+        ready.sort(key=lambda obj: not hasattr(obj, "recv"))
+        for obj in ready:
+            r = waiting[obj]
+            if r in self.messages or r in self.silent:
+                continue
+            reader, ended = self.readers[r], obj is self.procs[r].sentinel
+            try:
+                if reader.poll():
+                    self.messages[r] = reader.recv()
+                    continue
+            except (EOFError, OSError):
+                ended = True  # the pipe closed with nothing in it: the rank is ending silently
+            if ended:
+                self.procs[r].join(1)
+                self.silent.append(r)
+
+    def first_failure(self, world_size: int) -> GbdoctorError:
+        """The failure that came first: a rank that ended without reporting (its peers' errors
+        are echoes of its death), else the earliest reported error."""
+        if self.silent:
+            r = self.silent[0]
+            code = self.procs[r].exitcode
+            return SetupError(
+                f"rank {r} {_how_it_ended(code)} before reporting a result",
+                hint="the rank was killed (out of memory?), crashed in native code, or user code "
+                "ended the process; run with --debug",
+            )
+        failed = sorted(
+            ((m[-1], r, m) for r, m in self.messages.items() if m[0] != "ok"), key=lambda t: t[:2]
+        )
+        _, rank, msg = failed[0]
+        if msg[0] == "gbdoctor":
+            module, name, message, hint = msg[2]
+            cls = getattr(importlib.import_module(module), name, SetupError)
+            if not (isinstance(cls, type) and issubclass(cls, GbdoctorError)):
+                cls = SetupError
+            return cls(f"rank {rank}: {message}", hint)
+        detail, tb = msg[2], msg[3]
+        err = SetupError(f"rank {rank} failed: {detail}", hint="run with --debug for the traceback")
+        err.remote_traceback = tb  # type: ignore[attr-defined]
+        return err
+
+
 def run_ranks(
     target: Callable[[Any], Any],
     payload: Any,
@@ -195,62 +386,60 @@ def run_ranks(
     rank order. ``target`` must be a module-level function (spawned ranks unpickle it by its
     qualified name, so a rename fails here, in the parent, not inside a child).
 
-    Raises SetupError on timeout or crash (with the failing rank's message), or re-raises the
-    GbdoctorError a rank raised (same class and hint). All children are dead on return.
+    Raises SetupError on timeout or crash, naming the rank that failed first and how (exit code
+    or signal), or re-raises the GbdoctorError a rank raised (same class and hint). All children
+    are dead on return, and they die with this process if it is killed.
     """
     ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(
-            target=_rank_main,
-            daemon=True,
-            args=(r, world_size, port, device_type, timeout_s, target, payload, results),
+    store = _loopback_store(timeout_s)
+    procs, readers, writers = [], [], []
+    for r in range(world_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        readers.append(reader)
+        writers.append(writer)
+        procs.append(
+            ctx.Process(
+                target=_rank_main,
+                daemon=True,
+                name=f"gbdoctor-rank{r}",
+                args=(
+                    r,
+                    world_size,
+                    store.port,
+                    device_type,
+                    timeout_s,
+                    target,
+                    payload,
+                    writer,
+                    os.getpid(),
+                ),
+            )
         )
-        for r in range(world_size)
-    ]
-    outs: dict[int, Any] = {}
+    job = _Job(procs, readers)
     deadline = time.monotonic() + timeout_s
     try:
-        for p in procs:
+        for p, writer in zip(procs, writers):
             p.start()
-        while len(outs) < world_size:
+            writer.close()  # the child holds the write end; a rank that dies closes the pipe
+        while job.pending() and not job.failures():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = sorted(set(range(world_size)) - set(outs))
+                missing = job.pending()
                 raise SetupError(
-                    f"rank(s) {missing} did not finish within {timeout_s:.0f} s",
+                    f"rank(s) {missing} did not finish within {timeout_s:g} s",
                     hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use --debug",
                 )
-            try:
-                msg = results.get(timeout=min(1.0, remaining))
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and r not in outs]
-                if dead and results.empty():
-                    time.sleep(0.5)  # a result may still be in flight from a rank that just exited
-                    if results.empty():
-                        codes = {r: procs[r].exitcode for r in dead}
-                        raise SetupError(
-                            f"rank(s) {dead} exited without a result (exit codes {codes})",
-                            hint="the worker was killed (out of memory?) or crashed in native code",
-                        ) from None
-                continue
-            status, rank = msg[0], msg[1]
-            if status == "ok":
-                outs[rank] = msg[2]
-            elif status == "gbdoctor":
-                module, name, message, hint = msg[2]
-                cls = getattr(importlib.import_module(module), name, SetupError)
-                raise cls(f"rank {rank}: {message}", hint)
-            else:
-                detail, tb = msg[2], msg[3]
-                err = SetupError(
-                    f"rank {rank} failed: {detail}", hint="run with --debug for the traceback"
-                )
-                err.remote_traceback = tb  # type: ignore[attr-defined]
-                raise err
+            job.poll(min(1.0, remaining))
+        if job.failures():
+            grace = min(time.monotonic() + FAILURE_GRACE_S, deadline)
+            while job.pending() and time.monotonic() < grace:
+                job.poll(max(0.0, grace - time.monotonic()))
+            raise job.first_failure(world_size)
         for p in procs:
             p.join(10)
-        return [outs[r] for r in range(world_size)]
+        return [job.messages[r][2] for r in range(world_size)]
     finally:
         _kill_all(procs)
+        for reader in readers:
+            reader.close()
+        del store

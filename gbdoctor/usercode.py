@@ -1,0 +1,142 @@
+"""User code must not end the process: ``sys.exit()`` / ``os._exit()`` in a model become errors.
+
+A spec runs user code (a custom model's module at import, its ``build(flavor)``, the model's
+``forward`` and hooks). If that code called ``sys.exit(0)`` or ``os._exit(0)`` while gbdoctor ran
+it in-process, ``scan`` and ``gate`` would end with exit status 0 and no output: a gate that
+passes by accident. :func:`exits_guarded` turns both into :class:`UserCodeExit` (exit 3) naming
+the call and the line that made it. No torch import here.
+
+``os._exit`` cannot be intercepted when native code calls the C ``_exit``; multi-rank jobs still
+catch that case, because a rank that ends without a result is reported (``setup.dist``).
+
+It also says which factory targets a spec may name: a ``.py`` file or an importable module
+outside the standard library, whose callable is defined there (``stdlib_target``, ``defined_in``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+from typing import Any
+
+from gbdoctor.errors import ExitCode, GbdoctorError
+
+__all__ = ["UserCodeExit", "defined_in", "exits_guarded", "stdlib_file", "stdlib_target"]
+
+_STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
+_PACKAGE = os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+class UserCodeExit(GbdoctorError):
+    """User code (a model or its factory) tried to end the process."""
+
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class _ExitCalled(BaseException):
+    """Raised in place of ``os._exit`` while the guard is active (BaseException: user code's
+    ``except Exception`` must not swallow it)."""
+
+    def __init__(self, code: Any, where: str) -> None:
+        super().__init__(code)
+        self.code = code
+        self.where = where
+
+
+def _describe(filename: str, line: int, function: str) -> str:
+    path = os.path.abspath(filename)
+    cwd = os.getcwd() + os.sep
+    shown = os.path.relpath(path, cwd) if path.startswith(cwd) else path
+    return f"{shown}:{line} (in {function})"
+
+
+def _user_frame(frames: list[tuple[str, int, str]]) -> str:
+    """The innermost frame outside the standard library and gbdoctor (``exit()`` is defined in
+    the stdlib's ``_sitebuiltins``); the innermost frame when there is none."""
+    for filename, line, function in reversed(frames):
+        if filename.startswith("<"):  # "<frozen _sitebuiltins>" (exit()), "<string>"
+            continue
+        norm = os.path.normcase(os.path.abspath(filename))
+        if not norm.startswith(_STDLIB) and not norm.startswith(_PACKAGE):
+            return _describe(filename, line, function)
+    return _describe(*frames[-1]) if frames else "an unknown place"
+
+
+def _traceback_frames(tb: TracebackType | None) -> list[tuple[str, int, str]]:
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno, tb.tb_frame.f_code.co_name))
+        tb = tb.tb_next
+    return out
+
+
+def _stack_frames(frame: FrameType | None) -> list[tuple[str, int, str]]:
+    out = []
+    while frame is not None:
+        out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return out[::-1]
+
+
+_HINT = (
+    "a model, its factory and its hooks must return or raise, never exit the process; "
+    "gbdoctor fails instead of reporting a result it did not produce"
+)
+
+
+@contextlib.contextmanager
+def exits_guarded() -> Iterator[None]:
+    """Run the body with ``sys.exit``/``exit()``/``os._exit`` from user code raising
+    :class:`UserCodeExit` (exit 3) that says where the code exited."""
+    real_exit = os._exit
+
+    def guarded_exit(code: int) -> None:  # what user code calls instead of os._exit
+        raise _ExitCalled(code, _user_frame(_stack_frames(sys._getframe(1))))
+
+    os._exit = guarded_exit  # type: ignore[assignment]
+    try:
+        yield
+    except SystemExit as exc:
+        where = _user_frame(_traceback_frames(exc.__traceback__))
+        raise UserCodeExit(f"user code called sys.exit({exc.code!r}) at {where}", _HINT) from None
+    except _ExitCalled as exc:
+        raise UserCodeExit(
+            f"user code called os._exit({exc.code!r}) at {exc.where}", _HINT
+        ) from None
+    finally:
+        os._exit = real_exit  # type: ignore[assignment]
+
+
+# --------------------------------------------------------------------------- factory targets
+
+_REFUSED_MODULES = frozenset({"builtins", "__main__", "__future__"})
+
+
+def stdlib_target(module: str) -> bool:
+    """Whether a ``package.module`` factory target names the standard library or builtins.
+
+    Those modules define no model, and ``os:system`` or ``builtins:exec`` would run the spec's
+    ``flavor`` string as a command or as code, so a spec may not name them (issue #18)."""
+    top = module.strip().split(".", 1)[0]
+    return top in _REFUSED_MODULES or top in sys.stdlib_module_names
+
+
+def stdlib_file(path: str) -> bool:
+    """Whether a factory file lies inside the standard library's directory."""
+    return os.path.normcase(os.path.realpath(path)).startswith(
+        os.path.normcase(os.path.realpath(_STDLIB))
+    )
+
+
+def defined_in(obj: Any, module_name: str) -> bool:
+    """Whether ``obj`` (a function, class or callable instance) was defined in ``module_name``
+    or in another module of the same top-level package (``pkg:build`` re-exporting
+    ``pkg.models.build`` is fine; a file that imports ``os.system`` as ``build`` is not)."""
+    owner = getattr(obj, "__module__", None)
+    if not isinstance(owner, str):
+        return False
+    return owner == module_name or owner.split(".", 1)[0] == module_name.split(".", 1)[0]

@@ -1,0 +1,83 @@
+"""Model factories that misbehave on purpose, for the bad-input corpus and the fault tests.
+
+``build(flavor)`` picks the misbehaviour from the flavor. ``<what>-rank<N>`` misbehaves on rank N
+only (the others build the clean tiny model); ``<what>`` misbehaves everywhere. The fault tests
+set ``GBDOCTOR_FAULT_DIR``: every rank then writes ``rank<N>.ready`` there once it is building,
+so a test knows when to send its signal.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import time
+from pathlib import Path
+
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "models"))
+import tiny_custom
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _mark_ready() -> None:
+    where = os.environ.get("GBDOCTOR_FAULT_DIR")
+    if where:
+        Path(where, f"rank{_rank()}.ready").write_text(str(os.getpid()))
+
+
+def _misbehave(what: str) -> object:
+    if what == "sysexit0":
+        sys.exit(0)
+    if what == "exit-builtin":
+        exit(0)  # noqa: PLR1722 - the site builtin on purpose
+    if what == "osexit0":
+        os._exit(0)
+    if what == "osexit1":
+        os._exit(1)
+    if what == "native-exit0":  # the C library's _exit: no Python hook can intercept it
+        ctypes.CDLL(None)._exit(0)
+    if what == "sleep":
+        time.sleep(600)
+    if what == "raise":
+        raise RuntimeError("the factory failed on purpose")
+    if what == "none":
+        return None
+    if what == "no-layers":
+        return nn.Sequential(nn.Embedding(8, 4), nn.Linear(4, 4))
+    if what == "empty-layers":
+        model = nn.Module()
+        model.emb = nn.Embedding(8, 4)
+        model.layers = nn.ModuleList()
+        return model
+    if what == "no-embedding":
+        model = nn.Module()
+        model.layers = nn.ModuleList([nn.Linear(4, 4)])
+        return model
+    if what in (
+        "forward-sysexit",
+        "forward-osexit0",
+    ):  # the clean model, exiting in its first block
+        model = tiny_custom.build("tiny")
+        exit_fn = (lambda: sys.exit(0)) if what == "forward-sysexit" else (lambda: os._exit(0))
+        model.layers[0].register_forward_pre_hook(lambda module, args: exit_fn())
+        return model
+    if what == "recursion":
+        return _misbehave(what)
+    raise ValueError(f"unknown misbehaviour {what!r}")
+
+
+def build(flavor: str) -> object:
+    _mark_ready()
+    what, _, rank = flavor.partition("-rank")
+    if rank and int(rank) != _rank():
+        return tiny_custom.build("tiny")
+    return _misbehave(what)
+
+
+not_callable = 42
+from os import system as reexported_system  # noqa: E402,F401 - a stdlib function, local name

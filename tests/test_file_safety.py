@@ -1,0 +1,232 @@
+"""Files gbdoctor writes: atomic replacement, locked baseline updates, keys that do not depend on
+the working directory."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from corpus.harness import check_one_error_line
+from typer.testing import CliRunner
+
+from gbdoctor.cli import app
+from gbdoctor.records import io as records_io
+from gbdoctor.records.io import WriteError, write_atomic
+
+REPO = Path(__file__).resolve().parent.parent
+SCAN = REPO / "fixtures" / "scans" / "llama4_before.json"
+runner = CliRunner()
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+
+def test_a_write_that_fails_part_way_keeps_the_old_file(tmp_path, monkeypatch) -> None:
+    target = tmp_path / "baseline.json"
+    target.write_text("old contents\n")
+    real_write = os.write
+    calls = []
+
+    def half_then_full_disk(fd, data):
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(records_io.os, "write", half_then_full_disk)
+    with pytest.raises(WriteError, match="No space left on device.*previous file is unchanged"):
+        write_atomic(target, "new contents " * 1000)
+    assert len(calls) == 2, "the write did fail part-way"
+    assert target.read_text() == "old contents\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json"], (
+        "temporary file left behind"
+    )
+
+
+def test_a_new_file_gets_the_usual_permissions(tmp_path) -> None:
+    target = tmp_path / "sub" / "out.json"
+    write_atomic(target, "{}\n")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_text() == "{}\n" and (target.stat().st_mode & 0o777) == 0o666 & ~umask
+
+
+@pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"), reason="needs RLIMIT_FSIZE")
+def test_update_baseline_over_the_file_size_limit_keeps_the_committed_baseline(tmp_path) -> None:
+    """The issue's case: a failed --update-baseline left the baseline truncated. Here the
+    kernel's file-size limit stops the write after 300 bytes (no torch: gate --scan)."""
+    baseline = tmp_path / "baseline.json"
+    first = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gbdoctor",
+            "gate",
+            "--scan",
+            str(SCAN),
+            "--baseline",
+            str(baseline),
+            "--update-baseline",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert first.returncode == 0, first.stderr
+    committed = baseline.read_text()
+    other = tmp_path / "other.json"
+    data = json.loads(SCAN.read_text())
+    data["spec"] = "configs/" + "a-long-spec-name-" * 20 + ".toml"
+    other.write_text(json.dumps(data))
+
+    def limit() -> None:
+        signal.signal(
+            signal.SIGXFSZ, signal.SIG_IGN
+        )  # the write fails with EFBIG instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+
+    failed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gbdoctor",
+            "gate",
+            "--scan",
+            str(other),
+            "--baseline",
+            str(baseline),
+            "--update-baseline",
+        ],
+        cwd=tmp_path,
+        preexec_fn=limit,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode == 3, failed.stderr
+    check_one_error_line(
+        failed.stderr, failed.stdout, ("writing baseline", "the previous file is unchanged")
+    )
+    assert baseline.read_text() == committed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json", "other.json"]
+    gate = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gbdoctor",
+            "gate",
+            "--scan",
+            str(SCAN),
+            "--baseline",
+            str(baseline),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert gate.returncode == 0, gate.stderr
+
+
+def test_concurrent_baseline_updates_keep_every_entry(tmp_path) -> None:
+    """Six jobs add six specs to one baseline at the same moment, twice over: the lock around
+    read-merge-write keeps all of them (without it, entries were lost in 3 of 45 trials of two)."""
+    baseline = tmp_path / "baseline.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    names = []
+    for round_ in range(2):
+        procs = []
+        for i in range(6):
+            data = json.loads(SCAN.read_text())
+            data["spec"] = f"configs/round{round_}-spec{i}.toml"
+            names.append(data["spec"])
+            scan = tmp_path / f"scan-{round_}-{i}.json"
+            scan.write_text(json.dumps(data))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "gbdoctor",
+                        "gate",
+                        "--scan",
+                        str(scan),
+                        "--baseline",
+                        str(baseline),
+                        "--update-baseline",
+                    ],
+                    cwd=tmp_path,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+    assert sorted(json.loads(baseline.read_text())["specs"]) == sorted(names)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], (
+        "temporary files left behind"
+    )
+
+
+# --------------------------------------------------------------------------- keys and the working directory
+
+
+def test_the_same_scan_from_two_directories_is_byte_identical_and_gates(
+    tmp_path, monkeypatch
+) -> None:
+    outputs = []
+    for cwd, spec in (
+        (REPO, "fixtures/custom_tiny.toml"),
+        (REPO / "fixtures" / "models", "../custom_tiny.toml"),
+    ):
+        monkeypatch.chdir(cwd)
+        out = tmp_path / f"scan{len(outputs)}.json"
+        result = runner.invoke(app, ["scan", spec, "-f", "json", "-o", str(out)])
+        assert result.exit_code == 0, result.stderr
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+    assert json.loads(outputs[0])["spec"] == "fixtures/custom_tiny.toml"
+    monkeypatch.chdir(tmp_path)
+    baseline = tmp_path / "base.json"
+    assert (
+        runner.invoke(
+            app,
+            [
+                "gate",
+                "--scan",
+                str(tmp_path / "scan0.json"),
+                "--baseline",
+                str(baseline),
+                "--update-baseline",
+            ],
+        ).exit_code
+        == 0
+    )
+    monkeypatch.chdir(REPO / "gbdoctor")
+    assert (
+        runner.invoke(
+            app, ["gate", "--scan", str(tmp_path / "scan1.json"), "--baseline", str(baseline)]
+        ).exit_code
+        == 0
+    )
+
+
+def test_stable_root_is_the_repository_or_the_spec_directory(tmp_path) -> None:
+    from gbdoctor.spec import stable_root
+
+    assert stable_root(str(REPO / "fixtures" / "llama3_debug.toml")) == str(REPO)
+    (tmp_path / "configs").mkdir()
+    assert stable_root(str(tmp_path / "configs" / "a.toml")) == str(tmp_path / "configs")
+    (tmp_path / ".git").mkdir()
+    assert stable_root(str(tmp_path / "configs" / "a.toml")) == str(tmp_path)
