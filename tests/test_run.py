@@ -131,10 +131,15 @@ def test_a_timeout_is_a_failed_mode(tmp_path):
 
 
 def test_plan_mode_runs_the_plan_file(tmp_path):
-    from gbdoctor.plan import Plan, dump_plan
+    from gbdoctor.plan import KindPlan, Plan, dump_plan
 
     spec = _spec(tmp_path, "planted.py", "clean")
-    # An empty plan: every block kind falls back to the plan strategy's default (whole block, fullgraph).
+    # A plan for this model's two block kinds (layer-selective AC wraps every 2nd block), each
+    # compiled whole with fullgraph. A plan must cover exactly the model's kinds (issue 18).
+    kinds = tuple(
+        KindPlan(kind=kind, layers=(layer,), mode="block", fullgraph=True)
+        for kind, layer in (("dense", "layers.0"), ("dense+ac", "layers.1"))
+    )
     plan = Plan(
         spec=spec.path,
         model="custom/clean",
@@ -142,7 +147,7 @@ def test_plan_mode_runs_the_plan_file(tmp_path):
         baseline_strategy="titan-v0.2.0",
         flags=(),
         flag_costs=(),
-        kinds=(),
+        kinds=kinds,
         verified=True,
         rounds=1,
     )
