@@ -14,6 +14,7 @@ hop, real user stack) with the ``graph_breaks`` log stream as a fallback, plus
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -78,7 +79,8 @@ class CaptureSession:
         """FQN of the block being captured (frames are attributed inside it)."""
 
     # ------------------------------------------------------------------ compile side
-    def compile_fn(self, module: nn.Module, fqn: str, fullgraph: bool) -> nn.Module:
+    def recording_backend(self, fqn: str) -> Any:
+        """A Dynamo backend that counts each graph of region ``fqn``, then runs aot_eager."""
         session = self
         # aot_eager, not the graph's own forward: AOTAutograd functionalizes checkpoint regions
         # and in-place buffer updates the way a real backend does, so backward behaves as in
@@ -91,7 +93,51 @@ class CaptureSession:
                 session._current.graphs.setdefault(fqn, []).append(ops)
             return inner_backend(gm, example_inputs)
 
-        compiled = torch.compile(module, backend=recording_backend, fullgraph=False)
+        return recording_backend
+
+    @contextlib.contextmanager
+    def in_region(self, fqn: str) -> Iterator[None]:
+        """Mark code run inside as region ``fqn`` (breaks are attributed to it)."""
+        if self._current is not None:
+            self._current.entered.add(fqn)
+        self._region_stack.append(fqn)
+        try:
+            yield
+        finally:
+            if self._region_stack:
+                self._region_stack.pop()
+
+    def compile_function(self, fn: Any, fqn: str, fullgraph: bool) -> Any:
+        """``torch.compile(fn)`` with the recording backend, as region ``fqn`` (torchtitan
+        v0.2.x compiles the experts' grouped-mm function on its own)."""
+        compiled = torch.compile(fn, backend=self.recording_backend(fqn), fullgraph=False)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.in_region(fqn):
+                return compiled(*args, **kwargs)
+
+        return call
+
+    def compile_in_place(self, module: nn.Module, fqn: str, fullgraph: bool) -> None:
+        """``module.compile()`` (in place, as torchtitan >= 0.3 compiles blocks) with the
+        recording backend. The region marker wraps the compiled call from outside: hooks
+        registered on ``module`` itself run inside the compiled ``_call_impl``, where Dynamo
+        would trace them."""
+        module.compile(backend=self.recording_backend(fqn), fullgraph=False)
+        compiled = module._compiled_call_impl
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.in_region(fqn):
+                return compiled(*args, **kwargs)
+
+        module._compiled_call_impl = call
+
+    def compile_fn(self, module: Any, fqn: str, fullgraph: bool) -> Any:
+        if not isinstance(module, nn.Module):
+            return self.compile_function(module, fqn, fullgraph)
+        session = self
+        compiled = torch.compile(module, backend=self.recording_backend(fqn), fullgraph=False)
 
         def enter(mod: nn.Module, args: Any) -> None:
             if session._current is not None:

@@ -114,6 +114,11 @@ class GroupedExperts(nn.Module):
         super().__init__()
         self.num_experts = num_experts  # global count; forward goes by the (local) weights' shape
         self.use_grouped_mm = use_grouped_mm
+        # The kernel as an attribute, named in ``compiled_kernels``, so that a compile strategy
+        # can compile it on its own the way torchtitan v0.2.2 compiles its module-level
+        # ``_run_experts_grouped_mm`` (setup/compile.py, ``compile_kernels``).
+        self.run_grouped_mm = _run_experts_grouped_mm
+        self.compiled_kernels = ("run_grouped_mm",) if use_grouped_mm else ()
         self.w1 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
         self.w2 = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
         self.w3 = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
@@ -121,7 +126,7 @@ class GroupedExperts(nn.Module):
     def forward(self, x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
         w1, w2, w3 = _local(self.w1), _local(self.w2), _local(self.w3)
         if self.use_grouped_mm:
-            return _run_experts_grouped_mm(w1, w2, w3, x, num_tokens_per_expert)
+            return self.run_grouped_mm(w1, w2, w3, x, num_tokens_per_expert)
         return _run_experts_for_loop(w1, w2, w3, x, num_tokens_per_expert)
 
     def init_weights(self, init_std: float) -> None:

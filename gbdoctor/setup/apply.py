@@ -107,7 +107,7 @@ def _expert_stores(fqn: str, block: nn.Module, hidden: int | None) -> list[tuple
 
 
 def default_compile_fn(backend: str) -> CompileFn:
-    def compile_region(module: nn.Module, fqn: str, fullgraph: bool) -> nn.Module:
+    def compile_region(module: Any, fqn: str, fullgraph: bool) -> Any:
         return torch.compile(module, backend=backend, fullgraph=fullgraph)
 
     return compile_region
@@ -206,7 +206,14 @@ def apply_setup(
     slots: list[BlockSlot] = []
     for (fqn, key, block), kind, recipe in zip(raw, kinds, recipes):
         outer, ac_subs = wrapped[fqn]
-        outer, regions, fg = apply_compile(outer, fqn, recipe, fqn in moe_blocks, compile_fn)
+        outer, regions, fg = apply_compile(
+            outer,
+            fqn,
+            recipe,
+            fqn in moe_blocks,
+            compile_fn,
+            dynamic_tokens=meshes is not None and meshes.ep is not None,
+        )
         container.set(key, outer)
         slots.append(
             BlockSlot(

@@ -38,6 +38,13 @@ class BlockRecipe:
     strategy default (every MoE's expert store, found by structure)."""
     split_ac: bool = False
     """Wrap AC/SAC per child instead of around the whole block."""
+    skip_parameterless: bool = True
+    """``children`` mode: leave parameter-free leaf children (activations, dropout) eager.
+    torchtitan v0.2.1-0.2.2 compiles every child but ``experts``, ``moe.reorderer`` included."""
+    compile_kernels: bool = False
+    """``children`` mode: also compile, as regions of their own, the kernel functions that an
+    eager sub-module names in ``compiled_kernels`` (torchtitan v0.2.1-0.2.2 compiles the
+    experts' grouped-mm function separately, ``mark_dynamic`` on its tokens under EP)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,9 +99,10 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             name="titan-v0.2.2",
             dense=BlockRecipe(),
-            moe=BlockRecipe(mode="children"),
+            moe=BlockRecipe(mode="children", skip_parameterless=False, compile_kernels=True),
             flags=V022_FLAGS,
-            summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph, experts eager",
+            summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph (7 regions per MoE "
+            "block), experts eager, their grouped-mm kernel compiled on its own",
         ),
         Strategy(
             name="children",
@@ -113,8 +121,50 @@ def default_eager(block: nn.Module) -> tuple[str, ...]:
     return expert_paths(block)
 
 
-CompileFn = Callable[[nn.Module, str, bool], nn.Module]
-"""(module, region fqn, fullgraph) -> the compiled stand-in (an OptimizedModule)."""
+CompileFn = Callable[[Any, str, bool], Any]
+"""(module or function, region fqn, fullgraph) -> the compiled stand-in (an OptimizedModule
+for a module, a callable for a function)."""
+
+KERNELS_ATTR = "compiled_kernels"
+"""A module may name, in this attribute, the instance attributes holding the kernel functions
+its ``forward`` calls (the built-in ``GroupedExperts``: ``run_grouped_mm``), so that a strategy
+can compile them the way torchtitan compiles its module-level grouped-mm function."""
+
+
+def compile_kernels(
+    block: nn.Module,
+    eager: tuple[str, ...],
+    fullgraph: bool,
+    compile_fn: CompileFn,
+    region_prefix: str,
+    *,
+    dynamic_tokens: bool,
+) -> list[str]:
+    """Compile the kernel functions of the eager sub-modules; returns their region names
+    (``moe.experts.run_grouped_mm``, relative to the block)."""
+    regions = []
+    for sub in eager:
+        module = block.get_submodule(sub)
+        for attr in getattr(module, KERNELS_ATTR, ()):
+            fn = getattr(module, attr)
+            compiled = compile_fn(fn, f"{region_prefix}.{sub}.{attr}", fullgraph)
+            if dynamic_tokens:
+                compiled = _tokens_dynamic(compiled)
+            setattr(module, attr, compiled)
+            regions.append(f"{sub}.{attr}")
+    return regions
+
+
+def _tokens_dynamic(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """Under EP the number of tokens an expert group receives changes every step: torchtitan
+    v0.2.2 marks the token dimension dynamic before calling the compiled grouped mm."""
+    import torch._dynamo
+
+    def call(w1: Any, w2: Any, w3: Any, x: Any, num_tokens_per_expert: Any) -> Any:
+        torch._dynamo.mark_dynamic(x, 0)
+        return compiled(w1, w2, w3, x, num_tokens_per_expert)
+
+    return call
 
 
 def compile_children(
@@ -124,6 +174,7 @@ def compile_children(
     fullgraph: bool,
     compile_fn: CompileFn,
     region_prefix: str,
+    skip_parameterless: bool = True,
 ) -> list[str]:
     """Compile every child of ``parent`` that contains no eager sub-module; recurse into those
     that do. Returns the compiled regions' FQNs (relative to the block)."""
@@ -136,10 +187,20 @@ def compile_children(
             # An AC-wrapped child (split AC) is looked through: its own children get compiled
             # inside the checkpoint region, as torchtitan v0.2.2 does under full AC.
             regions += compile_children(
-                unwrap_checkpoint(child), sub + ".", eager, fullgraph, compile_fn, region_prefix
+                unwrap_checkpoint(child),
+                sub + ".",
+                eager,
+                fullgraph,
+                compile_fn,
+                region_prefix,
+                skip_parameterless,
             )
             continue
-        if not any(True for _ in child.parameters()) and not list(child.children()):
+        if (
+            skip_parameterless
+            and not any(True for _ in child.parameters())
+            and not list(child.children())
+        ):
             # Parameter-free leaves (activations, dropout) are not worth a compile boundary.
             continue
         setattr(parent, name, compile_fn(child, f"{region_prefix}.{sub}", fullgraph))
@@ -148,7 +209,13 @@ def compile_children(
 
 
 def apply_compile(
-    outer: nn.Module, block_fqn: str, recipe: BlockRecipe, is_moe: bool, compile_fn: CompileFn
+    outer: nn.Module,
+    block_fqn: str,
+    recipe: BlockRecipe,
+    is_moe: bool,
+    compile_fn: CompileFn,
+    *,
+    dynamic_tokens: bool = False,
 ) -> tuple[nn.Module, tuple[str, ...], tuple[str, ...]]:
     """Compile one block per ``recipe``; returns (new outer module, regions, fullgraph regions).
 
@@ -167,6 +234,12 @@ def apply_compile(
     eager = recipe.eager or default_eager(inner)
     # A child that is itself a CheckpointWrapper (split AC) is compiled as compile(AC(child)),
     # the same order torchtitan uses for whole blocks.
-    rel = compile_children(inner, "", eager, recipe.fullgraph, compile_fn, block_fqn)
+    rel = compile_children(
+        inner, "", eager, recipe.fullgraph, compile_fn, block_fqn, recipe.skip_parameterless
+    )
+    if recipe.compile_kernels:
+        rel += compile_kernels(
+            inner, eager, recipe.fullgraph, compile_fn, block_fqn, dynamic_tokens=dynamic_tokens
+        )
     regions = tuple(f"{block_fqn}.{r}" for r in rel)
     return outer, regions, regions if recipe.fullgraph else ()
