@@ -240,10 +240,67 @@ class _ProgressBar:
         self._progress.update(self._task, description=message, completed=done, total=max(total, 1))
 
 
-@app.command()
+TORCH_VERSIONS_TESTED = ("2.13.0",)
+"""torch releases the planted-break suite passes on (benchmarks/compat.py re-measures)."""
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        import torch
+
+        from gbdoctor.setup.torchtitan_native import TORCHTITAN_VERSIONS_TESTED, torchtitan_version
+
+        try:
+            own = version("gbdoctor")
+        except PackageNotFoundError:
+            own = "(not installed)"
+        titan = torchtitan_version() or "not installed"
+        typer.echo(
+            f"gbdoctor {own}\n"
+            f"torch {torch.__version__} (tested: {', '.join(TORCH_VERSIONS_TESTED)})\n"
+            f"torchtitan {titan} (scan --torchtitan tested with: "
+            f"{', '.join(TORCHTITAN_VERSIONS_TESTED)}; the built-in recipe follows v0.2.0-0.2.2)"
+        )
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version_callback,
+            is_eager=True,
+            help="Show gbdoctor, torch and torchtitan versions, and those tested",
+        ),
+    ] = False,
+) -> None:
+    """Find, explain, fix and gate torch.compile graph breaks under real training setups."""
+
+
+@app.command(context_settings={"ignore_unknown_options": True})
 @handle_errors
 def scan(
-    spec: SpecArg,
+    spec_args: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="SPEC",
+            help="torchtitan v0.2.x TOML train config; with --torchtitan, torchtitan's own "
+            "--section.key overrides instead",
+            show_default=False,
+        ),
+    ] = None,
+    torchtitan: Annotated[
+        str | None,
+        typer.Option(
+            "--torchtitan",
+            help="Set up with the installed torchtitan (>= 0.3): MODULE:CONFIG of its config "
+            "registry, followed by torchtitan's own --section.key overrides",
+        ),
+    ] = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     plan: Annotated[
@@ -267,6 +324,24 @@ def scan(
     from gbdoctor.summary import has_findings
 
     _preflight(format, FORMAT_NAMES, output)
+    args = spec_args or []
+    if torchtitan is not None:
+        if strategy is not None or plan is not None or simulate:
+            raise typer.BadParameter(
+                "--torchtitan takes no --strategy, --plan or --simulate: "
+                "torchtitan's own code decides the setup"
+            )
+        report = _scan_torchtitan(torchtitan, args, set_, dedupe=not no_dedupe)
+        _emit(render(report, format), output)
+        if strict and has_findings(report):
+            raise typer.Exit(int(ExitCode.FINDINGS))
+        return
+    if len(args) != 1 or args[0].startswith("-"):
+        raise typer.BadParameter(
+            "give one SPEC.toml (unknown options such as --section.key are torchtitan "
+            "overrides: they need --torchtitan MODULE:CONFIG)"
+        )
+    spec = Path(args[0])
     loaded = _load(spec, (set_ or []) + (["gbdoctor.simulate=true"] if simulate else []))
     report = _scan_with_progress(loaded, _strategy(loaded, strategy, plan), dedupe=not no_dedupe)
     _emit(render(report, format), output)
@@ -535,6 +610,27 @@ def _scan_with_progress(spec: Any, strategy: Any, dedupe: bool = True) -> Any:
 
     with _ProgressBar() as bar:
         return run_scan(spec, strategy=strategy, dedupe=dedupe, progress=bar)
+
+
+def _scan_torchtitan(name: str, args: list[str], set_: list[str] | None, *, dedupe: bool) -> Any:
+    from gbdoctor.errors import SpecError
+    from gbdoctor.scan.torchtitan import scan_torchtitan
+    from gbdoctor.setup.torchtitan_native import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN, parse_run
+
+    capture = {"batch_size": DEFAULT_BATCH_SIZE, "seq_len": DEFAULT_SEQ_LEN}
+    for item in set_ or []:
+        key, sep, value = item.partition("=")
+        field = key.removeprefix("gbdoctor.")
+        if not sep or field not in capture or not value.isdigit() or int(value) < 1:
+            raise SpecError(
+                f"--set {item!r} is not a capture setting of a torchtitan scan",
+                hint="only --set gbdoctor.batch_size=N and --set gbdoctor.seq_len=N apply; "
+                "torchtitan's own keys go as --section.key VALUE",
+            )
+        capture[field] = int(value)
+    run = parse_run(name, tuple(args), **capture)
+    with _ProgressBar() as bar:
+        return scan_torchtitan(run, dedupe=dedupe, progress=bar)
 
 
 def main(args: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ from gbdoctor.capture.block import (
     fresh_inputs,
     reset_fsdp_state,
     run_block,
+    tokens_dynamic,
 )
 from gbdoctor.capture.locate import (
     Locator,
@@ -48,6 +49,7 @@ __all__ = [
     "is_torch_path",
     "reset_fsdp_state",
     "run_block",
+    "tokens_dynamic",
     "strict_breaks",
     "torch_version",
     "within",

@@ -206,3 +206,15 @@ def reset_fsdp_state(model: nn.Module) -> None:
                 group._training_state = TrainingState.IDLE
             with contextlib.suppress(Exception):
                 module.reshard()
+
+
+def tokens_dynamic(compiled: Any) -> Any:
+    """``compiled(w1, w2, w3, x, counts)`` with ``x``'s token dimension marked dynamic first
+    (torchtitan v0.2.2's ``_run_experts_grouped_mm_dynamic`` wrapper under EP)."""
+    import torch._dynamo
+
+    def call(w1: Any, w2: Any, w3: Any, x: Any, num_tokens_per_expert: Any) -> Any:
+        torch._dynamo.mark_dynamic(x, 0)
+        return compiled(w1, w2, w3, x, num_tokens_per_expert)
+
+    return call

@@ -13,6 +13,11 @@ from gbdoctor.scan.rank import event_order
 
 def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
     """Rank 0's records, plus a ``rank_divergence`` event on every block where ranks disagree."""
+    return merged_report(spec.key, f"{spec.model.name}/{spec.model.flavor}", ranks)
+
+
+def merged_report(spec_label: str, model_label: str, ranks: list[RankScan]) -> ScanReport:
+    """``merge_ranks`` for any setup: ``spec_label`` and ``model_label`` name what was scanned."""
     blocks0, info, notes0 = ranks[0]
     merged = []
     for i, block in enumerate(blocks0):
@@ -36,8 +41,8 @@ def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
             f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",
         )
     return ScanReport(
-        spec=spec.key,
-        model=f"{spec.model.name}/{spec.model.flavor}",
+        spec=spec_label,
+        model=model_label,
         torch_version=torch_version(),
         setup=info,
         blocks=tuple(merged),

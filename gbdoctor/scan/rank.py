@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -110,35 +111,67 @@ def _scan_set_up(
         world_size=world,
         device=meshes.device,
     )
-    outers = {slot.fqn: slot.outer for slot in setup.blocks}
     recipe = recipe_for(spec)
     with recipe.step_context(setup):
-        store, remove = collect_block_inputs(setup.model, outers)
-        notes: list[str] = []
+        attempts = warm_up_attempts(recipe, setup, tokens, labels)
+        # The model's output on the warm-up says where the loss came from (a note); the
+        # captures drive blocks directly, so only the warm-up's forward reaches this hook.
         sources: list[LossSource] = []
         watch = setup.model.register_forward_hook(
             lambda module, args, output: sources.append(loss_source(output, labels, vocab))
         )
         try:
-            warm_up(recipe, setup, tokens, labels, notes)
+            reports, notes = capture_set_up(
+                session,
+                setup,
+                attempts,
+                progress,
+                dedupe=job.dedupe,
+                strict=job.strict,
+                root=job.spec.root or None,
+            )
         finally:
-            remove()
             watch.remove()
         if sources:
-            notes.append(loss_note(sources[0]))
-        session.locator = Locator(setup.model, setup.hooks)
-        groups = group_blocks(setup, store) if job.dedupe else [[s.fqn] for s in setup.blocks]
-        reps: dict[str, BlockReport] = {}
-        for i, members in enumerate(groups):
-            rep = members[0]
-            if progress:
-                progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
-            slot = next(s for s in setup.blocks if s.fqn == rep)
-            reps[rep] = capture_block(
-                session, setup, slot, store.get(rep), strict=job.strict, root=job.spec.root or None
-            )
+            notes += (loss_note(sources[0]),)
+    return reports, setup_info(spec, job, setup), notes
+
+
+WarmUp = list[tuple[str, Callable[[], None]]]
+"""(name, step) pairs, strongest first: the first that runs is the warm-up."""
+
+
+def capture_set_up(
+    session: CaptureSession,
+    setup: Any,
+    attempts: WarmUp,
+    progress: Progress | None,
+    *,
+    dedupe: bool = True,
+    strict: bool = False,
+    root: str | None = None,
+) -> tuple[tuple[BlockReport, ...], tuple[str, ...]]:
+    """Warm up, then capture each distinct block kind of a model as set up, by any recipe
+    (``model``, ``blocks`` with fqn/outer/kind/regions, ``hooks``, ``optimizer``). The caller
+    enters the recipe's step context."""
+    outers = {slot.fqn: slot.outer for slot in setup.blocks}
+    store, remove = collect_block_inputs(setup.model, outers)
+    notes: list[str] = []
+    try:
+        run_warm_up(setup, attempts, notes)
+    finally:
+        remove()
+    session.locator = Locator(setup.model, setup.hooks)
+    groups = group_blocks(setup, store) if dedupe else [[s.fqn] for s in setup.blocks]
+    reps: dict[str, BlockReport] = {}
+    for i, members in enumerate(groups):
+        rep = members[0]
         if progress:
-            progress("captured", len(groups), len(groups))
+            progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
+        slot = next(s for s in setup.blocks if s.fqn == rep)
+        reps[rep] = capture_block(session, setup, slot, store.get(rep), strict=strict, root=root)
+    if progress:
+        progress("captured", len(groups), len(groups))
     kinds = kind_labels(setup, groups)
     reports = []
     for members in groups:
@@ -148,7 +181,7 @@ def _scan_set_up(
             shared = rebase(base, members[0], fqn) if same_as else base
             reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
     reports.sort(key=lambda r: _layer_order(r.fqn))
-    return tuple(reports), setup_info(spec, job, setup), tuple(notes)
+    return tuple(reports), tuple(notes)
 
 
 _BF16_FAILURE = re.compile(
@@ -156,16 +189,10 @@ _BF16_FAILURE = re.compile(
 )
 
 
-def warm_up(
-    recipe: Recipe, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, notes: list[str]
-) -> None:
-    """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
-
-    If the eager step fails (e.g. eager SAC around an FSDP-managed module fails in backward,
-    FlexAttention has no backward on CPU), that is a note, and the inputs come from a
-    forward-only pass (with autograd, else under no_grad); the per-block captures then show
-    which blocks fail and why.
-    """
+def warm_up_attempts(
+    recipe: Recipe, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor
+) -> WarmUp:
+    """The recipe's training step, then forward-only fallbacks."""
 
     def full_step() -> None:
         recipe.train_step(setup, tokens, labels)
@@ -177,11 +204,20 @@ def warm_up(
         with torch.no_grad():
             forward_loss(setup.model, tokens, labels, 1)
 
-    attempts = [
+    return [
         ("the eager training step", full_step),
         ("an eager forward", forward_only),
         ("an eager forward under no_grad", forward_no_grad),
     ]
+
+
+def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
+    """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
+
+    If the eager step fails (e.g. eager SAC around an FSDP-managed module fails in backward),
+    that is a note, and the inputs come from the next, weaker attempt (a forward with autograd,
+    else under no_grad); the per-block captures then show which blocks fail and why.
+    """
     failures = []
     for name, attempt in attempts:
         try:

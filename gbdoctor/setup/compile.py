@@ -149,22 +149,14 @@ def compile_kernels(
             fn = getattr(module, attr)
             compiled = compile_fn(fn, f"{region_prefix}.{sub}.{attr}", fullgraph)
             if dynamic_tokens:
-                compiled = _tokens_dynamic(compiled)
+                # Under EP the tokens an expert group receives change every step: torchtitan
+                # v0.2.2 marks them dynamic before calling its compiled grouped mm.
+                from gbdoctor.capture import tokens_dynamic
+
+                compiled = tokens_dynamic(compiled)
             setattr(module, attr, compiled)
             regions.append(f"{sub}.{attr}")
     return regions
-
-
-def _tokens_dynamic(compiled: Callable[..., Any]) -> Callable[..., Any]:
-    """Under EP the number of tokens an expert group receives changes every step: torchtitan
-    v0.2.2 marks the token dimension dynamic before calling the compiled grouped mm."""
-    import torch._dynamo
-
-    def call(w1: Any, w2: Any, w3: Any, x: Any, num_tokens_per_expert: Any) -> Any:
-        torch._dynamo.mark_dynamic(x, 0)
-        return compiled(w1, w2, w3, x, num_tokens_per_expert)
-
-    return call
 
 
 def compile_children(

@@ -1,0 +1,627 @@
+"""The installed torchtitan as the setup (torchtitan >= 0.3: Python config registries).
+
+The model is built and set up by torchtitan's own code: its ``ConfigManager`` (``--module`` /
+``--config`` plus ``--section.key`` overrides), the config's ``model_spec`` (model registry),
+``update_from_config``, the spec's ``parallelize_fn`` (TP/EP, AC, compile, FSDP2 in
+torchtitan's order), ``init_weights``, the loss and optimizer builders and the
+``post_optimizer_build_fn`` (MoE load balancing). The one change: while ``parallelize_fn``
+runs, ``nn.Module.compile`` and ``torch.compile`` are gbdoctor's recording compile, so a region
+is compiled exactly where torchtitan compiles it, with a backend that records.
+
+What torchtitan needs on a CPU machine, provided without changing where breaks happen (see
+``cpu_stand_ins``): a ``triton`` stand-in while torchtitan's modules load, "cpu" as its device
+type, FlexAttention's CPU-backward guard lifted, SUM reductions for FSDP2 on gloo, random token
+ids instead of its dataloader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import math
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gbdoctor.errors import SetupError, SpecError
+
+TORCHTITAN_VERSIONS_TESTED = ("0.3.0",)
+"""torchtitan releases the installed-torchtitan path was measured against (torch 2.13.0)."""
+
+DEFAULT_BATCH_SIZE = 2
+DEFAULT_SEQ_LEN = 64
+"""Capture shape unless ``--set gbdoctor.batch_size/seq_len`` says otherwise: torchtitan's
+debug configs train 8 x 2048, whose eager FlexAttention math on CPU needs GiBs per layer."""
+
+
+@dataclass(frozen=True)
+class TitanRun:
+    """How the user names a torchtitan run (picklable: sent to spawned ranks)."""
+
+    module: str
+    """``deepseek_v3`` (a torchtitan model) or a dotted module with a ``config_registry``."""
+    config: str
+    """A config function of that registry, ``deepseek_v3_debugmodel``."""
+    args: tuple[str, ...] = ()
+    """torchtitan's own overrides, verbatim: ``--compile.enable``,
+    ``--parallelism.expert_parallel_degree 2``."""
+    batch_size: int = DEFAULT_BATCH_SIZE
+    seq_len: int = DEFAULT_SEQ_LEN
+    seed: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"torchtitan:{self.module}:{self.config}" + "".join(f" {a}" for a in self.args)
+
+
+def parse_run(name: str, args: tuple[str, ...] = (), **capture: Any) -> TitanRun:
+    module, sep, config = name.partition(":")
+    if not sep or not module or not config:
+        raise SpecError(
+            f"--torchtitan expects MODULE:CONFIG, got {name!r}",
+            hint="e.g. --torchtitan deepseek_v3:deepseek_v3_debugmodel",
+        )
+    return TitanRun(module=module, config=config, args=tuple(args), **capture)
+
+
+def torchtitan_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchtitan")
+    except PackageNotFoundError:
+        return None
+
+
+# ------------------------------------------------------------------------------ CPU stand-ins
+
+
+class _Anything:
+    """Any attribute, any call: enough for module-level ``@triton.jit`` and ``tl.constexpr``."""
+
+    def __getattr__(self, name: str) -> _Anything:
+        return _Anything()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]  # used as a decorator
+        return _Anything()
+
+
+def _stand_in_module(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+
+    def attr(key: str) -> Any:
+        if key.startswith("__"):
+            raise AttributeError(key)  # inspect/importlib probe dunders: behave like a module
+        return _Anything()
+
+    module.__getattr__ = attr  # type: ignore[method-assign]
+    return module
+
+
+# torch modules that probe triton while they load or cache the answer: imported before the
+# stand-in exists so that torch itself never sees it.
+_TORCH_TRITON_PROBES = (
+    "torch._inductor.compile_fx",
+    "torch._inductor.codecache",
+    "torch._inductor.runtime.triton_compat",
+    "torch._functorch.partitioners",
+    "torch.distributed.tensor",
+    "torch.distributed.checkpoint",
+    "torch.nn.attention.flex_attention",
+    "torch.utils._triton",
+)
+
+
+@contextlib.contextmanager
+def _triton_stand_in() -> Iterator[None]:
+    """torchtitan 0.3 imports triton unconditionally (``distributed/minimal_async_ep/kernels.py``,
+    reached from every MoE model) for GPU kernels a CPU run never calls."""
+    for name in _TORCH_TRITON_PROBES:
+        importlib.import_module(name)
+    if importlib.util.find_spec("triton") is not None:
+        yield
+        return
+    triton, language = _stand_in_module("triton"), _stand_in_module("triton.language")
+    triton.language = language  # type: ignore[attr-defined]
+    sys.modules["triton"], sys.modules["triton.language"] = triton, language
+    try:
+        yield
+    finally:
+        del sys.modules["triton"], sys.modules["triton.language"]
+
+
+def import_torchtitan(run: TitanRun) -> Any:
+    """Import torchtitan's config registry for ``run`` (with the triton stand-in)."""
+    if torchtitan_version() is None:
+        raise SetupError(
+            "torchtitan is not installed",
+            hint='pip install "gbdoctor[torchtitan]" (torchtitan 0.3.0), or scan a v0.2.x TOML',
+        )
+    with _triton_stand_in():
+        from torchtitan.models import _supported_models
+
+        target = (
+            f"torchtitan.models.{run.module}.config_registry"
+            if run.module in _supported_models
+            else run.module
+        )
+        try:
+            registry = importlib.import_module(target)
+        except ImportError as exc:
+            raise SpecError(
+                f"cannot import torchtitan module {run.module!r}: {exc}",
+                hint=f"torchtitan models: {', '.join(sorted(_supported_models))}",
+            ) from exc
+        import torchtitan.config.manager  # noqa: F401 - loads the rest of its config code
+        import torchtitan.trainer  # noqa: F401
+    return registry
+
+
+@contextlib.contextmanager
+def _cpu_device_type() -> Iterator[None]:
+    """torchtitan picks its device from CUDA ("cuda" when none is visible); its modules copy
+    ``device_type``/``device_module`` at import, so each copy is pointed at the CPU."""
+    patched: list[tuple[Any, str, Any]] = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("torchtitan") or module is None:
+            continue
+        for attr, value in (("device_type", "cpu"), ("device_module", torch.cpu)):
+            if attr in vars(module) and isinstance(vars(module)[attr], (str, types.ModuleType)):
+                patched.append((module, attr, vars(module)[attr]))
+                setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        for module, attr, value in reversed(patched):
+            setattr(module, attr, value)
+
+
+@contextlib.contextmanager
+def _flex_cpu_backward() -> Iterator[None]:
+    """torch 2.13's ``flex_attention`` refuses CPU inputs that require grad before it does
+    anything (``_validate_device``); the math implementation underneath runs forward and
+    backward on CPU. The check passes silently on CUDA, so lifting it for CPU tensors traces
+    the same code a GPU run traces."""
+    import torch.nn.attention.flex_attention as flex
+
+    original = flex._validate_device
+
+    def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if query.device.type != "cpu":
+            original(query, key, value)
+
+    flex._validate_device = validate
+    try:
+        yield
+    finally:
+        flex._validate_device = original
+
+
+@contextlib.contextmanager
+def cpu_stand_ins(device: str) -> Iterator[None]:
+    """Everything torchtitan needs to run on a CPU machine, undone on exit."""
+    if device != "cpu":
+        yield
+        return
+    with _cpu_device_type(), _flex_cpu_backward():
+        yield
+
+
+# ------------------------------------------------------------------------------ setup
+
+
+@dataclass
+class TitanBlock:
+    """One transformer block as torchtitan set it up (the fields ``scan`` reads of a block)."""
+
+    fqn: str
+    key: str
+    block: nn.Module
+    outer: nn.Module
+    is_moe: bool
+    kind: str
+    ac_wrapped: tuple[str, ...] = ()
+    regions: tuple[str, ...] = ()
+    fullgraph_regions: tuple[str, ...] = ()
+
+
+@dataclass
+class TitanSetup:
+    """A model as torchtitan's own code set it up, plus what a training step needs."""
+
+    run: TitanRun
+    config: Any
+    model: nn.Module
+    blocks: list[TitanBlock]
+    optimizer: Any
+    parallel_dims: Any
+    loss_fn: Any
+    trainer_state: Any
+    dynamo_flags: tuple[tuple[str, Any], ...]
+    hooks: list[Any] = field(default_factory=list)
+    fsdp: bool = False
+    ac_enabled: bool = False
+    notes: tuple[str, ...] = ()
+
+    def tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random token ids and labels (no tokenizer or dataset ships in the wheel)."""
+        import torch.distributed as dist
+
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + rank)
+        vocab = _vocab_size(self.model)
+        rows = torch.randint(0, vocab, (self.run.batch_size, self.run.seq_len + 1), generator=gen)
+        return rows[:, :-1], rows[:, 1:]
+
+    def batch(
+        self, tokens: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor]:
+        """Through torchtitan's own ``post_dataloading_process`` (positions, attention masks,
+        SPMD annotations)."""
+        from torchtitan.trainer import Trainer
+
+        positions = torch.arange(tokens.shape[1]).repeat(tokens.shape[0], 1)
+        inputs, labels, extra = Trainer.post_dataloading_process(
+            self.trainer_state, {"input": tokens, "positions": positions}, labels
+        )
+        return inputs, extra, labels
+
+
+def _vocab_size(model: nn.Module) -> int:
+    emb = getattr(model, "tok_embeddings", None)
+    if isinstance(emb, nn.Embedding):
+        return emb.num_embeddings
+    raise SetupError("the torchtitan model has no token embedding to size random inputs by")
+
+
+def _is_checkpoint_wrapper(module: nn.Module) -> bool:
+    return hasattr(module, "_checkpoint_wrapped_module")
+
+
+def _unwrap(module: nn.Module) -> nn.Module:
+    while True:
+        inner = getattr(module, "_checkpoint_wrapped_module", None) or getattr(
+            module, "_orig_mod", None
+        )
+        if inner is None:
+            return module
+        module = inner
+
+
+def is_moe(block: nn.Module) -> bool:
+    """By structure: stacked expert weights (a parameter with an expert dimension)."""
+    return any(p.dim() >= 3 for p in block.parameters())
+
+
+class _RecordingCompile:
+    """``nn.Module.compile`` / ``torch.compile`` as gbdoctor's recording compile while
+    torchtitan's ``parallelize_fn`` runs; records every region it compiled."""
+
+    def __init__(self, model: nn.Module, session: Any) -> None:
+        self.model = model
+        self.session = session
+        self.regions: list[tuple[str, bool]] = []
+
+    def _fqn(self, obj: Any) -> str:
+        for name, module in self.model.named_modules():
+            if module is obj:
+                return ".".join(
+                    p
+                    for p in name.split(".")
+                    if p not in ("_checkpoint_wrapped_module", "_orig_mod")
+                )
+        return getattr(obj, "__qualname__", type(obj).__name__)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        original_module_compile = nn.Module.compile
+        original_compile = torch.compile
+        recorder = self
+
+        def module_compile(module: nn.Module, *args: Any, **kwargs: Any) -> None:
+            fqn = recorder._fqn(module)
+            fullgraph = bool(kwargs.get("fullgraph", False))
+            recorder.regions.append((fqn, fullgraph))
+            if recorder.session is None:
+                return original_module_compile(module, *args, **kwargs)
+            with recorder.originals():  # the session calls the real ones
+                recorder.session.compile_in_place(module, fqn, fullgraph)
+
+        def compile_(target: Any = None, **kwargs: Any) -> Any:
+            if target is None:  # decorator form
+                return lambda fn: compile_(fn, **kwargs)
+            fqn = recorder._fqn(target)
+            fullgraph = bool(kwargs.get("fullgraph", False))
+            recorder.regions.append((fqn, fullgraph))
+            if recorder.session is None:
+                return original_compile(target, **kwargs)
+            with recorder.originals():
+                return recorder.session.compile_fn(target, fqn, fullgraph)
+
+        self._originals = (original_module_compile, original_compile)
+        self._recording = (module_compile, compile_)
+        self._swap(self._recording)
+        try:
+            yield
+        finally:
+            self._swap(self._originals)
+
+    @staticmethod
+    def _swap(pair: tuple[Any, Any]) -> None:
+        nn.Module.compile, torch.compile = pair  # type: ignore[method-assign,assignment]
+
+    @contextlib.contextmanager
+    def originals(self) -> Iterator[None]:
+        self._swap(self._originals)
+        try:
+            yield
+        finally:
+            self._swap(self._recording)
+
+
+def world_size_for(config: Any) -> int:
+    """Ranks the parallelism config needs (``dp_shard = -1`` takes what EP needs, at least 1)."""
+    p = config.parallelism
+    fixed = (
+        p.data_parallel_replicate_degree
+        * p.context_parallel_degree
+        * p.tensor_parallel_degree
+        * p.pipeline_parallel_degree
+    )
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        ep = p.expert_parallel_degree
+        inner = p.context_parallel_degree * p.tensor_parallel_degree
+        shard = max(1, ep // math.gcd(ep, inner)) if ep > 1 else 1
+    return fixed * shard
+
+
+def load_config(run: TitanRun) -> Any:
+    import_torchtitan(run)
+    from torchtitan.config.manager import ConfigManager
+
+    argv = ["--module", run.module, "--config", run.config, *run.args]
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return ConfigManager().parse_args(argv)
+    except SystemExit as exc:  # tyro exits on a bad override after printing why
+        raise SpecError(
+            f"torchtitan rejected the arguments {' '.join(run.args)!r}",
+            hint="use torchtitan's own --section.key VALUE overrides (see its --help)",
+        ) from exc
+    except (ValueError, ImportError, AttributeError) as exc:
+        raise SpecError(
+            f"torchtitan could not load {run.module}:{run.config}: {exc}",
+            hint="MODULE is a torchtitan model (deepseek_v3, llama3, ...), CONFIG a "
+            "function of its config_registry",
+        ) from exc
+
+
+def _dynamo_settings() -> dict[str, Any]:
+    import torch._dynamo
+
+    return {
+        k: v
+        for k, v in torch._dynamo.config.get_config_copy().items()
+        if isinstance(v, (bool, int, float, str, type(None)))
+    }
+
+
+def build_setup(run: TitanRun, session: Any, device: str = "cpu") -> TitanSetup:
+    """Build and set up the model on this rank with torchtitan's own code (the process group
+    must be initialized). Mirrors ``Trainer.__init__`` up to the optimizer, minus checkpoint,
+    metrics, tokenizer and dataloader, which cannot change what is compiled."""
+    return RECIPE.set_up(RECIPE.build(run, device), run, session=session, device_type=device)
+
+
+def _build_model(run: TitanRun, config: Any) -> tuple[nn.Module, Any]:
+    import torch.distributed as dist
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
+    from torchtitan.tools import utils as tt_utils
+
+    world = dist.get_world_size()
+    try:
+        parallel_dims = ParallelDims.from_config(config.parallelism, world)
+    except (AssertionError, ValueError) as exc:
+        raise SpecError(
+            f"torchtitan rejects this parallelism on {world} rank(s): {exc}",
+            hint="adjust --parallelism.* degrees",
+        ) from exc
+    dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
+    torch.manual_seed(run.seed)
+    spec = config.model_spec
+    model_config = spec.model
+    model_config.update_from_config(config=config)
+    if config.override.imports:
+        from torchtitan.config.override import apply_overrides
+
+        apply_overrides(config.override, config)
+    with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+        model = model_config.build()
+    return model, parallel_dims
+
+
+def _set_up(
+    run: TitanRun, config: Any, model: nn.Module, parallel_dims: Any, session: Any, device: str
+) -> TitanSetup:
+    from torchtitan.components.loss import ChunkedLossWrapper
+    from torchtitan.distributed import utils as dist_utils
+
+    spec = config.model_spec
+    model_config = spec.model
+    before = _dynamo_settings()
+    recorder = _RecordingCompile(model, session)
+    with recorder.installed():
+        model = spec.parallelize_fn(
+            model,
+            parallel_dims=parallel_dims,
+            training=config.training,
+            parallelism=config.parallelism,
+            compile_config=config.compile,
+            ac_config=config.activation_checkpoint,
+            dump_folder=config.dump_folder,
+        )
+    after = _dynamo_settings()
+    flags = tuple(sorted((k, v) for k, v in after.items() if before.get(k) != v))
+
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    fsdp = _sum_reductions_on_gloo(model)
+
+    loss_fn = config.loss.build(compile_config=config.compile)
+    if isinstance(loss_fn, ChunkedLossWrapper):
+        loss_fn.set_lm_head(model.lm_head)
+        model._skip_lm_head = True
+    optimizer = config.optimizer.build(model_parts=[model])
+    if spec.post_optimizer_build_fn is not None:
+        spec.post_optimizer_build_fn(optimizer, [model], parallel_dims)
+    trainer_state = types.SimpleNamespace(
+        config=config,
+        model_config=model_config,
+        model_parts=[model],
+        parallel_dims=parallel_dims,
+        ntokens_seen=0,
+        loss_fn=loss_fn,
+        device=torch.device(device),
+        train_context=dist_utils.get_spmd_context(
+            parallel_dims=parallel_dims, spmd_typechecking=False
+        ),
+    )
+
+    ac = config.activation_checkpoint
+    ac_label = "sac" if ac is not None and type(ac).__qualname__.startswith("Selective") else "ac"
+    blocks = _blocks(model, recorder.regions, ac_label)
+    notes = []
+    if not recorder.regions:
+        notes.append("torchtitan compiled nothing under this config (pass --compile.enable)")
+    return TitanSetup(
+        run=run,
+        config=config,
+        model=model,
+        blocks=blocks,
+        optimizer=optimizer,
+        parallel_dims=parallel_dims,
+        loss_fn=loss_fn,
+        trainer_state=trainer_state,
+        dynamo_flags=flags,
+        fsdp=fsdp,
+        ac_enabled=any(b.ac_wrapped for b in blocks),
+        notes=tuple(notes),
+    )
+
+
+def _sum_reductions_on_gloo(model: nn.Module) -> bool:
+    """gloo has no PREMUL_SUM, which FSDP2 uses for torchtitan's gradient divide factor: the
+    same division as SUM plus an eager post-scale (backward, outside every compiled region)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    if dist.get_backend() == "gloo":
+        for module in sharded:
+            module.set_force_sum_reduction_for_comms(True)
+    return bool(sharded)
+
+
+def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) -> list[TitanBlock]:
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
+        raise SetupError("the torchtitan model has no `layers` container of blocks")
+    items = layers.items() if isinstance(layers, nn.ModuleDict) else enumerate(layers)
+    out = []
+    for key, outer in items:
+        fqn = f"layers.{key}"
+        inner = _unwrap(outer)
+        mine = [(r, fg) for r, fg in regions if r == fqn or r.startswith(fqn + ".")]
+        ac = (
+            ("",)
+            if _is_checkpoint_wrapper(outer)
+            else tuple(
+                name.replace("._checkpoint_wrapped_module", "")
+                for name, m in outer.named_modules()
+                if name and _is_checkpoint_wrapper(m)
+            )
+        )
+        moe = is_moe(inner)
+        kind = ("moe" if moe else "dense") + (f"+{ac_label}" if ac else "")
+        out.append(
+            TitanBlock(
+                fqn=fqn,
+                key=str(key),
+                block=inner,
+                outer=outer,
+                is_moe=moe,
+                kind=kind,
+                ac_wrapped=ac,
+                regions=tuple(r for r, _ in mine),
+                fullgraph_regions=tuple(r for r, fg in mine if fg),
+            )
+        )
+    return out
+
+
+class InstalledTorchtitanRecipe:
+    """The setup seam (``setup.recipe.Recipe``) implemented by the installed torchtitan.
+
+    Same four steps as the built-in recipe, but its "spec" is a :class:`TitanRun` (torchtitan
+    >= 0.3 has no TOML) and its compile is in place (``Module.compile``), so ``set_up`` takes
+    the capture session rather than a module-swapping ``compile_fn``.
+    """
+
+    name = "torchtitan-installed"
+
+    def build(self, run: TitanRun, device_type: str = "cpu") -> tuple[Any, Any]:
+        """torchtitan's config and its model on meta (it materializes after parallelizing)."""
+        config = load_config(run)
+        with cpu_stand_ins(device_type):
+            return config, _build_model(run, config)
+
+    def set_up(
+        self,
+        built: tuple[Any, Any],
+        run: TitanRun,
+        *,
+        session: Any = None,
+        device_type: str = "cpu",
+    ) -> TitanSetup:
+        config, (model, parallel_dims) = built
+        with cpu_stand_ins(device_type):
+            return _set_up(run, config, model, parallel_dims, session, device_type)
+
+    @contextlib.contextmanager
+    def step_context(self, setup: TitanSetup) -> Iterator[None]:
+        """torchtitan set its Dynamo globals itself (``apply_compile``); the CPU stand-ins and
+        its SPMD train context stay on while steps and captures run."""
+        with cpu_stand_ins(str(setup.trainer_state.device)), setup.trainer_state.train_context():
+            yield
+
+    def train_step(self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+        """torchtitan's ``_forward_backward_body``, then the optimizer step (whose pre-step hook
+        is its MoE load balancing)."""
+        from torchtitan.trainer import Trainer
+
+        inputs, extra, labels = setup.batch(tokens, labels)
+        loss = Trainer._forward_backward_body(
+            setup.trainer_state, inputs, labels, torch.tensor(labels.numel()), extra
+        )
+        setup.optimizer.step()
+        setup.optimizer.zero_grad()
+        return float(loss.detach())
+
+    def forward(self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> None:
+        inputs, extra, _ = setup.batch(tokens, labels)
+        setup.model(inputs, **extra)
+
+
+RECIPE = InstalledTorchtitanRecipe()

@@ -1,0 +1,111 @@
+"""The installed torchtitan as the setup, compared with the built-in recipe (real code as oracle).
+
+The torchtitan scans run torchtitan 0.3.0's own config registry, model registry and
+``parallelize_deepseekv3`` (per-block ``Module.compile(fullgraph=True)`` after SAC, FSDP2 and
+EP) on real gloo ranks; they are skipped when the ``torchtitan`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gbdoctor.errors import SpecError
+from gbdoctor.scan import scan
+from gbdoctor.setup.torchtitan_native import parse_run, world_size_for
+from gbdoctor.spec import load_spec
+from gbdoctor.summary import summarize
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+titan = pytest.importorskip("torchtitan", reason="the torchtitan extra is not installed")
+
+EP2 = (
+    "--compile.enable",
+    "--parallelism.expert_parallel_degree",
+    "2",
+    "--training.disable_cuda_graphs",
+)
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch):
+    monkeypatch.chdir(FIXTURES.parent)
+
+
+def test_titan_v022_preset_compiles_seven_regions_per_moe_block():
+    """torchtitan 0.2.2 runs 7 graphs per MoE block (reference/torchtitan-real-cpu.md): the four
+    block children, router, the parameter-less reorderer, shared experts, and the separately
+    compiled grouped-mm kernel; experts stay eager."""
+    from gbdoctor.scan.inspect import inspect_spec
+
+    report = inspect_spec(load_spec("fixtures/deepseek_v3_debug.toml"), strategy="titan-v0.2.2")
+    moe = [b for b in report.blocks if b.moe]
+    assert moe and all(len(b.compiled) == 7 for b in moe)
+    rel = {r[len(moe[0].fqn) + 1 :] for r in moe[0].compiled}
+    assert rel == {
+        "attention_norm",
+        "attention",
+        "ffn_norm",
+        "moe.router",
+        "moe.reorderer",
+        "moe.shared_experts",
+        "moe.experts.run_grouped_mm",
+    }
+    dense = [b for b in report.blocks if not b.moe]
+    assert all(b.compiled == (b.fqn,) for b in dense)
+
+
+def test_run_names_are_checked():
+    with pytest.raises(SpecError, match="MODULE:CONFIG"):
+        parse_run("deepseek_v3")
+    with pytest.raises(SpecError, match="cannot import torchtitan module"):
+        from gbdoctor.setup.torchtitan_native import load_config
+
+        load_config(parse_run("no_such_model:cfg"))
+
+
+def test_triton_stand_in_is_gone_after_import():
+    from gbdoctor.setup.torchtitan_native import load_config
+
+    config = load_config(parse_run("deepseek_v3:deepseek_v3_debugmodel", EP2))
+    assert "triton" not in sys.modules  # the stand-in lived only while torchtitan loaded
+    import torch.utils._triton
+
+    assert torch.utils._triton.has_triton() is False  # torch never saw the stand-in
+    assert world_size_for(config) == 2  # dp_shard=-1 takes what EP=2 needs
+
+
+@pytest.mark.slow
+def test_torchtitan_03_ep2_matches_builtin_recipe():
+    """torchtitan 0.3.0's deepseek_v3 debug config, EP=2 + FSDP2 on two gloo ranks, set up by its
+    own parallelize code, against the built-in recipe on the nearest v0.2.x spec (the v0.2.2
+    debug TOML with EP=2, compiled whole-block fullgraph like 0.3)."""
+    from gbdoctor.scan.torchtitan import scan_torchtitan
+
+    native = scan_torchtitan(parse_run("deepseek_v3:deepseek_v3_debugmodel", EP2))
+    builtin = scan(
+        load_spec(
+            "fixtures/deepseek_v3_debug_ep2.toml", ("gbdoctor.batch_size=2", "gbdoctor.seq_len=64")
+        ),
+        strategy="block",
+    )
+
+    assert native.setup.strategy == "torchtitan==0.3.0" and native.setup.world_size == 2
+    assert native.setup.ep_degree == 2 and native.setup.fsdp
+    assert ("capture_scalar_outputs", "True") in native.setup.dynamo_config
+    for report in (native, builtin):
+        assert [b.fqn for b in report.blocks] == [f"layers.{i}" for i in range(6)]
+        assert [b.kind for b in report.blocks] == ["dense+sac"] + ["moe+sac"] * 5
+        # one fullgraph region per block, MoE included (torchtitan #2741's per-layer compile)
+        assert all(b.regions == (b.fqn,) == b.fullgraph_regions for b in report.blocks)
+        assert all(b.error is None for b in report.blocks), [b.error for b in report.blocks]
+        assert not any(e.kind == "rank_divergence" for b in report.blocks for e in b.events)
+    # The oracle: the same breaks (none) and the same graph split per block.
+    assert summarize(native).breaks == summarize(builtin).breaks == 0
+    assert (
+        [b.graph_count for b in native.blocks] == [b.graph_count for b in builtin.blocks] == [1] * 6
+    )
+    assert not any(b.events for b in native.blocks)
