@@ -537,9 +537,11 @@ def gate(
     from gbdoctor.gate import (
         baseline_from_reports,
         check_gate,
+        current_pins,
         dump_baseline,
         load_baseline,
         merge_baselines,
+        pinned_dynamo,
     )
     from gbdoctor.records.io import check_writable, locked, write_atomic
     from gbdoctor.report import GATE_FORMAT_NAMES, render_gate
@@ -551,20 +553,33 @@ def gate(
     # Everything that can be wrong with the inputs is found before the first scan starts.
     if update_baseline:
         check_writable(baseline, "baseline")
-        if baseline.exists():
-            load_baseline(baseline)
+        previous = load_baseline(baseline) if baseline.exists() else None
         accepted = None
     else:
-        accepted = load_baseline(baseline)
+        accepted = previous = load_baseline(baseline)
     reports = [load_scan_json(path) for path in scan_json or []]
     loaded_specs = [_load(spec, set_) for spec in specs or []]
     strategies = [_strategy(loaded, strategy, None) for loaded in loaded_specs]
-    for loaded, chosen in zip(loaded_specs, strategies, strict=True):
-        reports.append(_scan_with_progress(loaded, chosen))
+    # Scans run under the Dynamo settings the baseline pins (nested_graph_breaks, ...), so
+    # counts stay comparable across torch releases whose defaults differ.
+    pins = (
+        previous.dynamo_config
+        if previous is not None and previous.dynamo_config
+        else current_pins()
+    )
+    with pinned_dynamo(pins) as unknown:
+        for name in unknown:
+            err_console.print(
+                f"warning: this torch has no Dynamo setting {name!r} the baseline pins",
+                markup=False,
+                highlight=False,
+            )
+        for loaded, chosen in zip(loaded_specs, strategies, strict=True):
+            reports.append(_scan_with_progress(loaded, chosen))
     if update_baseline:
         with locked(baseline):  # read-merge-write: a concurrent update must not lose an entry
             old = load_baseline(baseline) if baseline.exists() else None
-            merged = merge_baselines(old, baseline_from_reports(reports))
+            merged = merge_baselines(old, baseline_from_reports(reports, pins))
             write_atomic(baseline, dump_baseline(merged), "baseline")
         err_console.print(
             f"baseline written: {baseline}", markup=False, highlight=False, soft_wrap=True

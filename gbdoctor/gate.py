@@ -31,10 +31,12 @@ than the baseline's is a warning.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import posixpath
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -136,8 +138,48 @@ def _sorted_kinds(kinds: dict[str, KindCounts]) -> tuple[tuple[str, KindCounts],
 # --------------------------------------------------------------------------- baseline files
 
 
-def baseline_from_reports(reports: Iterable[ScanReport]) -> Baseline:
-    """The baseline that accepts exactly these scans (``--update-baseline``)."""
+PINNED_DYNAMO = ("nested_graph_breaks",)
+"""Dynamo settings a baseline pins: their defaults move between torch releases and change
+where and how often Dynamo breaks (``nested_graph_breaks`` turns a break in a nested call into
+breaks in every enclosing frame or none), so counts are only comparable under the same value."""
+
+PINS_ENV = "GBDOCTOR_DYNAMO_PINS"
+"""JSON object of pinned Dynamo settings, inherited by spawned ranks (``setup.dist``)."""
+
+
+def current_pins() -> tuple[tuple[str, Any], ...]:
+    """This torch's values of the pinned settings it knows."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    return tuple(sorted((k, getattr(config, k)) for k in PINNED_DYNAMO if hasattr(config, k)))
+
+
+@contextlib.contextmanager
+def pinned_dynamo(pins: tuple[tuple[str, Any], ...]) -> Iterator[tuple[str, ...]]:
+    """Scan under the baseline's pinned settings (here and in spawned ranks); yields the pinned
+    names this torch does not know (the counts may then differ for that reason)."""
+    import torch._dynamo
+
+    known = {k: v for k, v in pins if hasattr(torch._dynamo.config, k)}
+    unknown = tuple(k for k, _ in pins if k not in known)
+    old_env = os.environ.get(PINS_ENV)
+    os.environ[PINS_ENV] = json.dumps(known, sort_keys=True)
+    try:
+        with torch._dynamo.config.patch(**known):
+            yield unknown
+    finally:
+        if old_env is None:
+            os.environ.pop(PINS_ENV, None)
+        else:
+            os.environ[PINS_ENV] = old_env
+
+
+def baseline_from_reports(
+    reports: Iterable[ScanReport], pins: tuple[tuple[str, Any], ...] | None = None
+) -> Baseline:
+    """The baseline that accepts exactly these scans (``--update-baseline``), pinning the
+    Dynamo settings they ran under (``pins``; default: this torch's current values)."""
     reports = list(reports)
     specs: dict[str, dict[str, KindCounts]] = {}
     for report in reports:
@@ -149,6 +191,7 @@ def baseline_from_reports(reports: Iterable[ScanReport]) -> Baseline:
     return Baseline(
         torch_version=torch_version,
         specs=tuple(sorted((k, _sorted_kinds(v)) for k, v in specs.items())),
+        dynamo_config=current_pins() if pins is None else pins,
     )
 
 
@@ -158,13 +201,19 @@ def merge_baselines(old: Baseline | None, new: Baseline) -> Baseline:
         return new
     specs = dict(old.specs)
     specs.update(dict(new.specs))
-    return Baseline(torch_version=new.torch_version, specs=tuple(sorted(specs.items())))
+    return Baseline(
+        torch_version=new.torch_version,
+        specs=tuple(sorted(specs.items())),
+        dynamo_config=new.dynamo_config,
+    )
 
 
 def _baseline_data(baseline: Baseline) -> dict[str, Any]:
+    pins = {"dynamo_config": dict(baseline.dynamo_config)} if baseline.dynamo_config else {}
     return {
         "schema_version": baseline.schema_version,
         "torch_version": baseline.torch_version,
+        **pins,
         "specs": {
             spec: {
                 kind: {
@@ -242,7 +291,7 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
             hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
         )
     check_schema_version(data, BASELINE_SCHEMA_VERSION, name, "baseline", hint=_REGENERATE)
-    unknown = sorted(set(data) - {"schema_version", "torch_version", "specs"})
+    unknown = sorted(set(data) - {"schema_version", "torch_version", "dynamo_config", "specs"})
     _expect(not unknown, name, "$", f"unknown key(s) {unknown}")
     _expect("specs" in data, name, "$", "missing key 'specs'")
     _expect(
@@ -262,7 +311,19 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
                 ),
             )
         )
-    return Baseline(torch_version=data.get("torch_version", ""), specs=tuple(specs))
+    pins = data.get("dynamo_config", {})
+    _expect(
+        isinstance(pins, dict)
+        and all(isinstance(v, (bool, int, float, str, type(None))) for v in pins.values()),
+        name,
+        "$.dynamo_config",
+        "expected an object of Dynamo setting -> scalar value",
+    )
+    return Baseline(
+        torch_version=data.get("torch_version", ""),
+        specs=tuple(specs),
+        dynamo_config=tuple(sorted(pins.items())),
+    )
 
 
 def load_baseline(path: str | Path) -> Baseline:

@@ -232,6 +232,7 @@ def test_baseline_layout_and_byte_stability(before, after) -> None:
     assert json.loads(text) == {
         "schema_version": 1,
         "torch_version": "2.13.0",
+        "dynamo_config": {"nested_graph_breaks": False},
         "specs": {
             "fixtures/llama4_debug_ep2.toml": {
                 "dense": {
@@ -383,3 +384,33 @@ def test_spec_key_of_an_absolute_path_under_the_root(tmp_path) -> None:
 
 def test_empty_baseline_record() -> None:
     assert Baseline(torch_version="").kinds("x") is None
+
+
+# --------------------------------------------------------------------------- pinned Dynamo settings
+
+
+def test_baseline_pins_dynamo_settings_and_gate_scans_under_them(before) -> None:
+    import os
+
+    import torch._dynamo
+
+    from gbdoctor.gate import PINS_ENV, current_pins, pinned_dynamo
+
+    base = baseline_from_reports([before])
+    assert dict(base.dynamo_config) == {"nested_graph_breaks": torch._dynamo.config.nested_graph_breaks}
+    text = dump_baseline(base)
+    assert json.loads(text)["dynamo_config"] == {"nested_graph_breaks": False}
+    assert parse_baseline(text) == base  # round trip
+    # An older baseline without pins still reads (pins then default to this torch's values).
+    legacy = json.loads(text)
+    del legacy["dynamo_config"]
+    assert parse_baseline(json.dumps(legacy)).dynamo_config == ()
+    with pytest.raises(BaselineError, match="dynamo_config"):
+        parse_baseline(json.dumps({**legacy, "dynamo_config": {"nested_graph_breaks": [1]}}))
+
+    flipped = (("nested_graph_breaks", True), ("no_such_setting_in_this_torch", 1))
+    with pinned_dynamo(flipped) as unknown:
+        assert torch._dynamo.config.nested_graph_breaks is True
+        assert json.loads(os.environ[PINS_ENV]) == {"nested_graph_breaks": True}  # spawned ranks
+        assert unknown == ("no_such_setting_in_this_torch",)
+    assert current_pins() == (("nested_graph_breaks", False),) and PINS_ENV not in os.environ

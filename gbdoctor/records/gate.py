@@ -46,6 +46,9 @@ class Baseline:
     torch_version: str
     specs: tuple[tuple[str, tuple[tuple[str, KindCounts], ...]], ...] = ()
     """(spec key, ((kind, counts), ...)), both levels sorted by key."""
+    dynamo_config: tuple[tuple[str, bool | int | float | str | None], ...] = ()
+    """Dynamo settings pinned for every gate scan against this baseline (name, value), sorted:
+    those whose defaults differ across torch versions and change break counts."""
     schema_version: int = BASELINE_SCHEMA_VERSION
 
     def kinds(self, spec: str) -> dict[str, KindCounts] | None:

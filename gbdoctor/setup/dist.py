@@ -195,6 +195,19 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="gbdoctor-parent-watch", daemon=True).start()
 
 
+def _apply_dynamo_pins() -> None:
+    """Dynamo settings the parent pinned (``gate.pinned_dynamo``): spawned ranks start from
+    torch's defaults, so the pins travel in the environment."""
+    pins = os.environ.get("GBDOCTOR_DYNAMO_PINS")
+    if pins:
+        import json
+
+        import torch._dynamo
+
+        for name, value in json.loads(pins).items():
+            setattr(torch._dynamo.config, name, value)
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -215,6 +228,7 @@ def _rank_main(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
+    _apply_dynamo_pins()
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
