@@ -26,12 +26,23 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def check(version: str, root: Path) -> str:
+TORCH_PY_DEPS = ("sympy", "networkx", "jinja2", "fsspec", "filelock", "typing_extensions")
+
+
+def check(version: str, root: Path, *, no_deps: bool = False) -> str:
     venv = root / f"torch-{version}"
     python = venv / "bin" / "python"
     if not python.exists():
         _run([sys.executable, "-m", "venv", str(venv)], check=True)
-    install = _run([str(python), "-m", "pip", "install", "-q", f"torch=={version}"])
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    if no_deps:
+        # e.g. torch 2.14.1 exists here only as the CUDA wheel whose nvidia-* runtime packages
+        # are not available: install it alone, plus its pure-Python dependencies (CPU use only).
+        install = _run([*pip, "--no-deps", f"torch=={version}"])
+        if not install.returncode:
+            install = _run([*pip, *TORCH_PY_DEPS])
+    else:
+        install = _run([*pip, f"torch=={version}"])
     if install.returncode:
         tail = (install.stderr.strip().splitlines() or ["?"])[-1]
         return f"torch {version}: not installable here ({tail})"
@@ -51,12 +62,17 @@ def main() -> None:
     )
     parser.add_argument("versions", nargs="+")
     parser.add_argument("--venv-root", type=Path, default=Path("/tmp/gbdoctor-compat"))
+    parser.add_argument(
+        "--torch-no-deps",
+        action="store_true",
+        help="install torch without its (CUDA runtime) dependencies",
+    )
     args = parser.parse_args()
     if REPO in args.venv_root.resolve().parents:
         parser.error("--venv-root must be outside the repository")
     args.venv_root.mkdir(parents=True, exist_ok=True)
     for version in args.versions:
-        print(check(version, args.venv_root), flush=True)
+        print(check(version, args.venv_root, no_deps=args.torch_no_deps), flush=True)
 
 
 if __name__ == "__main__":
