@@ -295,11 +295,6 @@ def _unwrap(module: nn.Module) -> nn.Module:
         module = inner
 
 
-def is_moe(block: nn.Module) -> bool:
-    """By structure: stacked expert weights (a parameter with an expert dimension)."""
-    return any(p.dim() >= 3 for p in block.parameters())
-
-
 class _RecordingCompile:
     """``nn.Module.compile`` / ``torch.compile`` as gbdoctor's recording compile while
     torchtitan's ``parallelize_fn`` runs; records every region it compiled."""
@@ -535,13 +530,12 @@ def _sum_reductions_on_gloo(model: nn.Module) -> bool:
 
 
 def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) -> list[TitanBlock]:
-    layers = getattr(model, "layers", None)
-    if not isinstance(layers, (nn.ModuleDict, nn.ModuleList)):
-        raise SetupError("the torchtitan model has no `layers` container of blocks")
-    items = layers.items() if isinstance(layers, nn.ModuleDict) else enumerate(layers)
+    """Blocks and MoE layers found by structure (``models.structure``), as for any model."""
+    from gbdoctor.models.structure import find_blocks, find_moe_layers, hidden_size
+
+    hidden = hidden_size(model)
     out = []
-    for key, outer in items:
-        fqn = f"layers.{key}"
+    for fqn, key, outer in find_blocks(model).items():
         inner = _unwrap(outer)
         mine = [(r, fg) for r, fg in regions if r == fqn or r.startswith(fqn + ".")]
         ac = (
@@ -553,7 +547,7 @@ def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) ->
                 if name and _is_checkpoint_wrapper(m)
             )
         )
-        moe = is_moe(inner)
+        moe = bool(find_moe_layers(inner, hidden))
         kind = ("moe" if moe else "dense") + (f"+{ac_label}" if ac else "")
         out.append(
             TitanBlock(
