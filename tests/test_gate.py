@@ -397,7 +397,9 @@ def test_baseline_pins_dynamo_settings_and_gate_scans_under_them(before) -> None
     from gbdoctor.gate import PINS_ENV, current_pins, pinned_dynamo
 
     base = baseline_from_reports([before])
-    assert dict(base.dynamo_config) == {"nested_graph_breaks": torch._dynamo.config.nested_graph_breaks}
+    assert dict(base.dynamo_config) == {
+        "nested_graph_breaks": torch._dynamo.config.nested_graph_breaks
+    }
     text = dump_baseline(base)
     assert json.loads(text)["dynamo_config"] == {"nested_graph_breaks": False}
     assert parse_baseline(text) == base  # round trip
