@@ -172,12 +172,7 @@ _DEGREES = (
     "context_parallel_degree",
     "pipeline_parallel_degree",
 )
-_UNSUPPORTED_DEGREES = (
-    "tensor_parallel_degree",
-    "context_parallel_degree",
-    "pipeline_parallel_degree",
-    "expert_tensor_parallel_degree",
-)
+_UNSUPPORTED_DEGREES = ("context_parallel_degree", "pipeline_parallel_degree")
 
 MAX_WORLD_SIZE = 16384
 """Largest world size a spec may ask for (real local ranks or simulated). Llama 3 405B trained
@@ -283,6 +278,19 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
             f"per rank exceeds gbdoctor's limit of {MAX_CAPTURE_TOKENS}",
             "set [gbdoctor] batch_size and seq_len small (e.g. 2 and 64): breaks do not depend on size",
         )
+    tp = spec.parallelism.tensor_parallel_degree
+    lengths = (
+        ("training", "seq_len", spec.training.seq_len),
+        ("gbdoctor", "seq_len", spec.capture_seq_len),
+    )
+    for section, name, value in lengths:
+        if tp > 1 and value % tp:
+            # torchtitan asserts it too: sequence parallelism shards the sequence evenly.
+            ctx.fail(
+                f"{ctx.where(section, name)} = {value} is not divisible by "
+                f"tensor_parallel_degree = {tp}",
+                f"use a multiple of {tp} for {name}",
+            )
     return spec
 
 
@@ -393,7 +401,11 @@ def _typed_section(table: Mapping[str, Any], section: str, ctx: _Ctx) -> dict[st
     """The keys of ``table`` that are fields of the section's record, type-checked."""
     record = _RECORDS[section]
     hints = typing.get_type_hints(record)
-    extra = {"expert_parallel_comm_backend": str} if section == "parallelism" else {}
+    extra = (
+        {"expert_parallel_comm_backend": str, "enable_async_tensor_parallel": bool}
+        if section == "parallelism"
+        else {}
+    )
     out: dict[str, Any] = {}
     for key, value in table.items():
         tp = hints.get(key) if key in VALID_KEYS[section] else None
@@ -549,6 +561,7 @@ def _check_parallelism(
     values: dict[str, Any], model: ModelSpec, n_experts: int | None, ctx: _Ctx
 ) -> ParallelSpec:
     comm_backend = values.pop("expert_parallel_comm_backend", "standard")
+    async_tp = values.pop("enable_async_tensor_parallel", False)
     p = ParallelSpec(**values)
     for key in _DEGREES:
         degree = getattr(p, key)
@@ -569,9 +582,9 @@ def _check_parallelism(
     ]
     if unsupported:
         ctx.fail(
-            f"{', '.join(unsupported)}: not supported yet (gbdoctor sets up FSDP, HSDP, EP)",
-            "set them to 1 (e.g. --set parallelism.tensor_parallel_degree=1) to scan the "
-            "blocks under FSDP/EP",
+            f"{', '.join(unsupported)}: not supported yet (gbdoctor sets up FSDP, HSDP, EP, TP)",
+            "set them to 1 (e.g. --set parallelism.pipeline_parallel_degree=1) to scan the "
+            "blocks under FSDP/EP/TP",
         )
     if p.fsdp_reshard_after_forward not in RESHARD_POLICIES:
         ctx.fail(
@@ -580,7 +593,8 @@ def _check_parallelism(
             "torchtitan's values: default, always, never",
         )
 
-    ep = p.expert_parallel_degree
+    ep, tp = p.expert_parallel_degree, p.tensor_parallel_degree
+    _check_tp(p, model, async_tp, ctx)
     where = ctx.where("parallelism", "expert_parallel_degree")
     if ep > 1:
         if comm_backend != "standard":
@@ -612,17 +626,52 @@ def _check_parallelism(
             "(EP borrows its ranks from FSDP)",
             "make data_parallel_shard_degree a multiple of expert_parallel_degree, or -1",
         )
-    world_size = p.data_parallel_replicate_degree * dp_shard
+    world_size = p.data_parallel_replicate_degree * dp_shard * tp
     if world_size > MAX_WORLD_SIZE:
         ctx.fail(
             f"world size {world_size} "
             f"({ctx.where('parallelism', 'data_parallel_replicate_degree')} x "
-            f"{ctx.where('parallelism', 'data_parallel_shard_degree')}) exceeds gbdoctor's "
+            f"{ctx.where('parallelism', 'data_parallel_shard_degree')} x "
+            f"{ctx.where('parallelism', 'tensor_parallel_degree')}) exceeds gbdoctor's "
             f"limit of {MAX_WORLD_SIZE} ranks",
             "check the degrees for a typo; breaks do not depend on the world size beyond the EP "
             "and FSDP degrees",
         )
     return dataclasses.replace(p, dp_shard=dp_shard, world_size=world_size)
+
+
+def _check_tp(p: ParallelSpec, model: ModelSpec, async_tp: bool, ctx: _Ctx) -> None:
+    """What tensor parallelism gbdoctor sets up: torchtitan's plans for the built-in families,
+    on a (dp_shard x tp) mesh; async TP, expert TP and EP together with TP are refused."""
+    tp, where = p.tensor_parallel_degree, ctx.where("parallelism", "tensor_parallel_degree")
+    if p.expert_tensor_parallel_degree > 1:
+        ctx.fail(
+            f"{ctx.where('parallelism', 'expert_tensor_parallel_degree')} = "
+            f"{p.expert_tensor_parallel_degree}: expert tensor parallelism (ETP) is not supported "
+            "(gbdoctor shards experts with EP or, under TP, on their hidden size)",
+            "set expert_tensor_parallel_degree = 1",
+        )
+    if tp == 1:
+        return
+    if async_tp:
+        ctx.fail(
+            f"{ctx.where('parallelism', 'enable_async_tensor_parallel')} = true: async TP is not "
+            "supported (it rewrites compiled graphs into symmetric-memory CUDA kernels, which a "
+            "CPU capture cannot show)",
+            "set enable_async_tensor_parallel = false; the TP breaks and recompiles are the same",
+        )
+    if model.name == CUSTOM_FAMILY:
+        ctx.fail(
+            f"{where} = {tp} with a custom model: TP plans exist for the built-in families "
+            "(llama3, llama4, deepseek_v3), which address modules by name",
+            "set tensor_parallel_degree = 1 for custom models",
+        )
+    if p.expert_parallel_degree > 1:
+        ctx.fail(
+            f"{where} = {tp} together with expert_parallel_degree = {p.expert_parallel_degree}: "
+            "EP borrowing ranks from TP is not supported yet",
+            "use TP (experts sharded on their hidden size) or EP, not both",
+        )
 
 
 def _check_ac(values: dict[str, Any], ctx: _Ctx) -> ACSpec:

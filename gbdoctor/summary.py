@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gbdoctor.records import BlockReport, KindSummary, ScanReport, ScanSummary
+from gbdoctor.records import BlockerEffect, BlockReport, KindSummary, ScanReport, ScanSummary
 
 __all__ = [
     "KindSummary",
@@ -76,6 +76,9 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
     if errors:
         causes.add("error")
     fqns = tuple(block.fqn for block in blocks)
+    ready = next(
+        (b.cudagraphs for b in blocks if b.same_as is None and b.cudagraphs is not None), None
+    )
     return KindSummary(
         kind=kind,
         layers=fqns,
@@ -94,6 +97,10 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
             [e for block in blocks if block.same_as is None for e in block.events]
         ),
         error=errors[0] if errors else None,
+        cudagraphs=ready,
+        cudagraph_notable=tuple(f for f in ready.findings if f.effect != BlockerEffect.COPY)
+        if ready
+        else (),
     )
 
 

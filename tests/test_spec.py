@@ -44,6 +44,10 @@ FIXTURE_EXPECTED = {
     "deepseek_v3_debug.toml": ("deepseek_v3", "debugmodel", 1, 1, 1),
     "deepseek_v3_debug_ep2.toml": ("deepseek_v3", "debugmodel", 2, 2, 2),
     "custom_tiny.toml": ("custom", "tiny", 1, 1, 1),
+    # TP fixtures: dp_shard x tp ranks
+    "llama3_debug_tp2.toml": ("llama3", "debugmodel", 1, 2, 1),
+    "llama4_debug_tp2.toml": ("llama4", "debugmodel", 1, 2, 1),
+    "llama3_debug_dp2tp2.toml": ("llama3", "debugmodel", 2, 4, 1),
 }
 
 
@@ -86,8 +90,8 @@ def test_custom_fixture_factory_is_resolved_next_to_the_spec():
 
 # Configs gbdoctor refuses, and the keys the error must name.
 TITAN_REFUSED = {
-    "llama4_17bx16e.toml": ("tensor_parallel_degree = 8", "expert_tensor_parallel_degree = 8"),
-    "llama4_17bx128e.toml": ("tensor_parallel_degree = 8", "pipeline_parallel_degree = 4"),
+    "llama4_17bx16e.toml": ("expert_tensor_parallel_degree = 8",),
+    "llama4_17bx128e.toml": ("pipeline_parallel_degree = 4",),
 }
 
 
@@ -101,19 +105,15 @@ def test_torchtitan_v022_config_loads_or_is_refused(name):
     path = TITAN_CONFIGS / name
     if name in TITAN_REFUSED:
         err = spec_error(path)
-        assert "not supported yet" in err.message
+        assert "not supported" in err.message
         for needle in TITAN_REFUSED[name]:
             assert needle in err.message
-        # With the unsupported degrees overridden, the same config loads.
+        # With the unsupported degrees overridden, the same config loads, with its TP 8 world.
         overrides = [
             f"parallelism.{k}=1"
-            for k in (
-                "tensor_parallel_degree",
-                "pipeline_parallel_degree",
-                "expert_tensor_parallel_degree",
-            )
+            for k in ("pipeline_parallel_degree", "expert_tensor_parallel_degree")
         ]
-        assert load_spec(path, overrides).parallelism.world_size == 1
+        assert load_spec(path, overrides).parallelism.world_size == 8
     else:
         spec = load_spec(path)
         assert spec.model.name in name
@@ -521,25 +521,55 @@ def test_ep_must_divide_dp_shard(tmp_path):
     assert "data_parallel_shard_degree = 2" in err.message
 
 
-@pytest.mark.parametrize(
-    "key",
-    [
-        "tensor_parallel_degree",
-        "context_parallel_degree",
-        "pipeline_parallel_degree",
-        "expert_tensor_parallel_degree",
-    ],
-)
+@pytest.mark.parametrize("key", ["context_parallel_degree", "pipeline_parallel_degree"])
 def test_unsupported_degrees(tmp_path, key):
     err = spec_error(par(tmp_path, LLAMA4, **{key: 2}))
     assert f"parallelism.{key} = 2" in err.message and "not supported yet" in err.message
 
 
-def test_tp_refused_with_exit_code_2(tmp_path):
-    err = spec_error(par(tmp_path, LLAMA3, tensor_parallel_degree=8))
-    assert err.exit_code == 2
-    assert "tensor_parallel_degree = 8" in err.message
-    assert err.hint
+@pytest.mark.parametrize(
+    "degrees, world",
+    [
+        (dict(tensor_parallel_degree=2), 2),
+        (dict(tensor_parallel_degree=2, data_parallel_shard_degree=2), 4),
+        (
+            dict(
+                tensor_parallel_degree=2,
+                data_parallel_shard_degree=2,
+                data_parallel_replicate_degree=2,
+            ),
+            8,
+        ),
+    ],
+)
+def test_tp_multiplies_the_world(tmp_path, degrees, world):
+    spec = load_spec(par(tmp_path, LLAMA3, **degrees))
+    assert spec.parallelism.world_size == world
+    assert spec.parallelism.tensor_parallel_degree == degrees["tensor_parallel_degree"]
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ("expert_tensor_parallel_degree = 2\n", "expert tensor parallelism (ETP) is not supported"),
+        (
+            "tensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n",
+            "async TP is not supported",
+        ),
+        ("tensor_parallel_degree = 2\nexpert_parallel_degree = 2\n", "EP borrowing ranks from TP"),
+    ],
+)
+def test_tp_variants_refused_with_a_reason(tmp_path, extra, needle):
+    err = spec_error(write(tmp_path, LLAMA4 + "[parallelism]\n" + extra))
+    assert needle in err.message and err.hint
+
+
+def test_tp_needs_a_divisible_sequence(tmp_path):
+    path = write(
+        tmp_path, LLAMA3 + "[parallelism]\ntensor_parallel_degree = 4\n[gbdoctor]\nseq_len = 66\n"
+    )
+    err = spec_error(path)
+    assert "gbdoctor.seq_len = 66 is not divisible by tensor_parallel_degree = 4" in err.message
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@ public ``reset``/``config``, ``torch._logging``, Dynamo's counters and log strea
 
 ``session`` (the recording backend and break interception), ``block`` (driving one block with
 its real inputs), ``locate`` (frames -> module FQN and the setup component that installed the
-code), ``counters`` (the ``recompiles`` log stream, Dynamo's counters and failure kinds for
+code), ``cudagraphs`` (CUDA-graph readiness read from the captured forward/backward graphs),
+``counters`` (the ``recompiles`` log stream, Dynamo's counters and failure kinds for
 ``run``). Stages above receive records and plain values, never Dynamo objects.
 """
 

@@ -25,6 +25,11 @@ from gbdoctor.records import Location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
+_TP_CODE = (
+    os.path.join(_TORCH_DIR, "distributed", "tensor", "parallel") + os.sep,
+    os.path.join(_TORCH_DIR, "distributed", "tensor", "_redistribute.py"),
+)
+"""TP styles' hooks and DTensor redistribution: code the ``tp`` component put in the model."""
 _HOOK_DICTS = (
     ("forward_pre", "_forward_pre_hooks"),
     ("forward", "_forward_hooks"),
@@ -124,6 +129,8 @@ def _hook_installer(fn: Any, known: dict[int, str]) -> str:
     module = getattr(target, "__module__", "") or ""
     if "fsdp" in module or (span is not None and span.file.startswith(_FSDP_DIR)):
         return "fsdp"
+    if "tensor.parallel" in module or (span is not None and span.file.startswith(_TP_CODE)):
+        return "tp"
     return "user"
 
 
@@ -234,6 +241,8 @@ class Locator:
         for frame in frames:  # outermost first: the last match is the innermost module
             if os.path.abspath(frame.file).startswith(_FSDP_DIR):
                 component = "fsdp"
+            elif os.path.abspath(frame.file).startswith(_TP_CODE):
+                component = "tp"
             hooks = [
                 (owner, installer)
                 for span, owner, installer in self._hooks

@@ -25,6 +25,7 @@ import torch._dynamo
 import torch.nn as nn
 
 from gbdoctor import causes
+from gbdoctor.capture import cudagraphs
 from gbdoctor.records import Location, RawBreak
 
 _GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
@@ -48,6 +49,10 @@ class RawCapture:
     seen: list[tuple[Any, tuple[Location, ...]]] = field(default_factory=list)
     counter_types: dict[str, int] = field(default_factory=dict)
     """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
+    cudagraph_findings: list[Any] = field(default_factory=list)
+    """CUDA-graph readiness findings of every graph compiled during the capture."""
+    aten_graphs: int = 0
+    """AOTAutograd forward + backward graphs compiled during the capture."""
     error: str | None = None
     error_traceback: str | None = None
 
@@ -85,13 +90,27 @@ class CaptureSession:
         # aot_eager, not the graph's own forward: AOTAutograd functionalizes checkpoint regions
         # and in-place buffer updates the way a real backend does, so backward behaves as in
         # training (a plain eager replay of a checkpoint HOP double-applies in-place updates).
-        inner_backend = torch._dynamo.lookup_backend("aot_eager")
+        # Called with recording forward/backward compilers: those graphs are what inductor would
+        # compile, so they are where CUDA-graph readiness is read (capture/cudagraphs.py).
+        from torch._dynamo.backends.debugging import aot_eager as inner_backend
 
         def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            if session._current is not None:
-                ops = count_ops(gm)
-                session._current.graphs.setdefault(fqn, []).append(ops)
-            return inner_backend(gm, example_inputs)
+            current = session._current
+            if current is None:
+                return inner_backend(gm, example_inputs)
+            graphs = current.graphs.setdefault(fqn, [])
+            graphs.append(count_ops(gm))
+            index = len(graphs) - 1
+            current.cudagraph_findings += cudagraphs.dynamo_graph_findings(
+                gm, cudagraphs.GraphInfo(region=fqn, phase="dynamo", index=index)
+            )
+            names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+            return inner_backend(
+                gm,
+                example_inputs,
+                fw_compiler=_recording_compiler(current, fqn, index, "forward", names),
+                bw_compiler=_recording_compiler(current, fqn, index, "backward"),
+            )
 
         return recording_backend
 
@@ -281,6 +300,48 @@ def _underlying_reason(exc: BaseException) -> str:
             return text
         inner = inner.__cause__ or inner.__context__
     return ""
+
+
+def _recording_compiler(
+    current: RawCapture, fqn: str, index: int, phase: str, input_names: tuple[str, ...] = ()
+) -> Any:
+    """An AOTAutograd forward/backward compiler that reads the graph for CUDA-graph readiness
+    and then runs it as aot_eager does. Static inputs as inductor's cudagraph path takes them:
+    forward, AOTAutograd's ``static_input_indices`` (parameters, buffers); backward, every input
+    before the tangents (saved by a cudagraphed forward)."""
+    from functorch.compile import make_boxed_func
+    from torch._guards import TracingContext
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        if phase == "forward":
+            context = TracingContext.try_get()
+            metadata = getattr(context, "fw_metadata", None) if context is not None else None
+            static = list(getattr(metadata, "static_input_indices", None) or [])
+        else:
+            static = list(range(_count_fixed_backward_inputs(gm)))
+        try:
+            current.cudagraph_findings += cudagraphs.aten_graph_findings(
+                gm,
+                example_inputs,
+                static,
+                cudagraphs.GraphInfo(region=fqn, phase=phase, index=index),
+                input_names,
+            )
+            current.aten_graphs += 1
+        except Exception:  # noqa: BLE001 - readiness is advisory; never fail the capture for it
+            logging.getLogger(__name__).debug("could not analyse a %s graph", phase, exc_info=True)
+        return make_boxed_func(gm.forward)
+
+    return compile_graph
+
+
+def _count_fixed_backward_inputs(gm: torch.fx.GraphModule) -> int:
+    """Inputs of a backward graph before its first tangent (inductor's ``count_tangents``)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        if "tangents" in node.name:
+            return i
+    return len(placeholders)
 
 
 def _is_suffix(short: tuple[Location, ...], long: tuple[Location, ...]) -> bool:

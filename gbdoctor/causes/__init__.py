@@ -21,7 +21,7 @@ from gbdoctor.causes.parse import (
     parse_reason,
     parse_reasons,
 )
-from gbdoctor.causes.rules import RULE_ORDER, classify
+from gbdoctor.causes.rules import RULE_ORDER, classify, recompile_cause
 from gbdoctor.causes.taxonomy import (
     CAUSE_IDS,
     CAUSES,
@@ -56,6 +56,7 @@ __all__ = [
     "parse_reason",
     "parse_reasons",
     "plan_actions_for",
+    "recompile_cause",
     "registry",
     "registry_path",
 ]

@@ -20,6 +20,8 @@ The rules are ordered; the first that matches wins (:data:`RULE_ORDER`):
    library frames; a ``disable`` reason "skipping FSDP hooks"; an FSDP gb_type.
 2. ``ep-dispatch``: component ``ep``; or a data-dependent/collective break whose local
    frames (from the innermost ``forward`` on) name dispatch/combine/all_to_all code.
+   ``tensor-parallel``: component ``tp`` (a TP style's hook or DTensor redistribution on the
+   stack), or a message about DTensor/AsyncCollectiveTensor/redistribute.
 3. ``backward-hook``: hook gb_types needing compiled autograd (GB0083, GB0029, GB5821, ...);
    or component ``user-hook`` with backward-hook code on the stack.
 4. ``inplace-in-sac``: inside a checkpoint HOP and a side-effect/mutation gb_type (GB0067,
@@ -284,6 +286,23 @@ def _points_at_routing(raw: RawBreak) -> bool:
 # --------------------------------------------------------------------------- rules
 
 
+_TP_WORDS = ("DTensor", "AsyncCollectiveTensor", "redistribute", "Placement", "DeviceMesh")
+
+
+def _tensor_parallel(raw: RawBreak) -> bool:
+    if raw.component == "tp":
+        return True
+    text = f"{raw.context}\n{raw.explanation}"
+    return any(word in text for word in _TP_WORDS)
+
+
+def recompile_cause(reason: str) -> str | None:
+    """Cause id of a recompile whose failed guard is TP's (a DTensor placement or mesh, or an
+    input that was an AsyncCollectiveTensor on one call and a plain Tensor on another); None
+    for other guards."""
+    return "tensor-parallel" if any(word in reason for word in _TP_WORDS) else None
+
+
 def _fsdp_hook(raw: RawBreak) -> bool:
     if raw.component == "fsdp":
         return True
@@ -391,6 +410,7 @@ def _error(raw: RawBreak) -> bool:
 RULE_ORDER: tuple[tuple[str, Callable[[RawBreak], bool]], ...] = (
     ("fsdp-hook", _fsdp_hook),
     ("ep-dispatch", _ep_dispatch),
+    ("tensor-parallel", _tensor_parallel),
     ("backward-hook", _backward_hook),
     ("inplace-in-sac", _inplace_in_sac),
     ("moe-load-balancing", _moe_load_balancing),

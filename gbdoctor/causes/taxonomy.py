@@ -201,6 +201,26 @@ _CAUSE_LIST = (
         plan_actions=("model-change", "isolate-child"),
     ),
     Cause(
+        id="tensor-parallel",
+        title="Tensor-parallel hook or DTensor redistribution inside the compiled region",
+        explanation=(
+            "A TP style's input/output hook (PrepareModuleInput, SequenceParallel, column/row-wise "
+            "layouts) or a DTensor redistribute ran inside the compiled region and could not be "
+            "traced; recompiles come from guards on DTensor placements and on "
+            "AsyncCollectiveTensor-vs-Tensor inputs."
+        ),
+        fixes=(
+            "apply TP before compile and compile each block whole (torchtitan's order), so the "
+            "styles' hooks are traced with the block",
+            "keep use_local_output consistent across a block boundary so the block always sees the "
+            "same input class (plain Tensor or DTensor), not an AsyncCollectiveTensor on some steps",
+            "raise torch._dynamo.config.recompile_limit for TP+EP models (torchtitan PR #3737)",
+        ),
+        owner="training-setup",
+        effort="moderate",
+        plan_actions=("isolate-child", "move-out-of-region"),
+    ),
+    Cause(
         id="collective",
         title="Distributed collective Dynamo cannot trace",
         explanation=(

@@ -93,9 +93,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
-        xq = self.wq(x).view(bs, seqlen, self.n_heads, self.head_dim)
-        xk = self.wk(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
-        xv = self.wv(x).view(bs, seqlen, self.n_kv_heads, self.head_dim)
+        # -1, not n_heads: under tensor parallelism each rank holds its share of the heads.
+        xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
+        xk = self.wk(x).view(bs, seqlen, -1, self.head_dim)
+        xv = self.wv(x).view(bs, seqlen, -1, self.head_dim)
         if self.use_rope:
             xq, xk = apply_rope(xq, rope), apply_rope(xk, rope)
         xk, xv = repeat_kv(xk, self.n_rep), repeat_kv(xv, self.n_rep)
@@ -112,6 +113,19 @@ class Attention(nn.Module):
         for lin in (self.wq, self.wk, self.wv):
             trunc_normal_(lin.weight, INIT_STD)
         trunc_normal_(self.wo.weight, init_std)
+
+
+class InnerAttention(nn.Module):
+    """The attention kernel as a module of its own (torchtitan's ``inner_attention``): tensor
+    parallelism turns its head-sharded DTensor inputs back into plain tensors at this boundary."""
+
+    def __init__(self, attn_type: str, scale: float | None) -> None:
+        super().__init__()
+        self.attn_type = attn_type
+        self.scale = scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return _attend(q, k, v, attn_type=self.attn_type, scale=self.scale)
 
 
 class MLAttention(nn.Module):
@@ -159,6 +173,7 @@ class MLAttention(nn.Module):
         self.kv_norm = RMSNorm(kv_lora_rank, eps=norm_eps)
         self.wkv_b = nn.Linear(kv_lora_rank, n_heads * (qk_nope_head_dim + v_head_dim), bias=False)
         self.wo = nn.Linear(n_heads * v_head_dim, dim, bias=False)
+        self.inner_attention = InnerAttention(attn_type, softmax_scale)
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         bs, seqlen, _ = x.shape
@@ -176,13 +191,7 @@ class MLAttention(nn.Module):
         k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, self.n_heads, -1)], dim=-1)
 
-        out = _attend(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            attn_type=self.attn_type,
-            scale=self.softmax_scale,
-        )
+        out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
     def init_weights(self, init_std: float) -> None:

@@ -18,6 +18,7 @@ class CauseId(StrEnum):
     EP_DISPATCH = "ep-dispatch"
     BACKWARD_HOOK = "backward-hook"
     INPLACE_IN_SAC = "inplace-in-sac"
+    TENSOR_PARALLEL = "tensor-parallel"
     MOE_LOAD_BALANCING = "moe-load-balancing"
     DATA_DEPENDENT = "data-dependent"
     COLLECTIVE = "collective"
@@ -40,10 +41,47 @@ class Component(StrEnum):
     MODEL = "model"
     FSDP = "fsdp"
     EP = "ep"
+    TP = "tp"
     LOAD_BALANCING = "load-balancing"
     USER_HOOK = "user-hook"
     USER = "user"
     TORCH = "torch"
+
+
+class BlockerKind(StrEnum):
+    """What in a compiled graph stands between it and a CUDA graph (``capture/cudagraphs.py``)."""
+
+    MUTATED_INPUT = "mutated-input"
+    INPUT_COPY = "input-copy"
+    """A non-static input: copied into the recorded buffer on every replay."""
+    SYMINT_INPUT = "symint-input"
+    RNG_STATE = "rng-state"
+    HOST_SYNC = "host-sync"
+    CPU_TENSOR = "cpu-tensor"
+    COLLECTIVE = "collective"
+    DYNAMIC_SHAPE = "dynamic-shape"
+
+
+class BlockerEffect(StrEnum):
+    """What a CUDA-graph finding costs."""
+
+    BLOCKS = "blocks"
+    """Inductor would skip cudagraphs for the graph."""
+    COPY = "copy"
+    """A copy per replay."""
+    RERECORD = "re-record"
+    """A new recording per distinct value or shape."""
+    ALLOWED = "allowed"
+    """Capturable, with the caveat in the detail."""
+
+
+class Readiness(StrEnum):
+    """``CudaGraphReadiness.status``."""
+
+    READY = "ready"
+    BLOCKED = "blocked"
+    UNKNOWN = "unknown"
+    """Nothing compiled was captured."""
 
 
 class EventKind(StrEnum):

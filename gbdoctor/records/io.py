@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import errno
 import json
 import math
@@ -67,6 +68,13 @@ def _build(tp: Any, value: Any, where: str) -> Any:
         return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(value)
+        except ValueError:
+            raise BaselineError(
+                f"{where}: {value!r} is not one of {[m.value for m in tp]}"
+            ) from None
     return value
 
 
@@ -164,17 +172,20 @@ def parse_json_object(text: str, name: str, hint: str | None = None) -> dict[str
 
 
 def check_schema_version(
-    data: dict[str, Any], expected: int, name: str, what: str, hint: str
+    data: dict[str, Any], expected: int | tuple[int, ...], name: str, what: str, hint: str
 ) -> None:
-    """BaselineError unless ``data["schema_version"]`` is ``expected``; ``what`` names the document."""
+    """BaselineError unless ``data["schema_version"]`` is ``expected`` (or one of them);
+    ``what`` names the document."""
     version = data.get("schema_version")
     if version is None:
         raise BaselineError(
             f"{name}: missing key 'schema_version' (not a gbdoctor {what}?)", hint=hint
         )
-    if version != expected:
+    accepted = expected if isinstance(expected, tuple) else (expected,)
+    if version not in accepted:
+        readable = ", ".join(map(str, accepted))
         raise BaselineError(
-            f"{name}: {what} schema_version {version!r}, this gbdoctor reads {expected}", hint=hint
+            f"{name}: {what} schema_version {version!r}, this gbdoctor reads {readable}", hint=hint
         )
 
 

@@ -5,9 +5,12 @@ consume. Field names are the JSON contract (see README, "JSON schema"). No torch
 from __future__ import annotations
 
 from gbdoctor.records.base import record
+from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 
-SCHEMA_VERSION = 1
-"""Version of the scan and inspect JSON documents."""
+SCHEMA_VERSION = 2
+"""Version of the scan and inspect JSON documents. 2: blocks carry ``cudagraphs`` (CUDA-graph
+readiness) and the setup its ``tp_degree``; readers accept 1 (new fields take their defaults)."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 
 @record
@@ -96,6 +99,37 @@ class Event:
 
 
 @record
+class CudaGraphFinding:
+    """One thing in a compiled graph that decides whether it can be a CUDA graph."""
+
+    kind: BlockerKind
+    effect: BlockerEffect
+    region: str
+    """Compiled region FQN."""
+    graph: str
+    """``dynamo 0`` (Torch-level), ``forward 0`` or ``backward 0`` (ATen-level) of that region."""
+    node: str
+    """FX node name in that graph."""
+    target: str = ""
+    """The node's operator (``aten._local_scalar_dense.default``) or method (``to``)."""
+    location: Location | None = None
+    detail: str = ""
+
+
+@record
+class CudaGraphReadiness:
+    """CUDA-graph readiness of one block kind's compiled regions."""
+
+    status: Readiness
+    summary: str
+    """``ready``, ``ready with 3 static copies`` or ``blocked by host-sync (2), ...``."""
+    static_copies: int = 0
+    graphs: int = 0
+    """ATen graphs (forward + backward) analysed."""
+    findings: tuple[CudaGraphFinding, ...] = ()
+
+
+@record
 class BlockReport:
     fqn: str
     """``layers.3``."""
@@ -115,6 +149,8 @@ class BlockReport:
     """The subset of ``regions`` compiled with fullgraph=True."""
     region_ops: tuple[tuple[str, int], ...] = ()
     """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
+    cudagraphs: CudaGraphReadiness | None = None
+    """CUDA-graph readiness of the block's compiled graphs (None: nothing was compiled)."""
 
 
 @record
@@ -129,6 +165,7 @@ class SetupInfo:
     ac_mode: str
     ac_option: str
     fsdp: bool
+    tp_degree: int = 1
     dynamo_config: tuple[tuple[str, str], ...] = ()
     """The Dynamo settings of the recipe, as (name, repr(value)) pairs."""
     batch_size: int = 0

@@ -44,6 +44,9 @@ class ParallelSpec:
     context_parallel_degree: int = 1
     pipeline_parallel_degree: int = 1
     fsdp_reshard_after_forward: str = "default"
+    disable_loss_parallel: bool = False
+    """With TP, torchtitan keeps the logits vocabulary-sharded and computes the loss in parallel
+    unless this is set."""
     dp_shard: int = 1
     """Resolved data-parallel shard degree."""
     world_size: int = 1

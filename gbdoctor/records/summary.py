@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gbdoctor.records.base import record
-from gbdoctor.records.scan import Break, Event
+from gbdoctor.records.scan import Break, CudaGraphFinding, CudaGraphReadiness, Event
 
 
 @record
@@ -31,6 +31,10 @@ class KindSummary:
     """The kind's distinct events."""
     error: str | None
     """The first error message among the kind's blocks."""
+    cudagraphs: CudaGraphReadiness | None = None
+    """CUDA-graph readiness of the kind (its captured representative); None when nothing compiled."""
+    cudagraph_notable: tuple[CudaGraphFinding, ...] = ()
+    """The readiness findings worth a row: all but the per-input copies (which are counted)."""
 
     @property
     def clean(self) -> bool:

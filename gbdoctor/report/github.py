@@ -53,6 +53,17 @@ def render_github(report: ScanReport) -> str:
                     "warning", message, title=f"graph break: {brk.cause}{gb}", location=brk.location
                 )
             )
+        if row.cudagraphs is not None and row.cudagraphs.status == "blocked":
+            for f in (f for f in row.cudagraph_notable if f.effect == "blocks"):
+                message = (
+                    f"{where}: CUDA graphs {row.cudagraphs.summary}; {f.kind} at {f.node} "
+                    f"({f.region} {f.graph})\n{one_line(f.detail)}"
+                )
+                lines.append(
+                    command(
+                        "notice", message, title=f"cudagraph blocker: {f.kind}", location=f.location
+                    )
+                )
         for event in row.event_records:
             message = f"{where}: {event.kind} in {event.module}"
             if event.detail:

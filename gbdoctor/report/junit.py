@@ -94,13 +94,19 @@ def _testcase(block: BlockReport) -> ET.Element:
         case.append(_event_failure(event))
     if block.error is not None:
         case.append(_error_failure(block.error))
+    if block.cudagraphs is not None:
+        # Readiness is advice, not a failure: a property of the test case.
+        props = ET.SubElement(case, "properties")
+        props.append(
+            element("property", ("name", "cudagraphs"), ("value", block.cudagraphs.summary))
+        )
     return case
 
 
 def testsuite(report: ScanReport) -> ET.Element:
     """The ``testsuite`` element of one scan."""
     cases = [_testcase(block) for block in report.blocks]
-    failing = sum(1 for case in cases if len(case))
+    failing = sum(1 for case in cases if any(child.tag != "properties" for child in case))
     suite = element(
         "testsuite",
         ("name", report.spec),

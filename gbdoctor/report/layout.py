@@ -46,7 +46,9 @@ def header_fields(report: ScanReport) -> list[tuple[str, str]]:
         ("world size", str(s.world_size)),
         (
             "parallelism",
-            f"EP {s.ep_degree}, FSDP dp_shard {s.dp_shard}" + ("" if s.fsdp else " (no FSDP)"),
+            f"EP {s.ep_degree}, FSDP dp_shard {s.dp_shard}"
+            + (f", TP {s.tp_degree}" if s.tp_degree > 1 else "")
+            + ("" if s.fsdp else " (no FSDP)"),
         ),
         ("AC", ac_label(report)),
         ("dynamo", dynamo_label(report)),

@@ -59,6 +59,28 @@ def render_markdown(report: ScanReport) -> str:
         ),
     )
     lines.append("")
+    ready_rows = [row for row in summary.kinds if row.cudagraphs is not None]
+    if ready_rows:
+        lines += ["### CUDA-graph readiness", ""]
+        rows = []
+        for row in ready_rows:
+            rows.append((row.kind, row.cudagraphs.summary, "", "", "", "", ""))
+            rows += [
+                (
+                    "",
+                    "",
+                    _Raw(code(f"{f.kind} ({f.effect})")),
+                    f"{f.region} {f.graph}",
+                    _Raw(code(f.node)),
+                    _Raw(code(short_location(f.location))),
+                    f.detail,
+                )
+                for f in row.cudagraph_notable
+            ]
+        lines += md_table(
+            ("kind", "readiness", "finding", "graph", "node", "location", "detail"), rows
+        )
+        lines.append("")
     if summary.clean:
         lines.append(
             f"**All clean**: {summary.blocks} block(s), {summary.graphs} graph(s), no graph breaks."

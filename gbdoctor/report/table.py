@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gbdoctor.records import ScanReport
+from gbdoctor.records import ScanReport, ScanSummary
 from gbdoctor.report.layout import header_fields, one_line, short_location
 from gbdoctor.summary import fix_hint, summarize
 
@@ -82,6 +82,7 @@ def render_table(report: ScanReport, console: Console) -> None:
             Text(", ".join(row.causes) or "-"),
         )
     console.print(kinds)
+    _render_cudagraphs(summary, console)
 
     if summary.clean:
         console.print(
@@ -155,6 +156,39 @@ def render_table(report: ScanReport, console: Console) -> None:
             f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."
         )
     )
+
+
+_NOTABLE_ROWS = 12
+"""Readiness findings shown per kind in the table (the JSON has them all)."""
+
+
+def _render_cudagraphs(summary: ScanSummary, console: Console) -> None:
+    """CUDA-graph readiness per kind, then its blockers and caveats (copies are only counted)."""
+    rows = [row for row in summary.kinds if row.cudagraphs is not None]
+    if not rows:
+        return
+    table = Table(title="CUDA-graph readiness", title_justify="left", expand=True)
+    ratios = {"readiness": 3, "detail": 4}
+    for name in ("kind", "readiness", "finding", "graph", "node", "location", "detail"):
+        table.add_column(name, overflow="fold", ratio=ratios.get(name), no_wrap=name == "location")
+    for row in rows:
+        ready = row.cudagraphs
+        style = {"ready": "green", "blocked": "red"}.get(ready.status, "yellow")
+        table.add_row(Text(row.kind), Text(ready.summary, style=style), "", "", "", "", "")
+        for f in row.cudagraph_notable[:_NOTABLE_ROWS]:
+            table.add_row(
+                "",
+                "",
+                Text(f"{f.kind} ({f.effect})", style="red" if f.effect == "blocks" else "dim"),
+                Text(f"{f.region} {f.graph}"),
+                Text(f.node),
+                Text(short_location(f.location)),
+                Text(one_line(f.detail)),
+            )
+        hidden = len(row.cudagraph_notable) - _NOTABLE_ROWS
+        if hidden > 0:
+            table.add_row("", "", Text(f"... {hidden} more (--format json)"), "", "", "", "")
+    console.print(table)
 
 
 class TableFormat:

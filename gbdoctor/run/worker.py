@@ -99,7 +99,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
 
     from gbdoctor.models import vocab_size
     from gbdoctor.setup.recipe import recipe_for
-    from gbdoctor.setup.train import synthetic_batch
+    from gbdoctor.setup.train import data_share, synthetic_batch
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -140,8 +140,8 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 vocab=vocab,
                 local_batch=spec.capture_batch_size,
                 seq_len=spec.capture_seq_len,
-                rank=rank,
-                world_size=world,
+                rank=data_share(meshes)[0],
+                world_size=data_share(meshes)[1],
                 device=meshes.device,
             )
             if world > 1:

@@ -35,6 +35,12 @@ def rebase(report: BlockReport, old: str, new: str) -> BlockReport:
         regions=tuple(re_fqn(r) for r in report.regions),
         fullgraph_regions=tuple(re_fqn(r) for r in report.fullgraph_regions),
         region_ops=tuple((re_fqn(r), n) for r, n in report.region_ops),
+        cudagraphs=None
+        if report.cudagraphs is None
+        else replace(
+            report.cudagraphs,
+            findings=tuple(replace(f, region=re_fqn(f.region)) for f in report.cudagraphs.findings),
+        ),
     )
 
 

@@ -24,6 +24,7 @@ from gbdoctor.capture import (
     Locator,
     RawCapture,
     collect_block_inputs,
+    cudagraphs,
     describe_error,
     eager_stance,
     error_traceback,
@@ -94,13 +95,13 @@ def scan_rank(job: ScanJob, progress: Progress | None, fake_mode: Any = None) ->
 def _scan_set_up(
     job: ScanJob, session: CaptureSession, setup: Setup, meshes: Any, progress: Progress | None
 ) -> RankScan:
-    import torch.distributed as dist
+    from gbdoctor.setup.train import data_share
 
     spec = job.spec
     from gbdoctor.models import vocab_size
 
     vocab = vocab_size(setup.model)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = data_share(meshes)
     tokens, labels = synthetic_batch(
         seed=spec.training.seed,
         step=0,
@@ -197,11 +198,14 @@ def warm_up_attempts(
     def full_step() -> None:
         recipe.train_step(setup, tokens, labels)
 
+    from gbdoctor.setup.train import loss_context
+
     def forward_only() -> None:
-        forward_loss(setup.model, tokens, labels, 1)
+        with loss_context(setup):
+            forward_loss(setup.model, tokens, labels, 1)
 
     def forward_no_grad() -> None:
-        with torch.no_grad():
+        with torch.no_grad(), loss_context(setup):
             forward_loss(setup.model, tokens, labels, 1)
 
     return [
@@ -261,6 +265,7 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         ac_mode=spec.activation_checkpoint.mode,
         ac_option=spec.activation_checkpoint.selective_ac_option,
         fsdp=setup.fsdp,
+        tp_degree=spec.parallelism.tensor_parallel_degree,
         dynamo_config=flags,
         batch_size=spec.capture_batch_size,
         seq_len=spec.capture_seq_len,
@@ -418,6 +423,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
             )
     graphs = [n for ops in raw.graphs.values() for n in ops]
     breaks = tuple(sorted(merged.values(), key=break_order))
+    ready = cudagraphs.readiness(raw.cudagraph_findings, raw.aten_graphs) if slot.regions else None
     return BlockReport(
         fqn=slot.fqn,
         kind=slot.kind,
@@ -429,6 +435,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
         regions=slot.regions,
         fullgraph_regions=slot.fullgraph_regions,
         region_ops=tuple(sorted((r, sum(ops)) for r, ops in raw.graphs.items())),
+        cudagraphs=ready,
     )
 
 

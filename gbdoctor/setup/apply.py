@@ -1,7 +1,7 @@
 """The one function that sets a model up the way training does, used by every command.
 
-Order (torchtitan v0.2.2's ``parallelize_*``): EP -> AC -> compile -> FSDP2 -> optimizer with
-the load-balancing pre-step hook. The Dynamo settings of the compile strategy are not applied
+Order (torchtitan v0.2.2's ``parallelize_*``): TP -> EP -> AC -> compile -> FSDP2 -> optimizer
+with the load-balancing pre-step hook. The Dynamo settings of the compile strategy are not applied
 here but returned, to be entered with ``recipe_context`` around the code that runs the model,
 so that they are restored afterwards.
 """
@@ -30,6 +30,7 @@ from gbdoctor.setup.compile import (
 )
 from gbdoctor.setup.ep import apply_ep
 from gbdoctor.setup.fsdp import apply_fsdp
+from gbdoctor.setup.tp import TP_INSTALLER, apply_tp, check_divisible
 
 
 @dataclass
@@ -73,6 +74,8 @@ class Setup:
     meshes: Any
     hooks: list[InstalledHook] = field(default_factory=list)
     fsdp: bool = True
+    loss_parallel: bool = False
+    """TP keeps the logits vocabulary-sharded DTensors: the loss runs under ``loss_parallel()``."""
 
     @property
     def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:
@@ -166,6 +169,21 @@ def apply_setup(
     hidden = hidden_size(model)
     moe_blocks = {fqn for fqn, _, block in raw if find_moe_layers(block, hidden)}
     hooks: list[InstalledHook] = []
+
+    # 0. TP: torchtitan's plans (sequence-parallel norms, column/row-wise linears, MoE in/out).
+    loss_parallel = False
+    if meshes is not None and getattr(meshes, "tp", None) is not None:
+        tp = meshes.tp.size()
+        uneven = check_divisible(model, tp)
+        if uneven:
+            raise SpecError(
+                f"tensor_parallel_degree = {tp} does not divide {', '.join(uneven[:4])}",
+                "pick a TP degree that divides the heads and hidden sizes",
+            )
+        loss_parallel = not spec.parallelism.disable_loss_parallel
+        blocks = [(fqn, b) for fqn, _, b in raw]
+        for fqn, kind, fn in apply_tp(model, blocks, meshes.tp, loss_parallel=loss_parallel):
+            hooks.append(InstalledHook(module=fqn, kind=kind, installer=TP_INSTALLER, fn=fn))
 
     # 1. EP: dispatch/combine hooks on each MoE's expert store, experts sharded on dim 0.
     experts: dict[str, nn.Module] = {}
@@ -265,6 +283,7 @@ def apply_setup(
         meshes=meshes,
         hooks=hooks,
         fsdp=fsdp and meshes is not None,
+        loss_parallel=loss_parallel,
     )
 
 

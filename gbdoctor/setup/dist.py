@@ -58,13 +58,32 @@ class Meshes:
     """1-D expert-parallel mesh (None when EP is 1)."""
     edp: Any | None
     """Mesh FSDP2 shards expert parameters over when EP > 1 (efsdp = dp_shard / ep)."""
+    tp: Any | None = None
+    """1-D tensor-parallel mesh (None when TP is 1); the innermost dimension, as in torchtitan."""
 
     @property
     def dp_group(self) -> Any:
-        """Group over which data-parallel quantities (loss, token counts) are summed."""
+        """Group over which data-parallel quantities (loss, token counts) are summed: every rank
+        without TP; with TP, the ranks of this rank's TP position (TP ranks hold the same data)."""
         import torch.distributed as dist
 
-        return dist.group.WORLD
+        if self.tp is None:
+            return dist.group.WORLD
+        return self.dp.get_group() if self.dp.ndim == 1 else self.dp._flatten("dp").get_group()
+
+    @property
+    def tp_degree(self) -> int:
+        return 1 if self.tp is None else self.tp.size()
+
+    @property
+    def data_rank(self) -> int:
+        """Which rows of the global batch this rank reads: TP ranks of one group read the same."""
+        return self.rank // self.tp_degree
+
+    @property
+    def data_world(self) -> int:
+        """How many distinct shares of the global batch there are (the data-parallel degree)."""
+        return self.world_size // self.tp_degree
 
     @property
     def ep_degree(self) -> int:
@@ -87,7 +106,17 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
         parallel.dp_shard,
         parallel.expert_parallel_degree,
     )
-    if rep > 1:
+    tp = parallel.tensor_parallel_degree
+    tp_mesh = None
+    if tp > 1:
+        # One world mesh with TP innermost (torchtitan's dense mesh), so that FSDP2's dp mesh and
+        # the TP mesh share a parent: that is what makes 2-D (FSDP x TP) parameters possible.
+        names = (("dp_replicate",) if rep > 1 else ()) + ("dp_shard", "tp")
+        sizes = ((rep,) if rep > 1 else ()) + (shard, tp)
+        world_mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+        tp_mesh = world_mesh["tp"]
+        dp = world_mesh["dp_replicate", "dp_shard"] if rep > 1 else world_mesh["dp_shard"]
+    elif rep > 1:
         dp = init_device_mesh(
             device_type, (rep, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
@@ -105,7 +134,9 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
         device = torch.device("cuda", torch.cuda.current_device())
     else:
         device = torch.device(device_type)
-    return Meshes(rank=rank, world_size=world, device=device, dp=dp, ep=ep_mesh, edp=edp)
+    return Meshes(
+        rank=rank, world_size=world, device=device, dp=dp, ep=ep_mesh, edp=edp, tp=tp_mesh
+    )
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ which makes gradients independent of the number of ranks.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -34,26 +35,51 @@ def synthetic_batch(
     return mine[:, :-1].to(device), mine[:, 1:].to(device)
 
 
+def loss_context(setup: Any) -> contextlib.AbstractContextManager[Any]:
+    """torchtitan's train context under TP: the loss (forward and backward) runs under
+    ``loss_parallel()`` on vocabulary-sharded logits."""
+    if getattr(setup, "loss_parallel", False):
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel()
+    return contextlib.nullcontext()
+
+
+def data_share(setup_or_meshes: Any) -> tuple[int, int]:
+    """(which share of the global batch, how many shares): TP ranks of a group share the data."""
+    meshes = getattr(setup_or_meshes, "meshes", setup_or_meshes)
+    if meshes is not None and hasattr(meshes, "data_rank"):
+        return meshes.data_rank, meshes.data_world
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 def forward_loss(
     model: torch.nn.Module, tokens: torch.Tensor, labels: torch.Tensor, world_size: int
 ) -> torch.Tensor:
-    """Local token-summed cross entropy over the global token count, or what the model's outputs
-    allow instead (``setup.outputs``: its own loss, or the hidden-state surrogate)."""
+    """Local token-summed cross entropy over the global token count (``world_size``: the number
+    of data shares), or what the model's outputs allow instead (``setup.outputs``: its own loss,
+    or the hidden-state surrogate)."""
     loss, _ = training_loss(model(tokens), labels, world_size, embedding_vocab(model))
     return loss
 
 
 def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
     """Forward, backward, optimizer step (with its pre-step hooks); returns the global loss."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    loss = forward_loss(setup.model, tokens, labels, world)
-    loss.backward()
+    _, shares = data_share(setup)
+    with loss_context(setup):
+        loss = forward_loss(setup.model, tokens, labels, shares)
+        loss.backward()
     if setup.optimizer is not None:
         setup.optimizer.step()
         setup.optimizer.zero_grad(set_to_none=True)
-    reported = loss.detach().clone()
-    if world > 1:
-        dist.all_reduce(reported, op=dist.ReduceOp.SUM)
+    reported = loss.detach()
+    # Under loss parallel the loss is a replicated DTensor: its full value is the local one.
+    reported = (reported.full_tensor() if hasattr(reported, "full_tensor") else reported).clone()
+    if shares > 1:
+        group = setup.meshes.dp_group if getattr(setup, "meshes", None) is not None else None
+        dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=group)
     return float(reported)
 
 
@@ -72,7 +98,7 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
     meshes = build_meshes(spec.parallelism, device)
     model = build_model(spec.model, device=meshes.device, max_seq_len=spec.training.seq_len)
     setup = apply_setup(model, spec, meshes, strategy=strategy, backend=backend)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = data_share(meshes)
     losses = []
     with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
         for step in range(steps):

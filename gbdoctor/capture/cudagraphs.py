@@ -1,0 +1,542 @@
+"""CUDA-graph readiness of compiled regions, read from the FX graphs a scan captures.
+
+A CUDA graph replays recorded kernels on fixed memory. What decides whether a compiled region
+can be captured and replayed is visible in its graphs, without a GPU:
+
+- Dynamo's graph (Torch-level, as the code wrote it) shows where code asks for the host device:
+  ``.to("cpu")``/``.cpu()`` and tensor factories with no ``device``.
+- AOTAutograd's forward and backward graphs (ATen-level, what inductor compiles) show host
+  reads (``_local_scalar_dense`` from ``.item()``/``.tolist()``), data-dependent shapes
+  (unbacked symbols), RNG state operators, collectives, in-place writes into graph inputs, and
+  which inputs are static (parameters and buffers: same address every call) and which must be
+  copied into the recorded buffers on every replay.
+
+Each finding has a kind, the graph node, its source line, and an effect: it ``blocks`` capture
+(inductor would skip cudagraphs), costs a ``copy`` per replay, forces a ``re-record`` when a
+value changes, or is ``allowed`` with a caveat. The verdicts mirror inductor's own checks
+(``torch/_inductor/cudagraph_utils.py``, ``utils.get_first_incompatible_cudagraph_node``).
+
+Device reasoning on a CPU scan. On CPU every tensor is a CPU tensor, so "this graph touches a
+CPU tensor" says nothing. The question asked is "would this node be on the host when training
+runs on CUDA?": a transfer whose source line names the host (``.cpu()``, ``"cpu"``) and a
+factory call without ``device=`` (which defaults to the CPU) would; everything derived from
+the inputs would follow them onto the GPU. On a CUDA scan the real devices are used instead.
+A host read (``.item()``) is a sync on CUDA however the scan ran; on CPU a ``.to("cpu")`` of a
+CPU tensor is a no-op that leaves no ATen node, which is why transfers are read from Dynamo's
+graph.
+"""
+
+from __future__ import annotations
+
+import linecache
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+from gbdoctor.capture.locate import innermost_user_location
+from gbdoctor.records import (
+    BlockerEffect,
+    BlockerKind,
+    CudaGraphFinding,
+    CudaGraphReadiness,
+    Location,
+    Readiness,
+)
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+_HOST_READS = {
+    "aten._local_scalar_dense.default",
+    "aten.item.default",
+    "aten.equal.default",
+    "aten.is_nonzero.default",
+    "aten._assert_scalar.default",
+}
+_RNG_HOPS_FORBIDDEN = {"run_and_save_rng_state", "run_with_rng_state"}
+"""Inductor refuses these in a cudagraph (``FORBIDDEN_CUDAGRAPH_OPS``)."""
+_RNG_HOPS_SAFE = {"graphsafe_run_with_rng_state"}
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "_dtensor")
+_FACTORIES = {
+    torch.arange,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.tensor,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.linspace,
+    torch.eye,
+    torch.as_tensor,
+}
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """One graph as the capture saw it: which region, which phase, which inputs are static."""
+
+    region: str
+    phase: str
+    """``dynamo`` (Torch-level), ``forward`` or ``backward`` (ATen-level)."""
+    index: int
+    """The region's graph number (a break splits a region into several)."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.phase} {self.index}"
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, str):
+        return target
+    name = getattr(target, "name", None)
+    if callable(name):  # OpOverload.name() -> "aten::mm"; str() gives "aten.mm.default"
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _location(node: torch.fx.Node | None) -> Location | None:
+    seen: set[int] = set()
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        trace = node.meta.get("stack_trace") or ""
+        frames = tuple(
+            Location(file=f, line=int(n), function=fn) for f, n, fn in _FRAME.findall(trace)
+        )
+        if frames:
+            return innermost_user_location(frames)
+        # A node the functionalization pass added (``copy_`` back into an input) has no trace:
+        # take the one of the value it writes.
+        node = next((a for a in node.args[1:2] if isinstance(a, torch.fx.Node)), None)
+    return None
+
+
+def _source_line(node: torch.fx.Node) -> str:
+    """The statement at the node's innermost frame (and the next two lines: a call split over
+    lines names its arguments below the frame's line)."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = _FRAME.findall(trace)
+    if not frames:
+        return ""
+    file, line, _ = frames[-1]
+    return " ".join(linecache.getline(file, int(line) + k).strip() for k in range(3))
+
+
+def _finding(
+    kind: BlockerKind,
+    effect: BlockerEffect,
+    info: GraphInfo,
+    node: torch.fx.Node | None,
+    detail: str,
+) -> CudaGraphFinding:
+    return CudaGraphFinding(
+        kind=kind,
+        effect=effect,
+        region=info.region,
+        graph=info.label,
+        node=node.name if node is not None else "",
+        target=_target_name(node) if node is not None else "",
+        location=_location(node),
+        detail=detail,
+    )
+
+
+def _is_cuda(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "cuda"
+
+
+def _unbacked(value: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    try:
+        return bool(free_unbacked_symbols(value))
+    except Exception:  # noqa: BLE001 - values free_unbacked_symbols cannot walk
+        return False
+
+
+def _symbolic_shape(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in value.shape)
+
+
+# ------------------------------------------------------------------------------ Torch level
+
+
+def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[CudaGraphFinding]:
+    """Host-device requests in Dynamo's graph: transfers to the CPU and factories without a device."""
+    out: list[CudaGraphFinding] = []
+    on_cuda = any(
+        _is_cuda(n.meta.get("example_value")) for n in gm.graph.nodes if n.op == "placeholder"
+    )
+    for node in gm.graph.nodes:
+        if node.op == "call_method" and node.target in ("to", "cpu"):
+            device = _to_device(node)
+            explicit = node.target == "cpu" or "cpu" in _source_line(node)
+            if device != "cpu" or not (explicit or on_cuda):
+                continue
+            if node.kwargs.get("non_blocking", False):
+                out.append(
+                    _finding(
+                        BlockerKind.CPU_TENSOR,
+                        BlockerEffect.BLOCKS,
+                        info,
+                        node,
+                        "copies a tensor to the host: a CPU tensor inside the graph "
+                        "(non_blocking, so no sync, but the graph spans two devices)",
+                    )
+                )
+            else:
+                out.append(
+                    _finding(
+                        BlockerKind.HOST_SYNC,
+                        BlockerEffect.BLOCKS,
+                        info,
+                        node,
+                        "blocking device-to-host copy: the host waits for the GPU",
+                    )
+                )
+        elif (
+            node.op == "call_function"
+            and node.target in _FACTORIES
+            and "device" not in node.kwargs
+            and not on_cuda
+        ):
+            out.append(
+                _finding(
+                    BlockerKind.CPU_TENSOR,
+                    BlockerEffect.BLOCKS,
+                    info,
+                    node,
+                    f"torch.{node.target.__name__} without device=: a CPU tensor when "
+                    "training runs on CUDA (pass device= from an input tensor)",
+                )
+            )
+    return out
+
+
+def _to_device(node: torch.fx.Node) -> str | None:
+    if node.target == "cpu":
+        return "cpu"
+    for arg in (*node.args[1:], node.kwargs.get("device")):
+        if isinstance(arg, (str, torch.device)):
+            return torch.device(arg).type
+    return None
+
+
+# ------------------------------------------------------------------------------ ATen level
+
+
+def aten_graph_findings(
+    gm: torch.fx.GraphModule,
+    inputs: Sequence[Any],
+    static: Iterable[int],
+    info: GraphInfo,
+    input_names: Sequence[str] = (),
+) -> list[CudaGraphFinding]:
+    """Findings in one AOTAutograd forward or backward graph.
+
+    ``static``: indices of the inputs a cudagraph may assume keep their address (forward:
+    parameters and buffers, from AOTAutograd's metadata; backward: everything but the tangents,
+    which are the saved outputs of a cudagraphed forward, as inductor assumes)."""
+    static = set(static)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(placeholders)}
+    out: list[CudaGraphFinding] = []
+    on_cuda = any(_is_cuda(n.meta.get("val")) for n in placeholders)
+    for i, node in enumerate(placeholders):
+        if node.users and all(
+            _target_name(u) in _RNG_HOPS_FORBIDDEN | _RNG_HOPS_SAFE for u in node.users
+        ):
+            continue  # the saved RNG state of a recomputed op: reported with that op
+        value = node.meta.get("val", inputs[i] if i < len(inputs) else None)
+        shown = (
+            input_names[i] if input_names and len(input_names) == len(placeholders) else node.name
+        )
+        if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
+            unbacked = _unbacked(value)
+            out.append(
+                _finding(
+                    BlockerKind.SYMINT_INPUT,
+                    BlockerEffect.BLOCKS if unbacked else BlockerEffect.RERECORD,
+                    info,
+                    node,
+                    "data-dependent integer input (an unbacked symbol): a new value every step"
+                    if unbacked
+                    else "symbolic integer input: one recording per distinct value",
+                )
+            )
+        elif isinstance(value, torch.Tensor):
+            if _unbacked(value):
+                out.append(
+                    _finding(
+                        BlockerKind.DYNAMIC_SHAPE,
+                        BlockerEffect.BLOCKS,
+                        info,
+                        node,
+                        "input with a data-dependent size",
+                    )
+                )
+            elif _symbolic_shape(value):
+                out.append(
+                    _finding(
+                        BlockerKind.DYNAMIC_SHAPE,
+                        BlockerEffect.RERECORD,
+                        info,
+                        node,
+                        "input with a symbolic size: one recording per distinct shape",
+                    )
+                )
+            if i not in static:
+                out.append(
+                    _finding(
+                        BlockerKind.INPUT_COPY,
+                        BlockerEffect.COPY,
+                        info,
+                        node,
+                        f"{shown}: not a static input (activations are not, nor are buffers of "
+                        "FSDP-managed modules): copied into the recorded buffer on every replay "
+                        "(free if a preceding cudagraph produced it)",
+                    )
+                )
+        elif (
+            value is not None
+            and not isinstance(value, (torch.Generator, bool))
+            and "ScriptObject" not in type(value).__name__
+        ):  # a process group: opaque, allowed
+            out.append(
+                _finding(
+                    BlockerKind.SYMINT_INPUT,
+                    BlockerEffect.BLOCKS,
+                    info,
+                    node,
+                    f"non-tensor input of type {type(value).__name__}",
+                )
+            )
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = _target_name(node)
+        if name in _HOST_READS:
+            out.append(
+                _finding(
+                    BlockerKind.HOST_SYNC,
+                    BlockerEffect.BLOCKS,
+                    info,
+                    node,
+                    "reads a tensor value on the host (.item()/.tolist()): a device sync",
+                )
+            )
+            continue
+        if name in _RNG_HOPS_FORBIDDEN:
+            if on_cuda:
+                out.append(
+                    _finding(
+                        BlockerKind.RNG_STATE,
+                        BlockerEffect.BLOCKS,
+                        info,
+                        node,
+                        "saves/restores the RNG state on the host (inductor refuses it in a "
+                        "cudagraph; graphsafe_rng_functionalization is off or several devices)",
+                    )
+                )
+            else:
+                # CPU generators have no graph-safe variant; on one CUDA device the partitioner
+                # emits graphsafe_run_with_rng_state instead (functorch graphsafe_rng_functionalization).
+                out.append(
+                    _finding(
+                        BlockerKind.RNG_STATE,
+                        BlockerEffect.ALLOWED,
+                        info,
+                        node,
+                        "RNG state threaded through a recomputed op (checkpoint): on CUDA it "
+                        "becomes graphsafe_run_with_rng_state, capturable with the generator "
+                        "registered to the graph; on the CPU it is run_and_save_rng_state",
+                    )
+                )
+            continue
+        if name in _RNG_HOPS_SAFE:
+            out.append(
+                _finding(
+                    BlockerKind.RNG_STATE,
+                    BlockerEffect.ALLOWED,
+                    info,
+                    node,
+                    "RNG state threaded through the graph-safe generator: capturable when the "
+                    "generator is registered with the graph",
+                )
+            )
+            continue
+        if (
+            isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in node.target.tags
+        ):
+            out.append(
+                _finding(
+                    BlockerKind.RNG_STATE,
+                    BlockerEffect.ALLOWED,
+                    info,
+                    node,
+                    "random op: replays reuse the captured seed offsets unless the generator's "
+                    "state is registered with the graph (inductor does this)",
+                )
+            )
+            continue
+        namespace = getattr(node.target, "namespace", "")
+        if namespace in _COLLECTIVE_NAMESPACES and "wait" not in name:
+            out.append(
+                _finding(
+                    BlockerKind.COLLECTIVE,
+                    BlockerEffect.ALLOWED,
+                    info,
+                    node,
+                    "collective: capturable with NCCL if every rank replays the same graphs "
+                    "(not with gloo)",
+                )
+            )
+            continue
+        if _mutates_placeholder(node, index):
+            target_input = node.args[0]
+            j = index[target_input]
+            shown = (
+                input_names[j]
+                if input_names and len(input_names) == len(placeholders)
+                else target_input.name
+            )
+            if j in static:
+                out.append(
+                    _finding(
+                        BlockerKind.MUTATED_INPUT,
+                        BlockerEffect.ALLOWED,
+                        info,
+                        node,
+                        f"writes in place into {shown}, a static input: allowed "
+                        "while its address never changes (replays write the same memory)",
+                    )
+                )
+            else:
+                out.append(
+                    _finding(
+                        BlockerKind.MUTATED_INPUT,
+                        BlockerEffect.BLOCKS,
+                        info,
+                        node,
+                        f"writes in place into {shown}, a non-static input "
+                        "(inductor skips: 'mutated inputs')",
+                    )
+                )
+            continue
+        value = node.meta.get("val")
+        if _unbacked(value):
+            out.append(
+                _finding(
+                    BlockerKind.DYNAMIC_SHAPE,
+                    BlockerEffect.BLOCKS,
+                    info,
+                    node,
+                    "data-dependent shape or value (unbacked symbol): inductor disables cudagraphs",
+                )
+            )
+        elif on_cuda and isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            out.append(
+                _finding(
+                    BlockerKind.CPU_TENSOR,
+                    BlockerEffect.BLOCKS,
+                    info,
+                    node,
+                    "CPU tensor in a CUDA graph",
+                )
+            )
+    return out
+
+
+def _mutates_placeholder(node: torch.fx.Node, index: dict[torch.fx.Node, int]) -> bool:
+    if not node.args or node.args[0] not in index:
+        return False
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.arguments:
+        return False
+    alias = schema.arguments[0].alias_info
+    return alias is not None and alias.is_write
+
+
+# ------------------------------------------------------------------------------ verdict
+
+
+def readiness(findings: Sequence[CudaGraphFinding], graphs: int) -> CudaGraphReadiness:
+    """The verdict for one block kind: ``ready``, ``ready with N static copies``, or ``blocked by``."""
+    ordered = tuple(sorted(findings, key=_order))
+    blocking = Counter(f.kind for f in ordered if f.effect == BlockerEffect.BLOCKS)
+    copies = sum(1 for f in ordered if f.effect == BlockerEffect.COPY)
+    rerecord = Counter(f.kind for f in ordered if f.effect == BlockerEffect.RERECORD)
+    allowed = Counter(f.kind for f in ordered if f.effect == BlockerEffect.ALLOWED)
+    if graphs == 0:
+        status, summary = Readiness.UNKNOWN, "no compiled graph captured"
+    elif blocking:
+        status = Readiness.BLOCKED
+        summary = "blocked by " + ", ".join(f"{k} ({n})" for k, n in sorted(blocking.items()))
+    elif copies:
+        status, summary = (
+            Readiness.READY,
+            f"ready with {copies} static cop{'y' if copies == 1 else 'ies'}",
+        )
+    else:
+        status, summary = Readiness.READY, "ready"
+    notes = [f"re-recorded per distinct {k} ({n})" for k, n in sorted(rerecord.items())]
+    notes += [f"{k} ({n}) allowed" for k, n in sorted(allowed.items())]
+    if notes and status != Readiness.UNKNOWN:
+        summary += "; " + "; ".join(notes)
+    return CudaGraphReadiness(
+        status=status, summary=summary, static_copies=copies, graphs=graphs, findings=ordered
+    )
+
+
+def _order(f: CudaGraphFinding) -> tuple[Any, ...]:
+    phase = {"dynamo": 0, "forward": 1, "backward": 2}
+    kind, _, idx = f.graph.partition(" ")
+    return (f.region, int(idx or 0), phase.get(kind, 3), f.kind, f.node)
+
+
+BLOCKER_EXPLANATIONS: dict[BlockerKind, tuple[str, str]] = {
+    BlockerKind.MUTATED_INPUT: (
+        "the graph writes in place into an input whose address is not fixed",
+        "make the written tensor a static buffer (a plain module's buffer, same address every step), "
+        "or move the in-place update (e.g. MoE token counting) out of the compiled region",
+    ),
+    BlockerKind.INPUT_COPY: (
+        "a non-static tensor input is copied into the recorded buffer before every replay",
+        "none needed when the producer is itself a cudagraph; otherwise the copy is the price "
+        "(FSDP2-managed parameters are non-static: all-gathered outside the graph)",
+    ),
+    BlockerKind.SYMINT_INPUT: (
+        "an integer input (a size, or a value read with .item()) changes the recording",
+        "keep sizes static (pad to a fixed length) or keep the value a 0-dim tensor",
+    ),
+    BlockerKind.RNG_STATE: (
+        "random ops or a recomputed op's saved RNG state",
+        "on CUDA keep graphsafe_rng_functionalization on (the default) and one device per graph",
+    ),
+    BlockerKind.HOST_SYNC: (
+        "the host reads a device value (.item(), .tolist(), a blocking .to('cpu'))",
+        "keep values on the device (use tensors as split sizes where the op allows), or leave the "
+        "syncing code (EP dispatch) outside the graphed region",
+    ),
+    BlockerKind.CPU_TENSOR: (
+        "a tensor would be on the host while training runs on CUDA",
+        "create it with device= from an input tensor, or move it out of the region",
+    ),
+    BlockerKind.COLLECTIVE: (
+        "a collective inside the graph",
+        "capturable with NCCL when every rank replays the same graphs (torchtitan sets "
+        "NCCL_GRAPH_REGISTER=0); not with gloo",
+    ),
+    BlockerKind.DYNAMIC_SHAPE: (
+        "a shape that depends on data (unbacked) or changes between calls",
+        "pad to a fixed size (torchtitan pads expert groups) or mark the region static",
+    ),
+}
+"""Per blocker kind: (what it is, the fix). Shown by ``gbdoctor causes --cudagraphs``."""
