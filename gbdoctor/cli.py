@@ -393,12 +393,17 @@ def inspect(
 def causes(
     cause_id: Annotated[str | None, typer.Argument(help="Explain one cause id")] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    cudagraphs: Annotated[
+        bool, typer.Option("--cudagraphs", help="List the CUDA-graph blocker kinds and their fixes")
+    ] = False,
     debug: DebugOpt = False,
 ) -> None:
     """List the cause ids gbdoctor classifies breaks into, or explain one."""
-    from gbdoctor.report.causes_table import render_causes
+    from gbdoctor.report.causes_table import render_causes, render_cudagraph_blockers
 
-    _emit(render_causes(cause_id, format), None)
+    _emit(
+        render_cudagraph_blockers(format) if cudagraphs else render_causes(cause_id, format), None
+    )
 
 
 @app.command()
@@ -443,7 +448,8 @@ def run(
         str | None,
         typer.Option(
             "--modes",
-            help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan",
+            help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan,"
+            "cudagraphs (the plan with mode=reduce-overhead; CUDA only)",
         ),
     ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode")] = 5,

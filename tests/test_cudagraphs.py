@@ -14,6 +14,7 @@ import torch._dynamo
 from repo_paths import FIXTURES
 
 from gbdoctor.capture import CaptureSession, cudagraphs, run_block
+from gbdoctor.causes import BLOCKER_EXPLANATIONS
 from gbdoctor.records import BlockerEffect, BlockerKind, CudaGraphFinding
 
 PLANTED = FIXTURES / "models" / "cudagraph_blockers.py"
@@ -164,7 +165,7 @@ def test_zz_every_kind_is_planted_and_explained():
     if len(PLANTED_KINDS) < 3:
         pytest.skip("run the whole file: this checks what the planted tests saw")
     assert PLANTED_KINDS == set(BlockerKind)
-    assert set(cudagraphs.BLOCKER_EXPLANATIONS) == set(BlockerKind)
+    assert set(BLOCKER_EXPLANATIONS) == set(BlockerKind)
 
 
 def _line(f: CudaGraphFinding) -> str:
@@ -207,3 +208,42 @@ def test_verdict_words(status):
     assert verdict.status == status
     assert verdict.summary == ("blocked by host-sync (1)" if status == "blocked" else "ready")
     assert cudagraphs.readiness([], 0).status == "unknown"
+
+
+def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):
+    """On CPU the mode is reported unavailable (not run, not faked) and is not a finding."""
+    from repo_paths import FIXTURES
+
+    from gbdoctor.records import KindPlan, Plan
+    from gbdoctor.records.io import dumps
+    from gbdoctor.run import run_modes
+    from gbdoctor.spec import load_spec
+
+    spec = load_spec(FIXTURES / "llama3_debug.toml", ["gbdoctor.device=cpu"])
+    kind = KindPlan(
+        kind="dense",
+        layers=("layers.0",),
+        mode="block",
+        fullgraph=True,
+        verified=True,
+        cudagraphs="ready with 2 static copies",
+        cudagraph_ready=True,
+    )
+    plan = Plan(
+        spec=spec.path,
+        model="llama3/debugmodel",
+        torch_version=torch.__version__,
+        baseline_strategy="block",
+        flags=(),
+        flag_costs=(),
+        kinds=(kind,),
+        verified=True,
+        rounds=1,
+    )
+    path = tmp_path / "plan.json"
+    path.write_text(dumps(plan))
+    report = run_modes(spec, modes=["cudagraphs"], plan_path=str(path))
+    (mode,) = [m for m in report.modes if m.mode == "cudagraphs"]
+    assert mode.status == "unavailable" and mode.step_times_s == ()
+    assert "need a CUDA device" in mode.error
+    assert not any("cudagraphs" in f for f in report.findings)

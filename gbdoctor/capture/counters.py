@@ -125,6 +125,47 @@ def record_recompiles() -> Iterator[RecompileRecorder]:
         torch._logging.set_logs()
 
 
+CUDAGRAPHS_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
+"""Inductor's ``cudagraphs`` artifact log: "skipping cudagraphs due to ..." (one per skip)."""
+
+
+class CudagraphSkipRecorder(logging.Handler):
+    """Inductor's cudagraph skip reasons (first line of each), in the order they were logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record never breaks training
+            return
+        if "cudagraph" in text:
+            self.reasons.append((text.strip().splitlines() or [""])[0][:300])
+
+
+@contextlib.contextmanager
+def record_cudagraph_skips() -> Iterator[CudagraphSkipRecorder]:
+    """Route inductor's cudagraph skip messages into a recorder for the duration of the block.
+
+    Entered inside ``record_recompiles``: ``set_logs`` replaces the whole log state, so the
+    ``recompiles`` stream is kept on here and left on at exit."""
+    import torch._logging
+
+    recorder = CudagraphSkipRecorder()
+    logger = logging.getLogger(CUDAGRAPHS_LOGGER)
+    torch._logging.set_logs(recompiles=True, cudagraphs=True)
+    logger.addHandler(recorder)
+    logger.propagate = False
+    try:
+        yield recorder
+    finally:
+        logger.removeHandler(recorder)
+        logger.propagate = True
+        torch._logging.set_logs(recompiles=True)
+
+
 def failure_kind(exc: BaseException) -> str:
     import torch._dynamo.exc as dexc
 

@@ -5,6 +5,7 @@ classification rules. The only package that reads Dynamo's message text; no torc
 ``parse`` (reason text -> parts) and ``gb_registry`` (gb_type -> ``GBxxxx``).
 """
 
+from gbdoctor.causes.cudagraph_blockers import BLOCKER_EXPLANATIONS
 from gbdoctor.causes.gb_registry import (
     RegistryEntry,
     gb_id_for,
@@ -35,6 +36,7 @@ from gbdoctor.causes.taxonomy import (
 )
 
 __all__ = [
+    "BLOCKER_EXPLANATIONS",
     "CAUSES",
     "CAUSE_IDS",
     "EFFORTS",

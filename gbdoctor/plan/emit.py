@@ -26,6 +26,7 @@ def _layer_recipes(plan: Plan) -> dict[str, dict[str, object]]:
                 "fullgraph": kind.fullgraph,
                 "eager": list(kind.eager),
                 "split_ac": kind.split_ac,
+                "cudagraphs": kind.cudagraph_ready,
             }
     return dict(sorted(recipes.items(), key=lambda kv: (len(kv[0]), kv[0])))
 
@@ -54,7 +55,7 @@ def _layer_items(layers):
     return [(str(i), block) for i, block in enumerate(layers)]
 
 
-def _compile_children(parent, prefix, eager, fullgraph, backend):
+def _compile_children(parent, prefix, eager, fullgraph, backend, mode=None):
     """Compile every child without an eager module inside; recurse into the others."""
     for name, child in list(parent.named_children()):
         path = prefix + name
@@ -62,11 +63,11 @@ def _compile_children(parent, prefix, eager, fullgraph, backend):
             continue
         if any(e.startswith(path + ".") for e in eager):
             inner = getattr(child, "_checkpoint_wrapped_module", child)
-            _compile_children(inner, path + ".", eager, fullgraph, backend)
+            _compile_children(inner, path + ".", eager, fullgraph, backend, mode)
             continue
         if not any(True for _ in child.parameters()) and not list(child.children()):
             continue
-        setattr(parent, name, torch.compile(child, backend=backend, fullgraph=fullgraph))
+        setattr(parent, name, torch.compile(child, backend=backend, fullgraph=fullgraph, mode=mode))
 
 
 def apply_split_ac(model, wrap, wrap_plain=None):
@@ -83,19 +84,24 @@ def apply_split_ac(model, wrap, wrap_plain=None):
             setattr(block, name, (wrap_plain or wrap)(child) if holds_eager else wrap(child))
 
 
-def apply_gbdoctor_plan(model, backend="inductor"):
-    """Apply the plan's Dynamo flags and per-block compile (after AC, before FSDP)."""
+def apply_gbdoctor_plan(model, backend="inductor", cudagraphs=False):
+    """Apply the plan's Dynamo flags and per-block compile (after AC, before FSDP).
+
+    ``cudagraphs=True`` compiles the blocks gbdoctor found CUDA-graph ready with
+    ``mode="reduce-overhead"`` (inductor's cudagraph trees; needs backend="inductor" and CUDA)."""
     for name, value in DYNAMO_FLAGS.items():
         setattr(torch._dynamo.config, name, value)
     for key, block in _layer_items(model.layers):
         recipe = PLAN.get(key)
         if recipe is None or recipe["mode"] == "none":
             continue
+        mode = "reduce-overhead" if cudagraphs and recipe.get("cudagraphs") else None
         if recipe["mode"] == "block":
-            _set_layer(model.layers, key, torch.compile(block, backend=backend, fullgraph=recipe["fullgraph"]))
+            compiled = torch.compile(block, backend=backend, fullgraph=recipe["fullgraph"], mode=mode)
+            _set_layer(model.layers, key, compiled)
         else:
             inner = getattr(block, "_checkpoint_wrapped_module", block)
-            _compile_children(inner, "", set(recipe["eager"]), recipe["fullgraph"], backend)
+            _compile_children(inner, "", set(recipe["eager"]), recipe["fullgraph"], backend, mode)
     return model
 '''
 
@@ -113,6 +119,9 @@ def _header(plan: Plan, what: str) -> str:
             f"{' split-AC' if kind.split_ac else ''}; breaks {kind.breaks_before} -> {kind.breaks_after}; "
             f"{'verified' if kind.verified else 'NOT verified: ' + kind.detail}"
         )
+        if kind.cudagraphs:
+            ready = "CUDA-graph ready" if kind.cudagraph_ready else "not CUDA-graph ready"
+            lines.append(f"  {kind.kind} is {ready}: {kind.cudagraphs}")
     for cost in plan.flag_costs:
         lines.append(f"flag {cost}")
     return "\n".join(lines)
@@ -142,9 +151,10 @@ def emit_torchtitan(plan: Plan) -> str:
         _core(plan)
         + '''
 
-def apply_compile(model, compile_config, ep_enabled=False):
-    """Drop-in for torchtitan v0.2.x's ``apply_compile(model, compile_config, ep_enabled)``."""
-    return apply_gbdoctor_plan(model, backend=compile_config.backend)
+def apply_compile(model, compile_config, ep_enabled=False, cudagraphs=False):
+    """Drop-in for torchtitan v0.2.x's ``apply_compile(model, compile_config, ep_enabled)``;
+    ``cudagraphs=True`` uses mode="reduce-overhead" on the CUDA-graph-ready blocks."""
+    return apply_gbdoctor_plan(model, backend=compile_config.backend, cudagraphs=cudagraphs)
 '''
     )
     doc = (

@@ -26,11 +26,13 @@ from gbdoctor.causes import flags_removing
 from gbdoctor.errors import BaselineError
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
+    READABLE_PLAN_SCHEMA_VERSIONS,
     BlockKind,
     BlockReport,
     Break,
     KindPlan,
     Plan,
+    Readiness,
     ScanReport,
     Spec,
 )
@@ -113,8 +115,8 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
     name = str(path)
     text = read_text(path, "plan", hint=hint)
     data = parse_json_object(text, name, hint=hint)
-    check_schema_version(data, PLAN_SCHEMA_VERSION, name, "plan", hint=hint)
-    plan = load_record(Plan, data, name, counts=True)
+    check_schema_version(data, READABLE_PLAN_SCHEMA_VERSIONS, name, "plan", hint=hint)
+    plan = load_record(Plan, data | {"schema_version": PLAN_SCHEMA_VERSION}, name, counts=True)
     for flag, _ in plan.flags:
         if not hasattr(torch._dynamo.config, flag):
             raise BaselineError(
@@ -346,6 +348,10 @@ def _assemble(
                 fullgraph_share_after=_fullgraph_share(new, totals.get(kind, 0)) if new else 0.0,
                 verified=verified,
                 detail=detail,
+                cudagraphs=new.cudagraphs.summary if new and new.cudagraphs else "",
+                cudagraph_ready=bool(
+                    verified and new.cudagraphs and new.cudagraphs.status == Readiness.READY
+                ),
             )
         )
     suggestions = []

@@ -27,7 +27,12 @@ from gbdoctor.records.gate import (
     GateResult,
     KindCounts,
 )
-from gbdoctor.records.plan import PLAN_SCHEMA_VERSION, KindPlan, Plan
+from gbdoctor.records.plan import (
+    PLAN_SCHEMA_VERSION,
+    READABLE_PLAN_SCHEMA_VERSIONS,
+    KindPlan,
+    Plan,
+)
 from gbdoctor.records.run import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, Recompile, RunReport
 from gbdoctor.records.scan import (
     READABLE_SCHEMA_VERSIONS,
@@ -89,6 +94,7 @@ __all__ = [
     "ModelSpec",
     "OutputFormat",
     "PLAN_SCHEMA_VERSION",
+    "READABLE_PLAN_SCHEMA_VERSIONS",
     "ParallelSpec",
     "Plan",
     "READABLE_SCHEMA_VERSIONS",

@@ -109,6 +109,8 @@ class ModeStatus(StrEnum):
 
     OK = "ok"
     FAILED = "failed"
+    UNAVAILABLE = "unavailable"
+    """The mode cannot run here (``cudagraphs`` without a CUDA device): not run, not faked."""
 
 
 class CompileMode(StrEnum):

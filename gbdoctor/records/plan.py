@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from gbdoctor.records.base import record
 
-PLAN_SCHEMA_VERSION = 1
+PLAN_SCHEMA_VERSION = 2
+"""2: kinds carry their CUDA-graph readiness (``cudagraphs``, ``cudagraph_ready``); 1 is read too."""
+READABLE_PLAN_SCHEMA_VERSIONS = (1, 2)
 
 
 @record
@@ -29,6 +31,11 @@ class KindPlan:
     verified: bool = False
     detail: str = ""
     """Why verification failed, when it did."""
+    cudagraphs: str = ""
+    """CUDA-graph readiness of the kind under the plan (the verification scan's summary:
+    ``ready``, ``ready with N static copies`` or ``blocked by ...``)."""
+    cudagraph_ready: bool = False
+    """The kind's compiled regions can be CUDA graphs: emitters offer ``mode="reduce-overhead"``."""
 
 
 @record

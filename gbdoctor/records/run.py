@@ -37,11 +37,12 @@ class ModeResult:
     """One compile configuration, trained in its own processes."""
 
     mode: str
-    """``eager``, ``titan-v0.2.0``, ``titan-v0.2.2``, ``block-fullgraph`` or ``plan``."""
+    """``eager``, ``titan-v0.2.0``, ``titan-v0.2.2``, ``block-fullgraph``, ``plan`` or
+    ``cudagraphs`` (the plan with ``mode="reduce-overhead"`` on its CUDA-graph-ready kinds)."""
     strategy: str
     """Compile strategy name the mode ran (``none``, ``block``, ..., or the plan's)."""
     status: str
-    """``ok`` or ``failed``."""
+    """``ok``, ``failed`` or ``unavailable`` (not run here: ``cudagraphs`` without CUDA)."""
     error: str | None = None
     """One line: what failed, where (setup, warm-up step k, measured step k)."""
     error_kind: str | None = None
@@ -79,6 +80,9 @@ class ModeResult:
     recompile_events: tuple[Recompile, ...] = ()
     """Every recompile (warm-up ones too), of the rank with most measured recompiles."""
     recompile_limit_hit: bool = False
+    cudagraph_skips: tuple[str, ...] = ()
+    """``cudagraphs`` mode: inductor's "skipping cudagraphs due to ..." messages (rank 0), to set
+    next to the plan's static readiness prediction."""
     """Dynamo hit ``recompile_limit`` and fell back to eager for some frame."""
     losses: tuple[float, ...] = ()
     """Global loss of every step, warm-up steps first."""

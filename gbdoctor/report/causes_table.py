@@ -6,6 +6,34 @@ from gbdoctor.errors import SpecError
 from gbdoctor.records.io import dumps
 
 
+def render_cudagraph_blockers(fmt: str) -> str:
+    """``gbdoctor causes --cudagraphs``: every CUDA-graph blocker kind, what it is, the fix."""
+    from gbdoctor.causes import BLOCKER_EXPLANATIONS
+
+    rows = [(str(k), what, fix) for k, (what, fix) in BLOCKER_EXPLANATIONS.items()]
+    if fmt == "json":
+        return dumps(
+            {
+                "schema_version": 1,
+                "cudagraph_blockers": [{"kind": k, "what": w, "fix": f} for k, w, f in rows],
+            }
+        )
+    if fmt != "table":
+        raise SpecError(f"unknown format {fmt!r} for causes", hint="use --format table or json")
+    from rich.table import Table
+
+    from gbdoctor.report.table import plain_text, recording_console
+
+    console = recording_console()
+    table = Table(title="CUDA-graph blockers (scan reports them per compiled region)")
+    for col in ("kind", "what", "fix"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    return plain_text(console)
+
+
 def render_causes(cause_id: str | None, fmt: str) -> str:
     from gbdoctor.causes import CAUSES, explain_cause
 

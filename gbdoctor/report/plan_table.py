@@ -45,6 +45,15 @@ def render_plan_table(plan: Plan) -> str:
             console.print(f"  {k.kind}: {reason}", markup=False)
         if not k.verified:
             console.print(f"  {k.kind}: {k.detail}", markup=False)
+        if k.cudagraphs:
+            ready = "is CUDA-graph ready" if k.cudagraph_ready else "is not CUDA-graph ready"
+            console.print(f"  {k.kind} {ready}: {k.cudagraphs}", markup=False)
+    if any(k.cudagraph_ready for k in plan.kinds):
+        console.print(
+            "  CUDA graphs: emitted code takes cudagraphs=True to compile the ready kinds with "
+            'mode="reduce-overhead"; `gbdoctor run --plan ... --modes plan,cudagraphs` checks it on CUDA',
+            markup=False,
+        )
     if plan.flags:
         console.print("Dynamo flags: " + ", ".join(f"{n}={v}" for n, v in plan.flags), markup=False)
         for cost in plan.flag_costs:

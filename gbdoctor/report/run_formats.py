@@ -72,6 +72,8 @@ def _losses(mode: ModeResult, n: int) -> str:
 
 
 def _status(mode: ModeResult) -> str:
+    if mode.status == "unavailable":
+        return "UNAVAILABLE"
     if mode.status != "ok":
         return f"FAILED ({mode.error_kind})" if mode.error_kind else "FAILED"
     flags = []
@@ -130,6 +132,9 @@ def _mode_details(mode: ModeResult) -> list[str]:
         lines.append(f"({warm} more recompile(s) during the warm-up steps)")
     if mode.recompile_limit_hit:
         lines.append("Dynamo hit recompile_limit: some frames ran eagerly afterwards")
+    if mode.cudagraph_skips:
+        lines.append(f"inductor skipped cudagraphs {len(mode.cudagraph_skips)} time(s):")
+        lines += [f"  {reason}" for reason in mode.cudagraph_skips]
     if mode.diverged:
         rel = (
             f"relative difference {mode.loss_rel_diff:.2g}"
@@ -262,6 +267,8 @@ def render_table(report: RunReport) -> str:
 
 
 def _short_status(mode: ModeResult) -> str:
+    if mode.status == "unavailable":
+        return "UNAVAILABLE"
     if mode.status != "ok":
         return "FAILED"
     if mode.recompiles:

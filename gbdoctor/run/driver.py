@@ -61,7 +61,10 @@ MODE_STRATEGIES: dict[str, str] = {
 }
 """Mode name -> compile strategy (``setup.compile.STRATEGIES``). ``plan`` comes from --plan."""
 
-MODES: tuple[str, ...] = (*MODE_STRATEGIES, "plan")
+MODES: tuple[str, ...] = (*MODE_STRATEGIES, "plan", "cudagraphs")
+MODES_NEEDING_PLAN = ("plan", "cudagraphs")
+"""Modes that need --plan: ``cudagraphs`` is the plan with mode="reduce-overhead" on the kinds
+the plan found CUDA-graph ready (CUDA only; reported ``unavailable`` elsewhere, never faked)."""
 BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 """Modes that compete for "best baseline"."""
 
@@ -78,18 +81,21 @@ DEFAULT_WARMUP = 3
 def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
     """The modes to run, in canonical order; SpecError for unknown names or ``plan`` without a plan."""
     if not modes:
-        return [m for m in MODES if m != "plan" or plan_path]
+        # cudagraphs only on request: it needs CUDA and says nothing new about breaks
+        return [m for m in MODES if m != "cudagraphs" and (m != "plan" or plan_path)]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SpecError(
             f"unknown run mode(s) {', '.join(map(repr, unknown))}",
             hint=f"valid modes: {', '.join(MODES)}",
         )
-    if "plan" in modes and not plan_path:
-        raise SpecError(
-            "mode 'plan' needs a plan file", hint="pass --plan plan.json (from `gbdoctor plan`)"
-        )
-    if plan_path and "plan" not in modes:
+    for needs_plan in MODES_NEEDING_PLAN:
+        if needs_plan in modes and not plan_path:
+            raise SpecError(
+                f"mode '{needs_plan}' needs a plan file",
+                hint="pass --plan plan.json (from `gbdoctor plan`)",
+            )
+    if plan_path and not any(m in modes for m in MODES_NEEDING_PLAN):
         modes = [*modes, "plan"]
     return [m for m in MODES if m in modes]
 
@@ -154,17 +160,30 @@ def run_modes(
     backend = backend or default_backend(device)
     _check_backend(backend)
     strategies: dict[str, Strategy] = {
-        m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"
+        m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }
-    if "plan" in chosen:
+    cudagraph_layers: tuple[str, ...] = ()
+    if any(m in MODES_NEEDING_PLAN for m in chosen):
         from gbdoctor.plan import plan_strategy, read_plan  # only with --plan
 
         loaded_plan, identity = read_plan(plan_path)
-        strategies["plan"] = plan_strategy(loaded_plan, spec, identity=identity)
+        for m in MODES_NEEDING_PLAN:
+            if m in chosen:
+                strategies[m] = plan_strategy(loaded_plan, spec, identity=identity)
+        cudagraph_layers = tuple(
+            fqn for k in loaded_plan.kinds if k.cudagraph_ready for fqn in k.layers
+        )
 
     raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]] = []
     loads: list[float] = []
     for i, mode in enumerate(chosen):
+        if mode == "cudagraphs" and device != "cuda":
+            why = (
+                f"CUDA graphs need a CUDA device; this run is on {device}, so the mode did not run "
+                "(the static prediction is in the plan and in `gbdoctor scan`)"
+            )
+            raw.append((mode, strategies[mode], None, (why, "unavailable")))
+            continue
         loads.append(_load_average())
         if progress:
             progress(f"{mode}: {warmup} warm-up + {steps} steps on {world} rank(s)", i, len(chosen))
@@ -178,6 +197,8 @@ def run_modes(
             warmup=warmup,
             steps=steps,
             cache_dir=cache,
+            # reduce-overhead is inductor's: the cudagraphs mode compiles with it whatever --backend
+            cudagraph_layers=cudagraph_layers if mode == "cudagraphs" else (),
         )
         try:
             ranks = run_ranks(
@@ -209,7 +230,7 @@ def run_modes(
         warmup=warmup,
         steps=steps,
         torch_version=torch_version(),
-        load=(max(loads), os.cpu_count() or 1),
+        load=(max(loads, default=_load_average()), os.cpu_count() or 1),
     )
 
 
@@ -265,6 +286,7 @@ def _mode_from_ranks(
         recompiles=sum(e.measured for e in worst.recompiles),
         recompile_events=tuple(worst.recompiles),
         recompile_limit_hit=any(r.recompile_limit_hit for r in ranks),
+        cudagraph_skips=tuple(rank0.cudagraph_skips),
         losses=tuple(rank0.losses),
         dynamo_config=_flags(strategy),
     )
@@ -292,7 +314,7 @@ def build_report(
             results[mode] = ModeResult(
                 mode=mode,
                 strategy=strategy.name,
-                status="failed",
+                status="unavailable" if kind == "unavailable" else "failed",
                 error=error,
                 error_kind=kind,
                 dynamo_config=_flags(strategy),
@@ -348,10 +370,17 @@ def build_report(
                 findings.append(
                     f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards"
                 )
+            if res.cudagraph_skips:
+                findings.append(
+                    f"{mode}: inductor skipped cudagraphs {len(res.cudagraph_skips)} time(s) "
+                    f"(first: {res.cudagraph_skips[0]})"
+                )
             if diverged:
                 findings.append(
                     f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})"
                 )
+        elif res.status == "unavailable":
+            notes.append(res.error or "not available here")  # not a finding: nothing failed
         else:
             findings.append(f"{mode} failed ({res.error_kind}): {res.error}")
         final.append(_replace(res, notes=tuple(notes), **updates))

@@ -6,14 +6,17 @@ recompile log handler, peak memory) belongs to one mode only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gbdoctor.capture.counters import (
     counter_totals,
     dynamo_compile_s,
     failure_kind,
+    record_cudagraph_skips,
     record_recompiles,
 )
 from gbdoctor.errors import GbdoctorError, SetupError
@@ -35,6 +38,8 @@ class ModeJob:
     cache_dir: str | None = None
     """A fresh compile-cache folder for this mode (made and removed by ``run_modes``): every mode
     compiles cold, none profits from a cache another mode filled."""
+    cudagraph_layers: tuple[str, ...] = ()
+    """``cudagraphs`` mode: blocks (FQNs) compiled with inductor's mode="reduce-overhead"."""
 
 
 @dataclass
@@ -55,6 +60,8 @@ class RankRun:
     recompile_limit_hit: bool
     layout: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
     """(block fqn, regions, fullgraph regions) as the setup placed them."""
+    cudagraph_skips: list[str] = field(default_factory=list)
+    """``cudagraphs`` mode: inductor's skip messages on this rank."""
 
 
 class ModeFailure(SetupError):
@@ -93,6 +100,20 @@ def run_mode_rank(job: ModeJob) -> RankRun:
     return _run_mode_rank(job)
 
 
+def _reduce_overhead_compile_fn(layers: tuple[str, ...]) -> Any:
+    """Compile regions inside ``layers`` with inductor's mode="reduce-overhead" (cudagraph trees);
+    the plan's other regions with inductor as usual."""
+    import torch
+
+    from gbdoctor.capture import within
+
+    def compile_region(module: Any, fqn: str, fullgraph: bool) -> Any:
+        mode = "reduce-overhead" if any(within(fqn, layer) for layer in layers) else None
+        return torch.compile(module, backend="inductor", fullgraph=fullgraph, mode=mode)
+
+    return compile_region
+
+
 def _run_mode_rank(job: ModeJob) -> RankRun:
     import torch
     import torch.distributed as dist
@@ -107,7 +128,12 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     try:
         recipe = recipe_for(spec)
         model, meshes = recipe.build(spec, job.device)
-        setup = recipe.set_up(model, spec, meshes, strategy=job.strategy, backend=job.backend)
+        compile_fn = (
+            _reduce_overhead_compile_fn(job.cudagraph_layers) if job.cudagraph_layers else None
+        )
+        setup = recipe.set_up(
+            model, spec, meshes, strategy=job.strategy, backend=job.backend, compile_fn=compile_fn
+        )
         vocab = vocab_size(model)
     except GbdoctorError:
         raise
@@ -123,6 +149,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     total = job.warmup + job.steps
     with (
         record_recompiles() as recorder,
+        record_cudagraph_skips() if job.cudagraph_layers else contextlib.nullcontext() as skips,
         recipe.step_context(setup),
     ):
         for step in range(total):
@@ -174,5 +201,6 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         dynamo_compile_s=warmup_compile_s,
         recompiles=recorder.records,
         recompile_limit_hit=recorder.limit_hit,
+        cudagraph_skips=list(skips.reasons) if skips is not None else [],
         layout=layout,
     )
