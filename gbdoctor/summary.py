@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gbdoctor.records import BlockerEffect, BlockReport, KindSummary, ScanReport, ScanSummary
+from gbdoctor.records import (
+    BlockerEffect,
+    BlockerKind,
+    BlockReport,
+    CudaGraphFinding,
+    CudaGraphReadiness,
+    KindSummary,
+    ScanReport,
+    ScanSummary,
+)
 
 __all__ = [
     "KindSummary",
@@ -98,9 +107,35 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
         ),
         error=errors[0] if errors else None,
         cudagraphs=ready,
-        cudagraph_notable=tuple(f for f in ready.findings if f.effect != BlockerEffect.COPY)
-        if ready
-        else (),
+        cudagraph_notable=_notable(ready),
+    )
+
+
+_EFFECT_RANK = {BlockerEffect.BLOCKS: 0, BlockerEffect.RERECORD: 1, BlockerEffect.ALLOWED: 2}
+_KIND_RANK = {
+    kind: i
+    for i, kind in enumerate(
+        (
+            BlockerKind.HOST_SYNC,
+            BlockerKind.MUTATED_INPUT,
+            BlockerKind.CPU_TENSOR,
+            BlockerKind.RNG_STATE,
+            BlockerKind.COLLECTIVE,
+            BlockerKind.SYMINT_INPUT,
+            BlockerKind.DYNAMIC_SHAPE,
+        )
+    )
+}
+"""Causes before consequences: a host read's value is what makes the shapes after it dynamic."""
+
+
+def _notable(ready: CudaGraphReadiness | None) -> tuple[CudaGraphFinding, ...]:
+    """Readiness findings worth a row, blockers first: all but the per-input copies (counted)."""
+    if ready is None:
+        return ()
+    shown = [f for f in ready.findings if f.effect != BlockerEffect.COPY]
+    return tuple(
+        sorted(shown, key=lambda f: (_EFFECT_RANK.get(f.effect, 3), _KIND_RANK.get(f.kind, 9)))
     )
 
 

@@ -168,26 +168,23 @@ def _render_cudagraphs(summary: ScanSummary, console: Console) -> None:
     if not rows:
         return
     table = Table(title="CUDA-graph readiness", title_justify="left", expand=True)
-    ratios = {"readiness": 3, "detail": 4}
-    for name in ("kind", "readiness", "finding", "graph", "node", "location", "detail"):
-        table.add_column(name, overflow="fold", ratio=ratios.get(name), no_wrap=name == "location")
+    for name, ratio in (("kind", 1), ("readiness / finding", 3), ("where", 3), ("detail", 4)):
+        table.add_column(name, overflow="fold", ratio=ratio)
     for row in rows:
         ready = row.cudagraphs
         style = {"ready": "green", "blocked": "red"}.get(ready.status, "yellow")
-        table.add_row(Text(row.kind), Text(ready.summary, style=style), "", "", "", "", "")
+        table.add_row(Text(row.kind), Text(ready.summary, style=style), "", "")
         for f in row.cudagraph_notable[:_NOTABLE_ROWS]:
+            where = f"{short_location(f.location)} ({f.region} {f.graph}: {f.node})"
             table.add_row(
                 "",
-                "",
                 Text(f"{f.kind} ({f.effect})", style="red" if f.effect == "blocks" else "dim"),
-                Text(f"{f.region} {f.graph}"),
-                Text(f.node),
-                Text(short_location(f.location)),
+                Text(where),
                 Text(one_line(f.detail)),
             )
         hidden = len(row.cudagraph_notable) - _NOTABLE_ROWS
         if hidden > 0:
-            table.add_row("", "", Text(f"... {hidden} more (--format json)"), "", "", "", "")
+            table.add_row("", Text(f"... {hidden} more (--format json)"), "", "")
     console.print(table)
 
 
