@@ -219,7 +219,11 @@ def render_table(report: RunReport) -> str:
             bar = (
                 tokens_bar(m.tokens_per_s, best)
                 if m.tokens_per_s
-                else ("(failed)" if m.status != "ok" else "")
+                else (
+                    f"({'unavailable' if m.status == 'unavailable' else 'failed'})"
+                    if m.status != "ok"
+                    else ""
+                )
             )
             chart.add_row(m.mode, bar, _tokens(m.tokens_per_s))
         console.print(chart)
@@ -257,7 +261,8 @@ def render_table(report: RunReport) -> str:
     else:
         console.print(
             Text(
-                "No findings: every mode ran, no recompiles in the measured steps, losses agree.",
+                "No findings: every mode that can run here ran, no recompiles in the measured "
+                "steps, losses agree.",
                 style="green",
             )
         )
