@@ -178,6 +178,7 @@ def test_bf16_warm_up_failure_names_the_float32_override(monkeypatch):
 
     monkeypatch.setattr(rank, "forward_loss", fails)
     setup = type("Setup", (), {"optimizer": None, "model": nn.Linear(2, 2)})()
+    attempts = rank.warm_up_attempts(Recipe(), setup, None, None)
     with pytest.raises(SetupError) as err:
-        rank.warm_up(Recipe(), setup, None, None, [])
+        rank.run_warm_up(setup, attempts, [])
     assert "--set training.mixed_precision_param=float32" in err.value.hint
