@@ -40,17 +40,18 @@ def _flatten(obj: Any) -> Iterator[Any]:
         yield obj
 
 
-def describe_error(exc: BaseException) -> str:
+def describe_error(exc: BaseException, root: str | None = None) -> str:
     """One line for a block that could not be traced at all.
 
     Dynamo and the backend wrap the real exception (``BackendCompilerFailed: backend=... raised``,
     ``InternalTorchDynamoError``); the line names the innermost one, where in the user's code
     tracing stood, and whether it was raised inside PyTorch itself (a PyTorch bug that training
-    compiling the same block would hit too) or by the model's own code.
+    compiling the same block would hit too) or by the model's own code. The site is relative to
+    ``root`` (the spec's repository), as every other location.
     """
     inner = _innermost(exc)
     message = _first_line(inner)
-    where = _user_site(exc) or _user_site(inner)
+    where = _user_site(exc, root) or _user_site(inner, root)
     owner = "raised inside PyTorch" if _raised_in_torch(inner) else "raised by the model's code"
     site = f" at {where}" if where else ""
     wrapped = f"; wrapped in {type(exc).__name__}" if inner is not exc else ""
@@ -81,7 +82,7 @@ def _first_line(exc: BaseException) -> str:
 _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def _user_site(exc: BaseException) -> str | None:
+def _user_site(exc: BaseException, root: str | None) -> str | None:
     """The innermost non-torch frame of Dynamo's 'from user code:' section, as file:line."""
     text = str(exc)
     if "from user code:" not in text:
@@ -91,7 +92,7 @@ def _user_site(exc: BaseException) -> str | None:
     if not user:
         return None
     file, line = user[-1]
-    return f"{portable_path(file)}:{line}"
+    return f"{portable_path(file, root)}:{line}"
 
 
 def _raised_in_torch(exc: BaseException) -> bool:

@@ -307,7 +307,7 @@ def capture_block(
             else:
                 run_block(slot.outer, args, kwargs)
         except Exception as exc:  # a block that cannot be traced is data, not a crash
-            raw.error = describe_error(exc)
+            raw.error = describe_error(exc, root)
             raw.error_traceback = error_traceback(exc)
             if os.environ.get(DEBUG_ENV) == "1":  # --debug: the report keeps one line, stderr all
                 print(f"{slot.fqn} does not trace:\n{raw.error_traceback}", file=sys.stderr)
