@@ -46,6 +46,9 @@ class Baseline:
     torch_version: str
     specs: tuple[tuple[str, tuple[tuple[str, KindCounts], ...]], ...] = ()
     """(spec key, ((kind, counts), ...)), both levels sorted by key."""
+    simulated: tuple[str, ...] | None = None
+    """Spec keys recorded from simulated scans (sorted); None in a baseline written before
+    gbdoctor recorded it (real and simulated scans are then not told apart)."""
     schema_version: int = BASELINE_SCHEMA_VERSION
 
     def kinds(self, spec: str) -> dict[str, KindCounts] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gbdoctor.records import SCHEMA_VERSION, ScanReport
+from gbdoctor.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, ScanReport
 from gbdoctor.records.io import (
     check_schema_version,
     dumps,
@@ -72,6 +72,12 @@ def load_scan_json(source: str | Path) -> ScanReport:
         name = str(source)
     data = parse_json_object(text, name)
     check_schema_version(
-        data, SCHEMA_VERSION, name, "scan", hint="re-run the scan with this gbdoctor version"
+        data,
+        READABLE_SCHEMA_VERSIONS,
+        name,
+        "scan",
+        hint="re-run the scan with this gbdoctor version",
     )
+    # Version 1 lacks fields that version 2 added with defaults: read as the current version.
+    data = data | {"schema_version": SCHEMA_VERSION}
     return load_record(ScanReport, data, name, ignore=DERIVED_KEYS, counts=True)

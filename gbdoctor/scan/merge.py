@@ -30,7 +30,9 @@ def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
             )
             block = replace(block, events=tuple(sorted(block.events + (event,), key=event_order)))
         merged.append(block)
-    notes = notes0
+    from gbdoctor.spec import spec_notes
+
+    notes = spec_notes(spec) + notes0
     if len(ranks) > 1:
         notes += (
             f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",

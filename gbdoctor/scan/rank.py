@@ -35,7 +35,7 @@ from gbdoctor.capture import (
 from gbdoctor.capture.locate import within
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
-from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
+from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase, shortcut_repeated_blocks
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
@@ -114,6 +114,8 @@ def _scan_set_up(
     recipe = recipe_for(spec)
     with recipe.step_context(setup):
         store, remove = collect_block_inputs(setup.model, outers)
+        # Only representatives are captured: repeated layers need not compute in the warm-up.
+        restore = shortcut_repeated_blocks(setup) if job.dedupe else (lambda: None)
         notes: list[str] = []
         sources: list[LossSource] = []
         watch = setup.model.register_forward_hook(
@@ -122,6 +124,7 @@ def _scan_set_up(
         try:
             warm_up(recipe, setup, tokens, labels, notes)
         finally:
+            restore()
             remove()
             watch.remove()
         if sources:
@@ -222,6 +225,7 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         world_size=spec.parallelism.world_size,
         ep_degree=spec.parallelism.expert_parallel_degree,
         dp_shard=spec.parallelism.dp_shard,
+        dp_replicate=spec.parallelism.data_parallel_replicate_degree,
         ac_mode=spec.activation_checkpoint.mode,
         ac_option=spec.activation_checkpoint.selective_ac_option,
         fsdp=setup.fsdp,

@@ -116,3 +116,14 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     data = _fixture_data()
     data["totals"] = {"breaks": "whatever"}
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
+
+
+def test_schema_version_1_scans_still_load() -> None:
+    """Version 1 (before ``setup.dp_replicate``): read with the new fields' defaults."""
+    data = _fixture_data()
+    assert data["schema_version"] == SCHEMA_VERSION == 2
+    data["schema_version"] = 1
+    del data["setup"]["dp_replicate"]
+    report = load_scan_json(json.dumps(data))
+    assert report.schema_version == 2 and report.setup.dp_replicate == 1
+    assert report.blocks == load_scan_json(SCANS / "llama4_before.json").blocks
