@@ -15,9 +15,10 @@ and calls ``require_real`` instead, which refuses (exit 2) where ``decide`` woul
      (``1 / dp_shard`` of the parameters);
    - activations of one training step at the scan's shapes (``batch x seq`` tokens), every layer:
      for each linear-like weight the input and output it saves (``tokens x (in + out)``; stacked
-     expert weights ``(E, in, out)`` see ``tokens x top_k``), the embedding's output, and the
-     logits with their softmax and gradient, times ``ACTIVATION_FACTOR`` for the elementwise
-     intermediates (norms, activation functions, RoPE, residuals) that a weight does not show;
+     expert weights ``(E, in, out)`` see ``tokens x top_k``) and the embedding's output, times
+     ``ACTIVATION_FACTOR`` for the elementwise intermediates a weight does not show, in the
+     compute dtype (FSDP2's ``mixed_precision_param``, bf16 by default); plus the logits with
+     their fp32 log-softmax and gradient;
    - a fixed ``PROCESS_OVERHEAD`` per rank process (torch, Dynamo, the recorded captures).
 
    Activation checkpointing is not credited (the eager warm-up and the captures recompute, and
@@ -46,10 +47,11 @@ PROCESS_OVERHEAD = int(0.75 * GiB)
 """Per rank process: torch and Dynamo imported, a scan's bookkeeping (measured peak RSS of a
 debug-size scan at 2 x 64 tokens is about 0.6-0.7 GiB; see benchmarks/README.md)."""
 
-ACTIVATION_FACTOR = 3.0
-"""Elementwise intermediates per saved linear input/output (calibrated in benchmarks/README.md
-against the measured peak RSS of real debug-size scans; chosen so that the estimate stays above
-the measurement)."""
+ACTIVATION_FACTOR = 1.25
+"""Elementwise intermediates (norms, activation functions, RoPE, residuals) on top of the saved
+linear inputs and outputs. ``sum(in + out)`` over a block's linears is about the 5d + 5h
+elements per token that a transformer block saves without recompute (Korthikanti et al. 2022);
+calibrated in benchmarks/README.md against the peak RSS of real debug-size training steps."""
 
 SAFE_FRACTION = 0.8
 """Share of the available memory a real scan may plan to use (the rest is headroom for the
@@ -138,8 +140,8 @@ def _top_k(spec: Spec) -> int:
         return 1
 
 
-def activation_elements(model: Any, tokens: int, top_k: int = 1) -> int:
-    """Elements one training step saves at ``tokens`` tokens (see the module docstring).
+def activation_bytes(model: Any, tokens: int, *, top_k: int = 1, compute_bytes: int = 2) -> int:
+    """Bytes one training step saves at ``tokens`` tokens (see the module docstring).
 
     Works from parameter shapes alone, so a meta-built model (nothing allocated) is enough."""
     import torch.nn as nn
@@ -154,10 +156,10 @@ def activation_elements(model: Any, tokens: int, top_k: int = 1) -> int:
                 total += tokens * sum(param.shape)
             elif param.dim() == 3:  # stacked expert weights: the routed tokens pass through
                 total += tokens * top_k * (param.shape[1] + param.shape[2])
-    total = int(total * ACTIVATION_FACTOR)
+    total = int(total * ACTIVATION_FACTOR) * compute_bytes
     vocab = _vocab(model)
     if vocab:
-        total += 3 * tokens * vocab  # logits, their log-softmax, and its gradient (fp32)
+        total += 3 * tokens * vocab * _FP32  # logits, their log-softmax, and its gradient
     return total
 
 
@@ -182,7 +184,12 @@ def estimate_memory(spec: Spec, model: Any, *, available: int) -> MemoryEstimate
         params=param_bytes,
         grads=n_params * _FP32 // shard,
         optimizer=2 * n_params * _FP32 // shard,
-        activations=activation_elements(model, tokens, _top_k(spec)) * _FP32,
+        activations=activation_bytes(
+            model,
+            tokens,
+            top_k=_top_k(spec),
+            compute_bytes=2 if spec.training.mixed_precision_param == "bfloat16" else _FP32,
+        ),
         overhead=PROCESS_OVERHEAD,
         local_ranks=p.world_size,
         available=available,
