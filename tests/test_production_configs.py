@@ -197,7 +197,9 @@ def test_world_size_resolves_minus_one_as_torchtitan_does():
     launch = parallel("deepseek_v3_16b.toml", "gbdoctor.world_size=64")
     assert (launch.dp_shard, launch.world_size, launch.expert_parallel_degree) == (64, 64, 8)
     assert parallel("llama3_8b.toml", "gbdoctor.world_size=8").dp_shard == 8
-    hsdp = parallel("llama3_8b.toml", "gbdoctor.world_size=8", "parallelism.data_parallel_replicate_degree=2")
+    hsdp = parallel(
+        "llama3_8b.toml", "gbdoctor.world_size=8", "parallelism.data_parallel_replicate_degree=2"
+    )
     assert (hsdp.dp_shard, hsdp.world_size) == (4, 8)
     for overrides, needle in [
         (["gbdoctor.world_size=12"], "does not divide the 12 ranks"),  # EP 8
@@ -216,8 +218,9 @@ def test_world_size_option_shows_the_resolved_degrees_in_the_scan_header():
     )
     assert result.exit_code == 0, result.stderr
     assert "EP 1, FSDP dp_shard 4" in result.stdout
-    assert "data_parallel_shard_degree = -1 resolved to 4 (every rank of the stated launch size 4" in (
-        " ".join(result.stdout.split())
+    assert (
+        "data_parallel_shard_degree = -1 resolved to 4 (every rank of the stated launch size 4"
+        in (" ".join(result.stdout.split()))
     )
     bad = runner.invoke(app, ["scan", "fixtures/llama3_debug.toml", "--world-size", "0"])
     assert bad.exit_code == 2
@@ -253,7 +256,9 @@ def test_gate_baseline_records_simulated_and_a_mismatch_is_an_error():
     again = merge_baselines(baseline, baseline_from_reports([real]))
     assert again.simulated == () and check_gate([real], again).passed
     # A baseline written before the mark existed compares either way.
-    legacy = parse_baseline(text.replace('"simulated": [\n    "fixtures/llama4_debug_ep2.toml"\n  ],\n', ""))
+    legacy = parse_baseline(
+        text.replace('"simulated": [\n    "fixtures/llama4_debug_ep2.toml"\n  ],\n', "")
+    )
     assert legacy.simulated is None and check_gate([real], legacy).passed
 
 
@@ -274,7 +279,14 @@ def test_warm_up_computes_one_block_per_kind_and_the_records_do_not_change(monke
         for slot in setup.blocks:
             slot.block.register_forward_hook(lambda m, a, o, fqn=slot.fqn: computed.append(fqn))
         tokens, labels = synthetic_batch(
-            seed=0, step=0, vocab=2048, local_batch=2, seq_len=16, rank=0, world_size=1, device="cpu"
+            seed=0,
+            step=0,
+            vocab=2048,
+            local_batch=2,
+            seq_len=16,
+            rank=0,
+            world_size=1,
+            device="cpu",
         )
         restore = shortcut_repeated_blocks(setup)
         forward_loss(setup.model, tokens, labels, 1)
@@ -295,7 +307,9 @@ def test_full_size_scan_cli():
     """The representative full-size config: llama3 8B, unmodified, no flags (simulated by the
     memory rule unless this machine has some 150 GiB to spare)."""
     result = runner.invoke(
-        app, ["scan", str(CONFIGS / "llama3_8b.toml"), "-f", "json"], env={estimate.AVAILABLE_ENV: "16"}
+        app,
+        ["scan", str(CONFIGS / "llama3_8b.toml"), "-f", "json"],
+        env={estimate.AVAILABLE_ENV: "16"},
     )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
