@@ -116,14 +116,15 @@ def test_run_refuses_what_does_not_fit_with_the_estimate_and_a_set():
         app, ["run", "fixtures/llama3_debug.toml"], env={estimate.AVAILABLE_ENV: "0.5"}
     )
     assert result.exit_code == 2, result.stderr
-    [line] = _error_lines(result.stderr)
-    assert "cannot simulate" in line and "needs about" in line
-    assert "Hint: " in result.stderr and "--set gbdoctor.batch_size=" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert len(_error_lines(result.stderr)) == 1
+    text = " ".join(result.stderr.split())  # the console may wrap long lines
+    assert "cannot simulate: a real run needs about" in text
+    assert "Hint: " in text and "--set gbdoctor.batch_size=" in text
+    assert "Traceback" not in text
     big = runner.invoke(
         app, ["run", str(CONFIGS / "llama3_8b.toml")], env={estimate.AVAILABLE_ENV: "16"}
     )
-    assert big.exit_code == 2 and "--set model.flavor=debugmodel" in big.stderr
+    assert big.exit_code == 2 and "--set model.flavor=debugmodel" in " ".join(big.stderr.split())
 
 
 def test_flex_attention_flavors_are_refused_when_simulated_naming_the_flavor():
@@ -266,6 +267,7 @@ def test_gate_baseline_records_simulated_and_a_mismatch_is_an_error():
 
 
 def test_warm_up_computes_one_block_per_kind_and_the_records_do_not_change(monkeypatch):
+    from gbdoctor.capture import eager_stance
     from gbdoctor.scan import ScanJob, build_and_setup, rank, strategy_for
     from gbdoctor.scan.dedupe import shortcut_repeated_blocks
     from gbdoctor.setup.dist import single_process_group
@@ -289,11 +291,12 @@ def test_warm_up_computes_one_block_per_kind_and_the_records_do_not_change(monke
             device="cpu",
         )
         restore = shortcut_repeated_blocks(setup)
-        forward_loss(setup.model, tokens, labels, 1)
-        assert computed == ["layers.0", "layers.1"]
-        restore()
-        computed.clear()
-        forward_loss(setup.model, tokens, labels, 1)
+        with eager_stance():  # as the warm-up runs (compiled regions run eagerly)
+            forward_loss(setup.model, tokens, labels, 1)
+            assert computed == ["layers.0", "layers.1"]
+            restore()
+            computed.clear()
+            forward_loss(setup.model, tokens, labels, 1)
         assert computed == [f"layers.{i}" for i in range(6)]
     shortcut = scan(spec)
     monkeypatch.setattr(rank, "shortcut_repeated_blocks", lambda setup: lambda: None)
