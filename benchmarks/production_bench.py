@@ -58,11 +58,9 @@ def run_one(command: str, config: Path, timeout: float) -> dict:
     timer.cancel()
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
-    if killed:
-        return {"rc": "timeout", "wall": wall, "load": load}
     errors = [ln for ln in stderr.splitlines() if ln.startswith("Error: ")]
     return {
-        "rc": proc.returncode,
+        "rc": f"killed at {timeout:.0f} s" if killed else proc.returncode,
         "wall": wall,
         "cpu": usage.ru_utime + usage.ru_stime,
         "rss_gib": usage.ru_maxrss / 2**20,
