@@ -108,7 +108,8 @@ def test_estimate_follows_the_model_the_shards_and_the_step():
     assert est8.grads == est.grads // 8 and est8.local_ranks == 8
     longer = load_spec(CONFIGS / "llama3_8b.toml", ["gbdoctor.seq_len=16384"])
     est2 = estimate.estimate_memory(longer, _meta_model(longer), available=GiB)
-    assert est2.activations == 2 * est.activations
+    # Linear in the tokens, plus one layer's attention scores, quadratic in the sequence.
+    assert 2 * est.activations < est2.activations < 4 * est.activations
 
 
 def test_run_refuses_what_does_not_fit_with_the_estimate_and_a_set():

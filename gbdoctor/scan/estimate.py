@@ -18,7 +18,8 @@ and calls ``require_real`` instead, which refuses (exit 2) where ``decide`` woul
      expert weights ``(E, in, out)`` see ``tokens x top_k``) and the embedding's output, times
      ``ACTIVATION_FACTOR`` for the elementwise intermediates a weight does not show, in the
      compute dtype (FSDP2's ``mixed_precision_param``, bf16 by default); plus the logits with
-     their fp32 log-softmax and gradient;
+     their fp32 log-softmax and gradient, and one layer's attention scores and probabilities
+     (``batch x heads x seq^2``, built-in flavors) for SDPA's math path;
    - a fixed ``PROCESS_OVERHEAD`` per rank process (torch, Dynamo, the recorded captures).
 
    Activation checkpointing is not credited (the eager warm-up and the captures recompute, and
@@ -130,6 +131,16 @@ def available_memory(device: str = "cpu") -> int:
 # ------------------------------------------------------------------------------ estimate
 
 
+def _heads(spec: Spec) -> int:
+    """Attention heads of a built-in flavor; 0 when the spec does not say (custom models)."""
+    from gbdoctor.models import flavor_args
+
+    try:
+        return int(getattr(flavor_args(spec.model.name, spec.model.flavor), "n_heads", 0) or 0)
+    except Exception:  # noqa: BLE001 - custom models: not known from the spec
+        return 0
+
+
 def _top_k(spec: Spec) -> int:
     """Experts each token is routed to (built-in MoE flavors); 1 when the spec does not say."""
     from gbdoctor.models import flavor_args
@@ -180,6 +191,10 @@ def estimate_memory(spec: Spec, model: Any, *, available: int) -> MemoryEstimate
     n_params = sum(t.numel() for t in model.parameters())
     shard = max(1, p.dp_shard)
     tokens = spec.capture_batch_size * spec.capture_seq_len
+    compute_bytes = 2 if spec.training.mixed_precision_param == "bfloat16" else _FP32
+    # One layer's attention scores and probabilities, where SDPA takes its math path (measured:
+    # deepseek_v3 debug, whose q/k head dim differs from v's, peaks 6.15 GiB at 8 x 2048).
+    scores = spec.capture_batch_size * _heads(spec) * spec.capture_seq_len**2 * 2 * compute_bytes
     return MemoryEstimate(
         params=param_bytes,
         grads=n_params * _FP32 // shard,
@@ -188,8 +203,9 @@ def estimate_memory(spec: Spec, model: Any, *, available: int) -> MemoryEstimate
             model,
             tokens,
             top_k=_top_k(spec),
-            compute_bytes=2 if spec.training.mixed_precision_param == "bfloat16" else _FP32,
-        ),
+            compute_bytes=compute_bytes,
+        )
+        + scores,
         overhead=PROCESS_OVERHEAD,
         local_ranks=p.world_size,
         available=available,
