@@ -148,13 +148,14 @@ def run_modes(
             "instead, or drop --nproc",
         )
     chosen = resolve_modes(modes, plan_path)
-    # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec.
-    require_real(spec)
     device = resolve_device(spec.gbdoctor.device)
     backend = backend or (
         spec.compile.backend if spec.compile.backend_set else default_backend(device)
     )
     _check_backend(backend)
+    # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
+    # (after the cheap option checks: this builds the model on meta).
+    require_real(spec)
     strategies: dict[str, Strategy] = {
         m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"
     }
