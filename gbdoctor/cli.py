@@ -371,18 +371,40 @@ def run(
             help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan",
         ),
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode")] = 5,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode and round")] = 5,
     warmup: Annotated[
         int, typer.Option("--warmup", help="Warm-up steps per mode (compile happens here)")
     ] = 2,
-    backend: Annotated[
-        str | None,
+    rounds: Annotated[
+        int,
         typer.Option(
-            "--backend", help="inductor|aot_eager (default: aot_eager on CPU, inductor on CUDA)"
+            "--rounds",
+            help="Run every mode this many times, alternating the order; 2+ gives ratios a spread",
+        ),
+    ] = 2,
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            help="inductor (what training uses) or aot_eager (traces only: quick runs, tests)",
+        ),
+    ] = "inductor",
+    plan_file: Annotated[
+        Path | None,
+        typer.Option("--plan", help="Reuse a saved plan JSON instead of making one"),
+    ] = None,
+    no_plan: Annotated[bool, typer.Option("--no-plan", help="Do not make or run a plan")] = False,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size", help="Local batch (default: CPU bench shape; CUDA: [training])"
         ),
     ] = None,
-    plan_file: Annotated[
-        Path | None, typer.Option("--plan", help="A gbdoctor plan.json: adds the 'plan' mode")
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-len", help="Sequence length (default: CPU bench shape; CUDA: [training])"
+        ),
     ] = None,
     nproc: Annotated[
         int | None, typer.Option("--nproc", help="Ranks (must match the spec's world size)")
@@ -395,23 +417,34 @@ def run(
     strict: StrictOpt = False,
     debug: DebugOpt = False,
 ) -> None:
-    """Train for real under eager, the torchtitan baselines and the plan; compare throughput."""
+    """Make and verify the plan, then train for real under eager, the torchtitan baselines and
+    the plan; compare throughput, each ratio with its spread over rounds."""
+    from gbdoctor.report.plan_table import render_plan_table
     from gbdoctor.report.run_formats import RUN_FORMAT_NAMES, render_run, write_csv
     from gbdoctor.run import run_modes
 
     _preflight(format, RUN_FORMAT_NAMES, output, csv)
     loaded = _load(spec, set_)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+
+    def show_plan(result: Any) -> None:
+        err_console.print(render_plan_table(result), markup=False, highlight=False)
+
     with _ProgressBar() as bar:
         report = run_modes(
             loaded,
             modes=chosen,
             steps=steps,
             warmup=warmup,
+            rounds=rounds,
             backend=backend,
             plan_path=str(plan_file) if plan_file else None,
+            make_plan=not no_plan,
+            batch_size=batch_size,
+            seq_len=seq_len,
             nproc=nproc,
             progress=bar,
+            on_plan=show_plan,
         )
     _emit(render_run(report, format), output)
     if csv is not None:

@@ -3,8 +3,9 @@ public ``reset``/``config``, ``torch._logging``, Dynamo's counters and log strea
 
 ``session`` (the recording backend and break interception), ``block`` (driving one block with
 its real inputs), ``locate`` (frames -> module FQN and the setup component that installed the
-code), ``counters`` (the ``recompiles`` log stream, Dynamo's counters and failure kinds for
-``run``). Stages above receive records and plain values, never Dynamo objects.
+code), ``recompiles`` (the ``recompiles`` log stream as records, for ``run``, the scan's
+probe and any other recipe's training loop), ``counters`` (Dynamo's counters and failure kinds
+for ``run``). Stages above receive records and plain values, never Dynamo objects.
 """
 
 from gbdoctor.capture.block import (
@@ -24,6 +25,7 @@ from gbdoctor.capture.locate import (
     is_torch_path,
     within,
 )
+from gbdoctor.capture.recompiles import RecompileWatch, parse_recompile, watch_recompiles
 from gbdoctor.capture.session import (
     CaptureSession,
     RawCapture,
@@ -36,6 +38,7 @@ __all__ = [
     "CaptureSession",
     "Locator",
     "RawCapture",
+    "RecompileWatch",
     "clean_fqn",
     "collect_block_inputs",
     "count_ops",
@@ -46,9 +49,11 @@ __all__ = [
     "fresh_inputs",
     "innermost_user_location",
     "is_torch_path",
+    "parse_recompile",
     "reset_fsdp_state",
     "run_block",
     "strict_breaks",
     "torch_version",
+    "watch_recompiles",
     "within",
 ]

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from gbdoctor.records.base import record
 
-SCHEMA_VERSION = 1
-"""Version of the scan and inspect JSON documents."""
+SCHEMA_VERSION = 2
+"""Version of the scan and inspect JSON documents. 2: blocks carry ``recompiles``."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
+"""Scan documents the readers accept (1: written before blocks carried recompiles)."""
 
 
 @record
@@ -96,6 +98,28 @@ class Event:
 
 
 @record
+class Recompile:
+    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
+
+    step: int
+    """Step (0-based) during which it happened: a training step for ``run`` (warm-up steps
+    included), a probe step for ``scan`` (0 is the capture, 1 and 2 the changed inputs)."""
+    measured: bool
+    """It happened in steady state: a measured step (``run``) or the last probe step (``scan``),
+    after any one-time recompile for a new shape was done. A finding."""
+    function: str
+    """The recompiled code: ``forward at path/model.py:86``."""
+    reason: str
+    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
+    location: str | None = None
+    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
+    hint: str = ""
+    """Dynamo's HINT for this guard, if any."""
+    failed_entries: int = 1
+    """How many cache entries' guards failed (the cache size at that moment)."""
+
+
+@record
 class BlockReport:
     fqn: str
     """``layers.3``."""
@@ -115,6 +139,9 @@ class BlockReport:
     """The subset of ``regions`` compiled with fullgraph=True."""
     region_ops: tuple[tuple[str, int], ...] = ()
     """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
+    recompiles: tuple[Recompile, ...] = ()
+    """Recompiles when the block ran again with changed inputs (the scan's probe steps 1 and 2:
+    new data, hence new routing under EP, and another sequence length where the model runs)."""
 
 
 @record
