@@ -7,7 +7,7 @@ Breaks are keyed by ``"<cause>|<gb_type>"``: never the message text or a line nu
 a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "specs": {
         "fixtures/llama4_debug.toml": {
           "moe": {
@@ -25,8 +25,12 @@ a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON
 The gate fails (exit 1) when, for any spec and kind, a break key's count rises, a cause or a
 gb_type appears that the baseline lacked, a ``region_eager`` or ``frame_skipped`` event count
 rises, a block that traced now errors, or a scanned spec is missing from the baseline.
-Improvements are reported and fail only with ``strict_improvements``; a torch version other
-than the baseline's is a warning.
+With ``recompiles`` it also fails when a kind's block recompiles more in the scan's probe steps
+(``scan/probe.py``: the block run again with changed inputs) than the baseline accepted, and
+above all when it recompiles in the last probe step, i.e. on every training step
+(``steady_recompiles``). Improvements are reported and fail only with ``strict_improvements``; a
+torch version other than the baseline's is a warning. Baselines of schema 1 (no recompile
+counts) are still read: their steady count is taken as 0 and their total as unknown.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from gbdoctor.records import (
     ScanReport,
     Severity,
 )
+from gbdoctor.records.gate import READABLE_BASELINE_VERSIONS
 from gbdoctor.records.io import check_schema_version, parse_json_object, read_text
 from gbdoctor.summary import fix_hint, group_by_kind
 
@@ -125,6 +130,8 @@ def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
             breaks=tuple(sorted(breaks.items())),
             events=tuple(sorted(events.items())),
             error=any(block.error is not None for block in blocks),
+            recompiles=max(len(block.recompiles) for block in blocks),
+            steady_recompiles=max(sum(r.measured for r in block.recompiles) for block in blocks),
         )
     return out
 
@@ -173,6 +180,8 @@ def _baseline_data(baseline: Baseline) -> dict[str, Any]:
                     "breaks": dict(c.breaks),
                     "events": dict(c.events),
                     "error": c.error,
+                    "recompiles": c.recompiles or 0,
+                    "steady_recompiles": c.steady_recompiles or 0,
                 }
                 for kind, c in kinds
             }
@@ -208,12 +217,14 @@ def _counts(value: Any, name: str, where: str, *, pipe: bool) -> tuple[tuple[str
     return tuple(sorted(value.items()))
 
 
-_KIND_KEYS = {"layers", "graph_count", "breaks", "events", "error"}
+_KIND_KEYS_V1 = {"layers", "graph_count", "breaks", "events", "error"}
+_KIND_KEYS = _KIND_KEYS_V1 | {"recompiles", "steady_recompiles"}
 
 
-def _kind(value: Any, name: str, where: str) -> KindCounts:
+def _kind(value: Any, name: str, where: str, version: int = BASELINE_SCHEMA_VERSION) -> KindCounts:
     _expect(isinstance(value, dict), name, where, "expected an object")
-    missing, unknown = sorted(_KIND_KEYS - set(value)), sorted(set(value) - _KIND_KEYS)
+    keys = _KIND_KEYS if version >= 2 else _KIND_KEYS_V1
+    missing, unknown = sorted(keys - set(value)), sorted(set(value) - keys)
     _expect(not missing, name, where, f"missing key(s) {missing}")
     _expect(not unknown, name, where, f"unknown key(s) {unknown}")
     _expect(_is_int(value["layers"]), name, f"{where}.layers", "expected a non-negative integer")
@@ -224,12 +235,17 @@ def _kind(value: Any, name: str, where: str) -> KindCounts:
         "expected a non-negative integer",
     )
     _expect(isinstance(value["error"], bool), name, f"{where}.error", "expected true or false")
+    for key in ("recompiles", "steady_recompiles"):
+        if key in value:
+            _expect(_is_int(value[key]), name, f"{where}.{key}", "expected a non-negative integer")
     return KindCounts(
         layers=value["layers"],
         graph_count=value["graph_count"],
         breaks=_counts(value["breaks"], name, f"{where}.breaks", pipe=True),
         events=_counts(value["events"], name, f"{where}.events", pipe=False),
         error=value["error"],
+        recompiles=value.get("recompiles"),
+        steady_recompiles=value.get("steady_recompiles"),
     )
 
 
@@ -241,7 +257,8 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
             f"{name}: this is a scan report, not a baseline",
             hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
         )
-    check_schema_version(data, BASELINE_SCHEMA_VERSION, name, "baseline", hint=_REGENERATE)
+    check_schema_version(data, READABLE_BASELINE_VERSIONS, name, "baseline", hint=_REGENERATE)
+    version = data["schema_version"]
     unknown = sorted(set(data) - {"schema_version", "torch_version", "specs"})
     _expect(not unknown, name, "$", f"unknown key(s) {unknown}")
     _expect("specs" in data, name, "$", "missing key 'specs'")
@@ -257,7 +274,7 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
             (
                 spec,
                 tuple(
-                    (kind, _kind(v, name, f"{where}[{kind!r}]"))
+                    (kind, _kind(v, name, f"{where}[{kind!r}]", version))
                     for kind, v in sorted(kinds.items())
                 ),
             )
@@ -380,19 +397,81 @@ def _compare_kind(
             )
 
     if new.graph_count != old.graph_count and old.layers:
-        severity = (
-            Severity.REGRESSION
-            if recompiles and new.graph_count > old.graph_count
-            else Severity.INFO
-        )
+        add(Severity.INFO, f"graph count {old.graph_count} -> {new.graph_count}")
+    _compare_recompiles(add, kind, old, new, new_report, recompiles)
+    return out
+
+
+def _recompile_locations(
+    report: ScanReport | None, kind: str, *, steady: bool
+) -> tuple[Location, ...]:
+    found: dict[Location, None] = {}
+    for block in report.blocks if report is not None else ():
+        for rec in block.recompiles if block.kind == kind else ():
+            if rec.location and (rec.measured or not steady):
+                file, _, line = rec.location.rpartition(":")
+                found[Location(file=file, line=int(line) if line.isdigit() else 0)] = None
+    return tuple(sorted(found, key=lambda loc: (loc.file, loc.line)))
+
+
+def _first_recompile(report: ScanReport | None, kind: str, *, steady: bool) -> str:
+    for block in report.blocks if report is not None else ():
+        for rec in block.recompiles if block.kind == kind else ():
+            if rec.measured or not steady:
+                where = f" at {rec.location}" if rec.location else ""
+                return f" (first: {rec.reason}{where})"
+    return ""
+
+
+def _compare_recompiles(
+    add: Any,
+    kind: str,
+    old: KindCounts,
+    new: KindCounts,
+    new_report: ScanReport | None,
+    gate: bool,
+) -> None:
+    """Recompile findings via ``add``; regressions only with ``gate`` (``--recompiles``)."""
+    severity = Severity.REGRESSION if gate else Severity.INFO
+    was_steady, now_steady = old.steady_recompiles or 0, new.steady_recompiles or 0
+    if now_steady > was_steady:
         add(
             severity,
-            f"graph count {old.graph_count} -> {new.graph_count}",
-            hint="more graphs per block means more compiles"
-            if severity == Severity.REGRESSION
-            else "",
+            f"recompiles on every step ({was_steady} -> {now_steady} in the last probe step)"
+            + _first_recompile(new_report, kind, steady=True),
+            locations=_recompile_locations(new_report, kind, steady=True),
+            hint="a guard fails on every training step; after recompile_limit (8) Dynamo runs the "
+            "frame eagerly: make the changing value a tensor or stop the model from changing it",
         )
-    return out
+    elif now_steady < was_steady:
+        add(
+            Severity.IMPROVEMENT,
+            f"steady recompiles {was_steady} -> {now_steady}",
+            hint=_UPDATE_HINT,
+        )
+    now = new.recompiles or 0
+    if old.recompiles is None:
+        if now:
+            add(
+                Severity.INFO,
+                f"recompiles with changed inputs: {now} (the baseline has no recompile counts; "
+                "regenerate it with --update-baseline)",
+            )
+    elif now > old.recompiles and now_steady <= was_steady:
+        add(
+            severity,
+            f"recompiles with changed inputs {old.recompiles} -> {now}"
+            + _first_recompile(new_report, kind, steady=False),
+            locations=_recompile_locations(new_report, kind, steady=False),
+            hint="a new guard fails when the data or sequence length changes; each is a compile "
+            "in training",
+        )
+    elif now < old.recompiles:
+        add(
+            Severity.IMPROVEMENT,
+            f"recompiles with changed inputs {old.recompiles} -> {now}",
+            hint=_UPDATE_HINT,
+        )
 
 
 def _compare_spec(
@@ -466,8 +545,9 @@ def check_gate(
 ) -> GateResult:
     """Compare scans with the baseline.
 
-    ``recompiles=True`` also fails when a kind's graph count rises (more graphs, more compiles);
-    otherwise graph-count changes are informational.
+    ``recompiles=True`` also fails when a kind's block recompiles more over the scan's probe steps
+    than the baseline accepted, or recompiles on every step; otherwise recompile changes are
+    informational. Graph-count changes are informational.
     """
     findings: list[Finding] = []
     specs: list[str] = []

@@ -74,6 +74,8 @@ class CaptureSession:
         self._region_stack: list[str] = []
         self.locator: Any = None
         """Callable(frames, root) -> (module fqn, component); set by the scanner."""
+        self._paused = False
+        self._log_records: _LogRecords | None = None
         self.root = ""
         """FQN of the block being captured (frames are attributed inside it)."""
 
@@ -86,7 +88,7 @@ class CaptureSession:
         inner_backend = torch._dynamo.lookup_backend("aot_eager")
 
         def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
-            if session._current is not None:
+            if session._current is not None and not session._paused:
                 ops = count_ops(gm)
                 session._current.graphs.setdefault(fqn, []).append(ops)
             return inner_backend(gm, example_inputs)
@@ -122,7 +124,7 @@ class CaptureSession:
         session = self
 
         def intercept(tracer: Any, code_options: Any, reason: str, exc: Any) -> None:
-            if not getattr(exc, "logged", False):
+            if not getattr(exc, "logged", False) and not session._paused:
                 try:
                     session._record(result, reason, exc)
                 except Exception:  # noqa: BLE001 - never let bookkeeping break the traced code
@@ -130,6 +132,7 @@ class CaptureSession:
             return original(tracer, code_options, reason, exc)
 
         handler = _LogRecords()
+        self._log_records = handler
         gb_logger = logging.getLogger(_GB_LOGGER)
         old_propagate = gb_logger.propagate
         torch._logging.set_logs(graph_breaks=True)
@@ -154,6 +157,24 @@ class CaptureSession:
                 for message in handler.messages:
                     self._record_from_log(result, message)
             torch._dynamo.reset()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside a capture: run more steps without recording their graphs or breaks (the scan's
+        recompile probe; what they compile again is what ``capture.recompiles`` records)."""
+        from torch._dynamo.utils import counters
+
+        breaks = dict(counters.get("graph_break", {}))
+        logged = len(self._log_records.messages) if self._log_records else 0
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            counters["graph_break"].clear()
+            counters["graph_break"].update(breaks)
+            if self._log_records:
+                del self._log_records.messages[logged:]
 
     def _region(self) -> str:
         return self._region_stack[-1] if self._region_stack else ""

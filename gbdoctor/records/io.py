@@ -164,17 +164,22 @@ def parse_json_object(text: str, name: str, hint: str | None = None) -> dict[str
 
 
 def check_schema_version(
-    data: dict[str, Any], expected: int, name: str, what: str, hint: str
+    data: dict[str, Any], expected: int | tuple[int, ...], name: str, what: str, hint: str
 ) -> None:
-    """BaselineError unless ``data["schema_version"]`` is ``expected``; ``what`` names the document."""
+    """BaselineError unless ``data["schema_version"]`` is ``expected`` (or one of them: readers
+    that keep reading older documents pass every version they accept); ``what`` names the
+    document."""
+    readable = (expected,) if isinstance(expected, int) else expected
     version = data.get("schema_version")
     if version is None:
         raise BaselineError(
             f"{name}: missing key 'schema_version' (not a gbdoctor {what}?)", hint=hint
         )
-    if version != expected:
+    if version not in readable:
         raise BaselineError(
-            f"{name}: {what} schema_version {version!r}, this gbdoctor reads {expected}", hint=hint
+            f"{name}: {what} schema_version {version!r}, this gbdoctor reads "
+            f"{', '.join(map(str, readable))}",
+            hint=hint,
         )
 
 

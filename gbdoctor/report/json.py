@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gbdoctor.records import SCHEMA_VERSION, ScanReport
+from gbdoctor.records import ScanReport
 from gbdoctor.records.io import (
     check_schema_version,
     dumps,
@@ -20,6 +20,7 @@ from gbdoctor.records.io import (
     read_text,
     to_jsonable,
 )
+from gbdoctor.records.scan import READABLE_SCHEMA_VERSIONS
 from gbdoctor.summary import ScanSummary, summarize
 
 __all__ = ["JsonFormat", "load_scan_json", "render_json", "totals"]
@@ -71,7 +72,11 @@ def load_scan_json(source: str | Path) -> ScanReport:
         )
         name = str(source)
     data = parse_json_object(text, name)
-    check_schema_version(
-        data, SCHEMA_VERSION, name, "scan", hint="re-run the scan with this gbdoctor version"
+    check_schema_version(  # 1: written before blocks carried recompiles; still read
+        data,
+        READABLE_SCHEMA_VERSIONS,
+        name,
+        "scan",
+        hint="re-run the scan with this gbdoctor version",
     )
     return load_record(ScanReport, data, name, ignore=DERIVED_KEYS, counts=True)

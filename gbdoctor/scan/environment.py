@@ -34,8 +34,11 @@ def scan(
     dedupe: bool = True,
     progress: Progress | None = None,
     strict: bool = False,
+    recompiles: bool = True,
 ) -> ScanReport:
-    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
+    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged.
+
+    ``recompiles``: probe every captured block with changed inputs (``probe.py``)."""
     if not isinstance(strategy, Strategy):
         strategy = strategy_for(spec, strategy)
     reason = simulation_reason(spec)  # --simulate, or a world too large for local ranks
@@ -44,7 +47,14 @@ def scan(
             spec, strategy=strategy, dedupe=dedupe, progress=progress, strict=strict, reason=reason
         )
     device = resolve_device(spec.gbdoctor.device)
-    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe, strict=strict)
+    job = ScanJob(
+        spec=spec,
+        strategy=strategy,
+        device=device,
+        dedupe=dedupe,
+        strict=strict,
+        probe_recompiles=recompiles,
+    )
     world = spec.parallelism.world_size
     if world == 1:
         with single_process_group(device):

@@ -22,6 +22,9 @@ class ScanJob:
     dedupe: bool = True
     strict: bool = False
     """Run blocks whose compiled regions are all fullgraph under Dynamo's strict check."""
+    probe_recompiles: bool = False
+    """After each block's capture, run it again with changed inputs and record recompiles
+    (``probe.py``). ``scan()`` turns it on; the planner's internal scans and simulation do not."""
 
 
 def strategy_for(spec: Spec, name: str | None) -> Strategy:

@@ -34,9 +34,10 @@ from gbdoctor.capture import (
 )
 from gbdoctor.capture.locate import within
 from gbdoctor.errors import DEBUG_ENV, SetupError
-from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
+from gbdoctor.records import BlockReport, Break, Event, RawBreak, Recompile, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
+from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
@@ -134,8 +135,19 @@ def _scan_set_up(
             if progress:
                 progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
             slot = next(s for s in setup.blocks if s.fqn == rep)
+            probe = (
+                RecompileProbe(setup, spec, notes, lambda *step: warm_up(recipe, *step))
+                if job.probe_recompiles
+                else None
+            )
             reps[rep] = capture_block(
-                session, setup, slot, store.get(rep), strict=job.strict, root=job.spec.root or None
+                session,
+                setup,
+                slot,
+                store.get(rep),
+                strict=job.strict,
+                root=job.spec.root or None,
+                probe=probe,
             )
         if progress:
             progress("captured", len(groups), len(groups))
@@ -148,7 +160,7 @@ def _scan_set_up(
             shared = rebase(base, members[0], fqn) if same_as else base
             reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
     reports.sort(key=lambda r: _layer_order(r.fqn))
-    return tuple(reports), setup_info(spec, job, setup), tuple(notes)
+    return tuple(reports), setup_info(spec, job, setup), tuple(dict.fromkeys(notes))
 
 
 _BF16_FAILURE = re.compile(
@@ -240,6 +252,7 @@ def capture_block(
     *,
     strict: bool = False,
     root: str | None = None,
+    probe: RecompileProbe | None = None,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
 
@@ -271,9 +284,16 @@ def capture_block(
             if os.environ.get(DEBUG_ENV) == "1":  # --debug: the report keeps one line, stderr all
                 print(f"{slot.fqn} does not trace:\n{raw.error_traceback}", file=sys.stderr)
             reset_fsdp_state(setup.model)
+        if setup.optimizer is not None:
+            setup.optimizer.zero_grad(set_to_none=True)
+        recompiles: tuple[Recompile, ...] = ()
+        if probe is not None and raw.error is None:
+            # Same Dynamo state as the capture: which guards fail when the inputs change.
+            with session.paused():
+                recompiles = probe.run(slot)
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
-    return block_report(slot, raw, root=root)
+    return replace(block_report(slot, raw, root=root), recompiles=recompiles)
 
 
 def _in_ac(slot: Any, module: str) -> bool:
