@@ -116,3 +116,14 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     data = _fixture_data()
     data["totals"] = {"breaks": "whatever"}
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
+
+
+def test_schema_1_scans_are_still_read() -> None:
+    """Scans written before blocks carried recompiles (schema 1) load, with no recompiles."""
+    data = _fixture_data()
+    data["schema_version"] = 1
+    for block in data["blocks"]:
+        del block["recompiles"]
+    report = load_scan_json(json.dumps(data))
+    assert report.schema_version == 1 and all(b.recompiles == () for b in report.blocks)
+    assert report.blocks == SCAN_FIXTURES["llama4_before"]().blocks
