@@ -96,7 +96,8 @@ class CaptureSession:
         compiled = torch.compile(module, backend=recording_backend, fullgraph=False)
 
         def enter(mod: nn.Module, args: Any) -> None:
-            if session._current is not None:
+            # Not while paused: the recompile probe's eager steps enter every region.
+            if session._current is not None and not session._paused:
                 session._current.entered.add(fqn)
             session._region_stack.append(fqn)
 
