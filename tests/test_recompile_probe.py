@@ -68,8 +68,8 @@ def test_a_block_that_recompiles_every_step_is_caught_with_its_guard(scans):
         # The guard's user frame, with a machine-independent path (the fixture lives outside the cwd
         # only when the tests run from elsewhere; inside the repo it is relative).
         assert all(r.location and r.location.endswith("recompiler.py:94") for r in steady)
-    # Breaks and graphs come from the capture step alone: the probe adds none.
-    assert all(not b.breaks and b.graph_count == 1 for b in recompiling.blocks)
+    # Breaks, events and graphs come from the capture step alone: the probe adds none.
+    assert all(not b.breaks and not b.events and b.graph_count == 1 for b in recompiling.blocks)
     text = render(recompiling, "table")
     assert "Recompiles when a block runs again" in text and "every step" in text
 
