@@ -12,6 +12,7 @@ from gbdoctor.records.enums import (
     CompileMode,
     Component,
     EventKind,
+    Framework,
     ModeStatus,
     OutputFormat,
     Severity,
@@ -24,9 +25,10 @@ from gbdoctor.records.gate import (
     GateResult,
     KindCounts,
 )
-from gbdoctor.records.plan import PLAN_SCHEMA_VERSION, KindPlan, Plan
-from gbdoctor.records.run import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, Recompile, RunReport
+from gbdoctor.records.plan import PLAN_SCHEMA_VERSION, DeepSpeedPlan, KindPlan, Plan
+from gbdoctor.records.run import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, RunReport
 from gbdoctor.records.scan import (
+    READABLE_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
     BlockKind,
     BlockReport,
@@ -36,6 +38,7 @@ from gbdoctor.records.scan import (
     HookInfo,
     Location,
     RawBreak,
+    Recompile,
     ScanReport,
     SetupInfo,
     SetupReport,
@@ -43,6 +46,7 @@ from gbdoctor.records.scan import (
 from gbdoctor.records.spec import (
     ACSpec,
     CompileSpec,
+    DeepSpeedSpec,
     ModelSpec,
     ParallelSpec,
     Spec,
@@ -52,6 +56,10 @@ from gbdoctor.records.spec import (
 from gbdoctor.records.summary import KindSummary, ScanSummary
 
 __all__ = [
+    "READABLE_SCHEMA_VERSIONS",
+    "Framework",
+    "DeepSpeedSpec",
+    "DeepSpeedPlan",
     "ACMode",
     "ACSpec",
     "BASELINE_SCHEMA_VERSION",

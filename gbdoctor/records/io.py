@@ -134,17 +134,25 @@ def parse_json_object(text: str, name: str, hint: str | None = None) -> dict[str
 
 
 def check_schema_version(
-    data: dict[str, Any], expected: int, name: str, what: str, hint: str
+    data: dict[str, Any],
+    expected: int,
+    name: str,
+    what: str,
+    hint: str,
+    readable: tuple[int, ...] = (),
 ) -> None:
-    """BaselineError unless ``data["schema_version"]`` is ``expected``; ``what`` names the document."""
+    """BaselineError unless ``data["schema_version"]`` is ``expected`` (or one of the older
+    ``readable`` versions); ``what`` names the document."""
     version = data.get("schema_version")
     if version is None:
         raise BaselineError(
             f"{name}: missing key 'schema_version' (not a gbdoctor {what}?)", hint=hint
         )
-    if version != expected:
+    if version != expected and version not in readable:
+        older = f" (and {', '.join(str(v) for v in readable if v != expected)})" if readable else ""
         raise BaselineError(
-            f"{name}: {what} schema_version {version!r}, this gbdoctor reads {expected}", hint=hint
+            f"{name}: {what} schema_version {version!r}, this gbdoctor reads {expected}{older}",
+            hint=hint,
         )
 
 

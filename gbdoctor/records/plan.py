@@ -32,6 +32,20 @@ class KindPlan:
 
 
 @record
+class DeepSpeedPlan:
+    """How a DeepSpeed training script applies the plan (``plan.deepspeed``)."""
+
+    mode: str
+    """``engine`` (``engine.compile()``) or ``forward`` (each block's forward compiled)."""
+    fullgraph: bool
+    zero_stage: int
+    leaf_modules: tuple[str, ...] = ()
+    """Class names for ``zero_optimization.leaf_module.classes`` (ZeRO-3)."""
+    remaining: tuple[str, ...] = ()
+    """Breaks the plan does not remove, each with why."""
+
+
+@record
 class Plan:
     spec: str
     model: str
@@ -44,3 +58,6 @@ class Plan:
     rounds: int
     suggestions: tuple[str, ...] = ()
     schema_version: int = PLAN_SCHEMA_VERSION
+    framework: str = "torchtitan"
+    deepspeed: DeepSpeedPlan | None = None
+    """The DeepSpeed compile call and config changes (``framework = "deepspeed"`` plans)."""

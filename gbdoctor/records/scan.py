@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from gbdoctor.records.base import record
 
-SCHEMA_VERSION = 1
-"""Version of the scan and inspect JSON documents."""
+SCHEMA_VERSION = 2
+"""Version of the scan and inspect JSON documents. 2 (round 2): ``BlockReport.recompiles``,
+``SetupInfo.framework``/``zero_stage``/``steps``; readers accept 1 (the new fields default)."""
+READABLE_SCHEMA_VERSIONS = (1, 2)
 
 
 @record
@@ -88,11 +90,35 @@ class Event:
 
     kind: str
     """``region_eager`` (an AC/SAC region fell back to eager), ``frame_skipped`` (a whole frame
-    ran eager) or ``rank_divergence`` (ranks captured different graphs/breaks)."""
+    ran eager), ``recompile_limit`` (Dynamo hit ``recompile_limit`` on some code, which runs
+    eagerly from then on) or ``rank_divergence`` (ranks captured different graphs/breaks)."""
     module: str
     detail: str = ""
     gb_type: str = ""
     location: Location | None = None
+
+
+@record
+class Recompile:
+    """One recompile of compiled code, from Dynamo's ``recompiles`` log stream, or a
+    ``recompile_limit`` hit from the ``torch._dynamo.convert_frame`` warning."""
+
+    step: int
+    """Training step (0-based, warm-up steps included) during which it happened."""
+    measured: bool
+    """It happened during a measured step (a finding: steady-state training recompiles)."""
+    function: str
+    """The recompiled code: ``forward at /path/model.py:86``."""
+    reason: str
+    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
+    location: str | None = None
+    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
+    hint: str = ""
+    """Dynamo's HINT for this guard, if any."""
+    failed_entries: int = 1
+    """How many cache entries' guards failed (the cache size at that moment)."""
+    limit_hit: bool = False
+    """Dynamo hit ``recompile_limit`` here: from now on this code runs eagerly."""
 
 
 @record
@@ -115,6 +141,8 @@ class BlockReport:
     """The subset of ``regions`` compiled with fullgraph=True."""
     region_ops: tuple[tuple[str, int], ...] = ()
     """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
+    recompiles: tuple[Recompile, ...] = ()
+    """Recompiles (and recompile-limit hits) attributed to this block (schema 2)."""
 
 
 @record
@@ -135,6 +163,12 @@ class SetupInfo:
     seq_len: int = 0
     simulated: bool = False
     plan: str | None = None
+    framework: str = "torchtitan"
+    """``torchtitan`` or ``deepspeed`` (``records.Framework``)."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage (``framework = "deepspeed"`` only)."""
+    steps: int = 1
+    """Training steps captured (DeepSpeed scans capture several, to see recompiles)."""
 
 
 @record

@@ -85,6 +85,25 @@ class ToolSpec:
     blocks: str = ""
     """Dotted path of the model's ModuleList/ModuleDict of blocks (``model.layers``); empty: found
     by structure (``models.structure.find_blocks``)."""
+    framework: str = "torchtitan"
+    """Training framework whose setup is reproduced: ``torchtitan`` or ``deepspeed``."""
+    deepspeed_config: str = ""
+    """For ``framework = "deepspeed"``: path (relative to the spec file) of the user's DeepSpeed
+    JSON config, instead of a ``[deepspeed]`` table."""
+
+
+@record
+class DeepSpeedSpec:
+    """The DeepSpeed config of a ``framework = "deepspeed"`` spec, validated by DeepSpeed."""
+
+    config_json: str
+    """The config as DeepSpeed will receive it (canonical JSON, sorted keys), with gbdoctor's
+    fill-ins (micro-batch size, a torch AdamW optimizer) where the user's config has none."""
+    source: str
+    """``[deepspeed]`` or the JSON file's path."""
+    zero_stage: int = 0
+    filled: tuple[str, ...] = ()
+    """Keys gbdoctor filled in because the user's config left them out."""
 
 
 @record
@@ -97,6 +116,8 @@ class Spec:
     activation_checkpoint: ACSpec = field(default_factory=ACSpec)
     compile: CompileSpec = field(default_factory=CompileSpec)
     gbdoctor: ToolSpec = field(default_factory=ToolSpec)
+    deepspeed: DeepSpeedSpec | None = None
+    """Set for ``framework = "deepspeed"`` specs."""
 
     @property
     def capture_batch_size(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gbdoctor.records import SCHEMA_VERSION, ScanReport
+from gbdoctor.records import READABLE_SCHEMA_VERSIONS, SCHEMA_VERSION, ScanReport
 from gbdoctor.records.io import (
     check_schema_version,
     dumps,
@@ -71,6 +71,11 @@ def load_scan_json(source: str | Path) -> ScanReport:
         name = str(source)
     data = parse_json_object(text, name)
     check_schema_version(
-        data, SCHEMA_VERSION, name, "scan", hint="re-run the scan with this gbdoctor version"
+        data,
+        SCHEMA_VERSION,
+        name,
+        "scan",
+        hint="re-run the scan with this gbdoctor version",
+        readable=READABLE_SCHEMA_VERSIONS,
     )
     return load_record(ScanReport, data, name, ignore=DERIVED_KEYS)

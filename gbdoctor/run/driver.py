@@ -65,6 +65,20 @@ MODES: tuple[str, ...] = (*MODE_STRATEGIES, "plan")
 BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 """Modes that compete for "best baseline"."""
 
+DEEPSPEED_MODE_STRATEGIES: dict[str, str] = {"eager": "none", "engine": "engine", "block": "block"}
+"""``framework = "deepspeed"``: mode -> ``setup.deepspeed.DS_STRATEGIES``, under the spec's ZeRO
+stage (``engine``: ``engine.compile()``; ``block``: ``block.compile()`` on every block)."""
+DEEPSPEED_MODES: tuple[str, ...] = (*DEEPSPEED_MODE_STRATEGIES, "plan")
+DEEPSPEED_BASELINES: tuple[str, ...] = ("engine", "block")
+
+
+def framework_modes(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """(mode -> strategy name, every mode, the baselines) of the spec's training framework."""
+    if spec.gbdoctor.framework == "deepspeed":
+        return DEEPSPEED_MODE_STRATEGIES, DEEPSPEED_MODES, DEEPSPEED_BASELINES
+    return MODE_STRATEGIES, MODES, BASELINES
+
+
 NOISY_SPREAD = 2.0
 """A mode whose slowest measured step took more than this many times its fastest gets a note."""
 
@@ -75,15 +89,18 @@ DEFAULT_WARMUP = 3
 # --------------------------------------------------------------------------- driver
 
 
-def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
-    """The modes to run, in canonical order; SpecError for unknown names or ``plan`` without a plan."""
+def resolve_modes(
+    modes: list[str] | None, plan_path: str | None, all_modes: tuple[str, ...] = MODES
+) -> list[str]:
+    """The modes to run, in canonical order (``all_modes``: the framework's); SpecError for
+    unknown names or ``plan`` without a plan."""
     if not modes:
-        return [m for m in MODES if m != "plan" or plan_path]
-    unknown = [m for m in modes if m not in MODES]
+        return [m for m in all_modes if m != "plan" or plan_path]
+    unknown = [m for m in modes if m not in all_modes]
     if unknown:
         raise SpecError(
             f"unknown run mode(s) {', '.join(map(repr, unknown))}",
-            hint=f"valid modes: {', '.join(MODES)}",
+            hint=f"valid modes: {', '.join(all_modes)}",
         )
     if "plan" in modes and not plan_path:
         raise SpecError(
@@ -91,7 +108,7 @@ def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
         )
     if plan_path and "plan" not in modes:
         modes = [*modes, "plan"]
-    return [m for m in MODES if m in modes]
+    return [m for m in all_modes if m in modes]
 
 
 def default_backend(device: str) -> str:
@@ -149,13 +166,17 @@ def run_modes(
         raise SpecError(
             "run trains for real and cannot simulate", hint="drop gbdoctor.simulate / --simulate"
         )
-    chosen = resolve_modes(modes, plan_path)
+    mode_strategies, all_modes, _ = framework_modes(spec)
+    chosen = resolve_modes(modes, plan_path, all_modes)
     device = resolve_device(spec.gbdoctor.device)
     backend = backend or default_backend(device)
     _check_backend(backend)
-    strategies: dict[str, Strategy] = {
-        m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m != "plan"
-    }
+    table: dict[str, Any] = STRATEGIES
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.setup.deepspeed import DS_STRATEGIES
+
+        table = DS_STRATEGIES
+    strategies: dict[str, Any] = {m: table[mode_strategies[m]] for m in chosen if m != "plan"}
     if "plan" in chosen:
         from gbdoctor.plan import load_plan, plan_strategy  # only with --plan
 
@@ -239,7 +260,9 @@ def _mode_from_ranks(
     steps = [max(r.step_times[i] for r in ranks) for i in range(len(ranks[0].step_times))]
     warm = [max(r.warmup_times[i] for r in ranks) for i in range(len(ranks[0].warmup_times))]
     median = statistics.median(steps)
-    worst = max(ranks, key=lambda r: (sum(e.measured for e in r.recompiles), -r.rank))
+    worst = max(
+        ranks, key=lambda r: (sum(e.measured and not e.limit_hit for e in r.recompiles), -r.rank)
+    )
     rank0 = ranks[0]
     layout = rank0.layout
     return ModeResult(
@@ -261,7 +284,7 @@ def _mode_from_ranks(
         graph_breaks=rank0.graph_breaks,
         regions=sum(len(regions) for _, regions, _ in layout),
         fullgraph_regions=sum(len(fg) for _, _, fg in layout),
-        recompiles=sum(e.measured for e in worst.recompiles),
+        recompiles=sum(e.measured and not e.limit_hit for e in worst.recompiles),
         recompile_events=tuple(worst.recompiles),
         recompile_limit_hit=any(r.recompile_limit_hit for r in ranks),
         losses=tuple(rank0.losses),
@@ -302,9 +325,10 @@ def build_report(
 
     ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
     eager = ok.get("eager")
-    baselines = {m: r for m, r in ok.items() if m in BASELINES}
+    order = framework_modes(spec)[2]
+    baselines = {m: r for m, r in ok.items() if m in order}
     best = (
-        min(baselines, key=lambda m: (baselines[m].step_time_median_s, BASELINES.index(m)))
+        min(baselines, key=lambda m: (baselines[m].step_time_median_s, order.index(m)))
         if baselines
         else None
     )
@@ -336,7 +360,7 @@ def build_report(
                     "(recompiles in the measured steps)"
                 )
             if res.recompiles:
-                first = next(e for e in res.recompile_events if e.measured)
+                first = next(e for e in res.recompile_events if e.measured and not e.limit_hit)
                 findings.append(
                     f"{mode}: {res.recompiles} recompile(s) during the measured steps "
                     f"(first: {first.reason}"
