@@ -15,11 +15,13 @@ from gbdoctor.causes.gb_registry import (
 )
 from gbdoctor.causes.parse import (
     Reason,
+    called_function,
     chain_reasons,
     is_frame_skip,
     parse_graph_break_log,
     parse_reason,
     parse_reasons,
+    stable_text,
 )
 from gbdoctor.causes.rules import RULE_ORDER, classify
 from gbdoctor.causes.taxonomy import (
@@ -44,6 +46,7 @@ __all__ = [
     "Cause",
     "Reason",
     "RegistryEntry",
+    "called_function",
     "chain_reasons",
     "classify",
     "explain_cause",
@@ -58,4 +61,5 @@ __all__ = [
     "plan_actions_for",
     "registry",
     "registry_path",
+    "stable_text",
 ]
