@@ -73,6 +73,8 @@ class Setup:
     meshes: Any
     hooks: list[InstalledHook] = field(default_factory=list)
     fsdp: bool = True
+    engine: Any = None
+    """The DeepSpeed engine (``setup.deepspeed``): it runs forward, backward and step."""
 
     @property
     def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import socket
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -158,7 +159,9 @@ def _rank_main(
             timeout=timedelta(seconds=max(30.0, timeout_s)),
         )
         try:
-            out = target(payload)
+            # stdout is the report: whatever a rank prints (the model, DeepSpeed) goes to stderr.
+            with contextlib.redirect_stdout(sys.stderr):
+                out = target(payload)
         finally:
             dist.destroy_process_group()
         results.put(("ok", rank, out))

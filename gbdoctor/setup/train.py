@@ -46,6 +46,8 @@ def forward_loss(
 def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
     """Forward, backward, optimizer step (with its pre-step hooks); returns the global loss."""
     world = dist.get_world_size() if dist.is_initialized() else 1
+    if setup.engine is not None:
+        return _deepspeed_step(setup.engine, tokens, labels, world)
     loss = forward_loss(setup.model, tokens, labels, world)
     loss.backward()
     if setup.optimizer is not None:
@@ -55,6 +57,19 @@ def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
     if world > 1:
         dist.all_reduce(reported, op=dist.ReduceOp.SUM)
     return float(reported)
+
+
+def _deepspeed_step(engine: Any, tokens: torch.Tensor, labels: torch.Tensor, world: int) -> float:
+    """The DeepSpeed step: ``engine(x)``, ``engine.backward``, ``engine.step``. DeepSpeed averages
+    gradients over data-parallel ranks, so the local loss is the mean over this rank's tokens;
+    the reported loss is the mean over ranks (the same global mean as the torchtitan step)."""
+    loss = forward_loss(engine, tokens, labels, 1)
+    engine.backward(loss)
+    engine.step()
+    reported = loss.detach().clone()
+    if world > 1:
+        dist.all_reduce(reported, op=dist.ReduceOp.SUM)
+    return float(reported) / world
 
 
 def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
