@@ -204,7 +204,10 @@ def _strategy(spec: Any, strategy: str | None, plan: Path | None) -> Any:
 
         return plan_strategy(load_plan(plan), spec)
     if strategy is not None:
-        from gbdoctor.setup.compile import STRATEGIES
+        if spec.gbdoctor.framework == "deepspeed":
+            from gbdoctor.setup.deepspeed import DS_STRATEGIES as STRATEGIES
+        else:
+            from gbdoctor.setup.compile import STRATEGIES
 
         if strategy not in STRATEGIES:
             raise typer.BadParameter(

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gbdoctor.capture import within
 from gbdoctor.causes import flags_removing
@@ -60,8 +61,12 @@ FLAG_COSTS = {
 # ------------------------------------------------------------------------------ strategy
 
 
-def plan_strategy(plan: Plan, spec: Spec | None = None) -> Strategy:
+def plan_strategy(plan: Plan, spec: Spec | None = None) -> Any:
     """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification)."""
+    if plan.deepspeed is not None:
+        from gbdoctor.plan.deepspeed import deepspeed_plan_strategy
+
+        return deepspeed_plan_strategy(plan)
     recipes = {
         k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
         for k in plan.kinds
@@ -210,6 +215,10 @@ def propose_plan(
     from gbdoctor.scan import scan
     from gbdoctor.setup.compile import STRATEGIES
 
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.plan.deepspeed import propose_deepspeed_plan
+
+        return propose_deepspeed_plan(spec, scan_fn=scan_fn, progress=progress)
     scan_fn = scan_fn or scan
     say = progress or (lambda *_: None)
     say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
