@@ -39,6 +39,7 @@ URL = " For more details about this graph break, please visit: https://meta-pyto
 
 EXPECTED_IDS = {
     "backward-hook",
+    "zero-hook",
     "fsdp-hook",
     "ep-dispatch",
     "moe-load-balancing",
