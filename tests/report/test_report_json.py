@@ -116,3 +116,17 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     data = _fixture_data()
     data["totals"] = {"breaks": "whatever"}
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
+
+
+def test_schema_1_scans_still_load() -> None:
+    """Schema 2 added fields with defaults (recompiles, framework, zero_stage, steps): a stored
+    schema-1 scan, which has none of them, reads as the same records."""
+    data = _fixture_data()
+    data["schema_version"] = 1
+    for block in data["blocks"]:
+        block.pop("recompiles")
+    for key in ("framework", "zero_stage", "steps"):
+        data["setup"].pop(key)
+    report = load_scan_json(json.dumps(data))
+    assert report.schema_version == 1
+    assert report.blocks == SCAN_FIXTURES["llama4_before"]().blocks
