@@ -321,6 +321,7 @@ def test_gbdoctor_keys_are_toolspec_fields():
         "device",
         "timeout_s",
         "simulate",
+        "blocks",
         "framework",
         "deepspeed_config",
     }
