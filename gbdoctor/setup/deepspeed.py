@@ -237,8 +237,8 @@ def apply_deepspeed(
     backend for scans). Returns a :class:`Setup` whose ``engine`` runs the training step."""
     import torch
 
+    from gbdoctor.models.structure import find_moe_layers, hidden_size
     from gbdoctor.setup.apply import BlockSlot, Setup, block_slots
-    from gbdoctor.setup.compile import is_moe_block
 
     if spec.deepspeed is None:
         raise SetupError(
@@ -251,7 +251,10 @@ def apply_deepspeed(
             "without cuda.h",
             hint="drop compile.deepcompile on CPU, or run on a GPU",
         )
-    raw = block_slots(model)
+    raw = block_slots(model, spec.gbdoctor.blocks or None)
+    # Found by structure before ZeRO-3 partitions the parameters (their shapes become empty).
+    hidden = hidden_size(model)
+    moe_blocks = {fqn for fqn, _, block in raw if find_moe_layers(block, hidden)}
     if strategy.leaf_blocks:
         zero = cfg.setdefault("zero_optimization", {})
         leaf = zero.setdefault("leaf_module", {})
@@ -276,7 +279,8 @@ def apply_deepspeed(
             ) from exc
     module = engine.module
     slots = []
-    for fqn, key, block in block_slots(module):
+    for fqn, key, block in block_slots(module, spec.gbdoctor.blocks or None):
+        is_moe = fqn in moe_blocks
         regions: tuple[str, ...] = ()
         if strategy.mode == "block":
             block.compile(backend=backend_for(fqn), fullgraph=strategy.fullgraph)
@@ -292,8 +296,8 @@ def apply_deepspeed(
                 key=key,
                 block=block,
                 outer=block,
-                is_moe=is_moe_block(block),
-                kind="moe" if is_moe_block(block) else "dense",
+                is_moe=is_moe,
+                kind="moe" if is_moe else "dense",
                 regions=regions,
                 fullgraph_regions=regions if strategy.fullgraph else (),
             )
