@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 
 from gbdoctor.errors import SetupError, SpecError
+from gbdoctor.setup.apply import BlockSlot
 
 TORCHTITAN_VERSIONS_TESTED = ("0.3.0",)
 """torchtitan releases the installed-torchtitan path was measured against (torch 2.13.0)."""
@@ -218,28 +219,13 @@ def cpu_stand_ins(device: str) -> Iterator[None]:
 
 
 @dataclass
-class TitanBlock:
-    """One transformer block as torchtitan set it up (the fields ``scan`` reads of a block)."""
-
-    fqn: str
-    key: str
-    block: nn.Module
-    outer: nn.Module
-    is_moe: bool
-    kind: str
-    ac_wrapped: tuple[str, ...] = ()
-    regions: tuple[str, ...] = ()
-    fullgraph_regions: tuple[str, ...] = ()
-
-
-@dataclass
 class TitanSetup:
     """A model as torchtitan's own code set it up, plus what a training step needs."""
 
     run: TitanRun
     config: Any
     model: nn.Module
-    blocks: list[TitanBlock]
+    blocks: list[BlockSlot]
     optimizer: Any
     parallel_dims: Any
     loss_fn: Any
@@ -529,7 +515,7 @@ def _sum_reductions_on_gloo(model: nn.Module) -> bool:
     return bool(sharded)
 
 
-def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) -> list[TitanBlock]:
+def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) -> list[BlockSlot]:
     """Blocks and MoE layers found by structure (``models.structure``), as for any model."""
     from gbdoctor.models.structure import find_blocks, find_moe_layers, hidden_size
 
@@ -550,7 +536,7 @@ def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) ->
         moe = bool(find_moe_layers(inner, hidden))
         kind = ("moe" if moe else "dense") + (f"+{ac_label}" if ac else "")
         out.append(
-            TitanBlock(
+            BlockSlot(
                 fqn=fqn,
                 key=str(key),
                 block=inner,
