@@ -213,11 +213,11 @@ CASES: list[Case] = [
         {"s.toml": '[model]\nname = "custom"\nflavor = "x"\nfactory = "nocolon"\n'},
     ),
     Case(
-        "spec-tensor-parallel",
+        "spec-pipeline-parallel",
         ["scan", "{f:s.toml}"],
         2,
-        ("tensor_parallel_degree = 2", "not supported yet"),
-        {"s.toml": _spec("[parallelism]\ntensor_parallel_degree = 2\n")},
+        ("pipeline_parallel_degree = 2", "not supported yet"),
+        {"s.toml": _spec("[parallelism]\npipeline_parallel_degree = 2\n")},
     ),
     Case(
         "spec-ep-not-dividing",

@@ -44,8 +44,9 @@ def _one_line_error(result, *needles: str) -> None:
             ["expert_parallel_degree"],
         ),
         (
-            "[model]\nname='llama3'\nflavor='debugmodel'\n[parallelism]\ntensor_parallel_degree=2\n",
-            ["tensor_parallel_degree"],
+            "[model]\nname='llama3'\nflavor='debugmodel'\n[parallelism]\n"
+            "tensor_parallel_degree=2\nenable_async_tensor_parallel=true\n",
+            ["enable_async_tensor_parallel", "async TP"],
         ),
         (
             "[model]\nname='custom'\nflavor='x'\nfactory='does_not_exist.py:build'\n",
@@ -84,7 +85,10 @@ def test_causes_list_and_explain():
     result = _run("causes", "nope")
     assert result.exit_code == 2
     data = json.loads(_run("causes", "--format", "json").stdout)
-    assert len(data["causes"]) == 12
+    from gbdoctor.causes import CAUSE_IDS
+
+    assert sorted(c["id"] for c in data["causes"]) == sorted(CAUSE_IDS)
+    assert "tensor-parallel" in CAUSE_IDS
 
 
 def test_inspect_reports_wrappers_and_hooks():
