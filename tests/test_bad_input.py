@@ -839,7 +839,9 @@ CASES: list[Case] = [
         ("unknown compile backend 'warp'",),
     ),
     # ---- usage errors from the option parser
-    Case("usage-unknown-option", ["scan", str(LLAMA3), "--fast"], 2, ("No such option: --fast",)),
+    Case(
+        "usage-unknown-option", ["inspect", str(LLAMA3), "--fast"], 2, ("No such option: --fast",)
+    ),
     Case(
         "usage-bad-int",
         ["run", str(LLAMA3), "--steps", "many"],

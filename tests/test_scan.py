@@ -50,7 +50,7 @@ def test_scan_json_is_byte_identical_across_runs():
     first = render(scan(spec, strategy="block"), "json")
     second = render(scan(spec, strategy="block"), "json")
     assert first == second
-    assert '"schema_version": 1' in first
+    assert '"schema_version": 2' in first
     assert str(FIXTURES.parent) not in first  # machine-independent paths
 
 

@@ -34,7 +34,7 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
-from gbdoctor.capture.locate import within
+from gbdoctor.capture.locate import portable_path, within
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
@@ -335,6 +335,15 @@ def _ac_region(slot: Any, module: str) -> str:
     return module or slot.fqn
 
 
+def _rerooted(finding: Any, root: str | None) -> Any:
+    loc = finding.location
+    if loc is None or not os.path.exists(loc.file):
+        return finding
+    return replace(
+        finding, location=replace(loc, file=portable_path(os.path.abspath(loc.file), root))
+    )
+
+
 def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> BlockReport:
     """Records of one capture; locations relative to ``root`` (the spec's ``Spec.root``)."""
     merged: dict[tuple[Any, ...], Break] = {}
@@ -423,7 +432,10 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
             )
     graphs = [n for ops in raw.graphs.values() for n in ops]
     breaks = tuple(sorted(merged.values(), key=break_order))
-    ready = cudagraphs.readiness(raw.cudagraph_findings, raw.aten_graphs) if slot.regions else None
+    # Readiness findings are located while the backend runs, relative to the working directory;
+    # re-root them at the spec's root like every other location (CWD-independent reports).
+    findings = [_rerooted(f, root) for f in raw.cudagraph_findings]
+    ready = cudagraphs.readiness(findings, raw.aten_graphs) if slot.regions else None
     return BlockReport(
         fqn=slot.fqn,
         kind=slot.kind,
