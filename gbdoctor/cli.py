@@ -88,6 +88,23 @@ DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on erro
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Exit 1 when any break, event or error is found")
 ]
+SimulateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simulate",
+        help="Meta tensors + fake process group (automatic when the spec does not fit this machine)",
+    ),
+]
+WorldSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--world-size",
+        min=1,
+        help="Ranks of the training launch; resolves data_parallel_shard_degree = -1 "
+        "(default: [gbdoctor] world_size)",
+        show_default=False,
+    ),
+]
 
 
 def _debug_enabled(debug: bool) -> bool:
@@ -177,10 +194,27 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _load(spec: Path, overrides: list[str] | None) -> Any:
+def _load(
+    spec: Path,
+    overrides: list[str] | None,
+    *,
+    simulate: bool = False,
+    world_size: int | None = None,
+) -> Any:
     from gbdoctor.spec import load_spec
 
-    return load_spec(spec, overrides or ())
+    extra = ["gbdoctor.simulate=true"] if simulate else []
+    extra += [f"gbdoctor.world_size={world_size}"] if world_size is not None else []
+    return load_spec(spec, [*(overrides or ()), *extra])
+
+
+def _notice(notes: Any, output: Path | None, format: str) -> None:
+    """An automatic simulation's notice, also on stderr when the report does not go to the
+    terminal as a table (whose header carries it)."""
+    if output is not None or format != "table":
+        for note in notes:
+            if note.startswith("notice:"):
+                err_console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
 def _emit(text: str, output: Path | None) -> None:
@@ -311,9 +345,8 @@ def scan(
     ] = "table",
     output: OutputOpt = None,
     strict: StrictOpt = False,
-    simulate: Annotated[
-        bool, typer.Option("--simulate", help="Meta tensors + fake process group")
-    ] = False,
+    simulate: SimulateOpt = False,
+    world_size: WorldSizeOpt = None,
     no_dedupe: Annotated[
         bool, typer.Option("--no-dedupe", help="Capture every layer, not one per kind")
     ] = False,
@@ -326,9 +359,9 @@ def scan(
     _preflight(format, FORMAT_NAMES, output)
     args = spec_args or []
     if torchtitan is not None:
-        if strategy is not None or plan is not None or simulate:
+        if strategy is not None or plan is not None or simulate or world_size is not None:
             raise typer.BadParameter(
-                "--torchtitan takes no --strategy, --plan or --simulate: "
+                "--torchtitan takes no --strategy, --plan, --simulate or --world-size: "
                 "torchtitan's own code decides the setup"
             )
         report = _scan_torchtitan(torchtitan, args, set_, dedupe=not no_dedupe)
@@ -342,8 +375,9 @@ def scan(
             "overrides: they need --torchtitan MODULE:CONFIG)"
         )
     spec = Path(args[0])
-    loaded = _load(spec, (set_ or []) + (["gbdoctor.simulate=true"] if simulate else []))
+    loaded = _load(spec, set_, simulate=simulate, world_size=world_size)
     report = _scan_with_progress(loaded, _strategy(loaded, strategy, plan), dedupe=not no_dedupe)
+    _notice(report.notes, output, format)
     _emit(render(report, format), output)
     if strict and has_findings(report):
         raise typer.Exit(int(ExitCode.FINDINGS))
@@ -375,6 +409,8 @@ def inspect(
     strategy: StrategyOpt = None,
     format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
     output: OutputOpt = None,
+    simulate: SimulateOpt = False,
+    world_size: WorldSizeOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
@@ -382,9 +418,10 @@ def inspect(
     from gbdoctor.scan.inspect import inspect_spec
 
     _preflight(format, ("table", "json"), output)
-    loaded = _load(spec, set_)
+    loaded = _load(spec, set_, simulate=simulate, world_size=world_size)
     with contextlib.redirect_stdout(sys.stderr):
         report = inspect_spec(loaded, strategy=_strategy(loaded, strategy, None))
+    _notice(report.notes, output, format)
     _emit(render_inspect(report, format), output)
 
 
@@ -415,6 +452,8 @@ def plan(
         str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
     ] = None,
     output: OutputOpt = None,
+    simulate: SimulateOpt = False,
+    world_size: WorldSizeOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Propose a per-block compile/wrapping plan, verify it by re-scanning, emit it.
@@ -427,7 +466,7 @@ def plan(
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
     _preflight(None, (), output)
-    loaded = _load(spec, set_)
+    loaded = _load(spec, set_, simulate=simulate, world_size=world_size)
     with _ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
     if emit_config is None:
@@ -459,7 +498,9 @@ def run(
     backend: Annotated[
         str | None,
         typer.Option(
-            "--backend", help="inductor|aot_eager (default: aot_eager on CPU, inductor on CUDA)"
+            "--backend",
+            help="inductor|aot_eager (default: the spec's [compile] backend when it names one, "
+            "else aot_eager on CPU, inductor on CUDA)",
         ),
     ] = None,
     plan_file: Annotated[
@@ -474,14 +515,18 @@ def run(
     ] = None,
     output: OutputOpt = None,
     strict: StrictOpt = False,
+    world_size: WorldSizeOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Train for real under eager, the torchtitan baselines and the plan; compare throughput."""
+    """Train for real under eager, the torchtitan baselines and the plan; compare throughput.
+
+    It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
+    memory estimate and how to shrink it."""
     from gbdoctor.report.run_formats import RUN_FORMAT_NAMES, render_run, write_csv
     from gbdoctor.run import run_modes
 
     _preflight(format, RUN_FORMAT_NAMES, output, csv)
-    loaded = _load(spec, set_)
+    loaded = _load(spec, set_, world_size=world_size)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     with _ProgressBar() as bar:
         report = run_modes(
@@ -537,6 +582,8 @@ def gate(
         str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
     ] = "table",
     output: OutputOpt = None,
+    simulate: SimulateOpt = False,
+    world_size: WorldSizeOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
@@ -564,7 +611,9 @@ def gate(
     else:
         accepted = previous = load_baseline(baseline)
     reports = [load_scan_json(path) for path in scan_json or []]
-    loaded_specs = [_load(spec, set_) for spec in specs or []]
+    loaded_specs = [
+        _load(spec, set_, simulate=simulate, world_size=world_size) for spec in specs or []
+    ]
     strategies = [_strategy(loaded, strategy, None) for loaded in loaded_specs]
     # Scans run under the Dynamo settings the baseline pins (nested_graph_breaks, ...), so
     # counts stay comparable across torch releases whose defaults differ.
@@ -582,6 +631,7 @@ def gate(
             )
         for loaded, chosen in zip(loaded_specs, strategies, strict=True):
             reports.append(_scan_with_progress(loaded, chosen))
+            _notice(reports[-1].notes, output, format)
     if update_baseline:
         with locked(baseline):  # read-merge-write: a concurrent update must not lose an entry
             old = load_baseline(baseline) if baseline.exists() else None

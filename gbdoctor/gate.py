@@ -8,6 +8,7 @@ a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON
 
     {
       "schema_version": 1,
+      "simulated": [],
       "specs": {
         "fixtures/llama4_debug.toml": {
           "moe": {
@@ -26,7 +27,8 @@ The gate fails (exit 1) when, for any spec and kind, a break key's count rises, 
 gb_type appears that the baseline lacked, a ``region_eager`` or ``frame_skipped`` event count
 rises, a block that traced now errors, or a scanned spec is missing from the baseline.
 Improvements are reported and fail only with ``strict_improvements``; a torch version other
-than the baseline's is a warning.
+than the baseline's is a warning. ``simulated`` lists the specs recorded from simulated scans: a
+real scan against a simulated entry (or the other way round) is an error (exit 2), not a diff.
 """
 
 from __future__ import annotations
@@ -192,6 +194,7 @@ def baseline_from_reports(
         torch_version=torch_version,
         specs=tuple(sorted((k, _sorted_kinds(v)) for k, v in specs.items())),
         dynamo_config=current_pins() if pins is None else pins,
+        simulated=tuple(sorted(spec_key(r.spec) for r in reports if r.setup.simulated)),
     )
 
 
@@ -201,33 +204,41 @@ def merge_baselines(old: Baseline | None, new: Baseline) -> Baseline:
         return new
     specs = dict(old.specs)
     specs.update(dict(new.specs))
+    replaced = {key for key, _ in new.specs}
+    simulated = {k for k in old.simulated or () if k not in replaced} | set(new.simulated or ())
     return Baseline(
         torch_version=new.torch_version,
         specs=tuple(sorted(specs.items())),
         dynamo_config=new.dynamo_config,
+        simulated=tuple(sorted(simulated)),
     )
 
 
 def _baseline_data(baseline: Baseline) -> dict[str, Any]:
     pins = {"dynamo_config": dict(baseline.dynamo_config)} if baseline.dynamo_config else {}
-    return {
-        "schema_version": baseline.schema_version,
-        "torch_version": baseline.torch_version,
-        **pins,
-        "specs": {
-            spec: {
-                kind: {
-                    "layers": c.layers,
-                    "graph_count": c.graph_count,
-                    "breaks": dict(c.breaks),
-                    "events": dict(c.events),
-                    "error": c.error,
+    simulated = {} if baseline.simulated is None else {"simulated": list(baseline.simulated)}
+    return (
+        pins
+        | simulated
+        | {
+            "schema_version": baseline.schema_version,
+            "torch_version": baseline.torch_version,
+            **pins,
+            "specs": {
+                spec: {
+                    kind: {
+                        "layers": c.layers,
+                        "graph_count": c.graph_count,
+                        "breaks": dict(c.breaks),
+                        "events": dict(c.events),
+                        "error": c.error,
+                    }
+                    for kind, c in kinds
                 }
-                for kind, c in kinds
-            }
-            for spec, kinds in baseline.specs
-        },
-    }
+                for spec, kinds in baseline.specs
+            },
+        }
+    )
 
 
 def dump_baseline(baseline: Baseline) -> str:
@@ -291,7 +302,9 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
             hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
         )
     check_schema_version(data, BASELINE_SCHEMA_VERSION, name, "baseline", hint=_REGENERATE)
-    unknown = sorted(set(data) - {"schema_version", "torch_version", "dynamo_config", "specs"})
+    unknown = sorted(
+        set(data) - {"schema_version", "torch_version", "dynamo_config", "specs", "simulated"}
+    )
     _expect(not unknown, name, "$", f"unknown key(s) {unknown}")
     _expect("specs" in data, name, "$", "missing key 'specs'")
     _expect(
@@ -319,10 +332,19 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
         "$.dynamo_config",
         "expected an object of Dynamo setting -> scalar value",
     )
+    simulated = data.get("simulated")
+    _expect(
+        simulated is None
+        or (isinstance(simulated, list) and all(isinstance(k, str) for k in simulated)),
+        name,
+        "$.simulated",
+        "expected a list of spec keys",
+    )
     return Baseline(
         torch_version=data.get("torch_version", ""),
         specs=tuple(specs),
         dynamo_config=tuple(sorted(pins.items())),
+        simulated=None if simulated is None else tuple(sorted(simulated)),
     )
 
 
@@ -518,6 +540,22 @@ def _order(f: Finding) -> tuple[Any, ...]:
     return (SEVERITIES.index(f.severity), f.spec, f.kind, f.cause, f.gb_type, f.what)
 
 
+def _check_same_environment(key: str, report: ScanReport, baseline: Baseline) -> None:
+    """A real scan is never compared with a simulated baseline entry, or the other way round:
+    the two capture different things (simulation: one rank, no values, stand-ins)."""
+    if baseline.simulated is None or baseline.kinds(key) is None:
+        return
+    recorded = key in baseline.simulated
+    if recorded != report.setup.simulated:
+        was, now = ("simulated", "real") if recorded else ("real", "simulated")
+        how = "with --simulate" if recorded else "for real (on a machine that fits it)"
+        raise BaselineError(
+            f"baseline entry for {key} was recorded from a {was} scan, but this scan is {now}; "
+            "real and simulated captures are not compared",
+            hint=f"scan it {how}, or re-record it with --update-baseline",
+        )
+
+
 def check_gate(
     reports: Iterable[ScanReport],
     baseline: Baseline,
@@ -539,6 +577,7 @@ def check_gate(
         kinds.update((key, block.kind) for block in report.blocks)
         findings += _torch_warning(key, baseline.torch_version, report.torch_version)
         old = baseline.kinds(key)
+        _check_same_environment(key, report, baseline)
         if old is None:
             findings.append(
                 Finding(

@@ -40,6 +40,7 @@ __all__ = [
     "VALID_KEYS",
     "load_spec",
     "parse_override",
+    "spec_notes",
 ]
 
 STRATEGY_NAMES: tuple[str, ...] = (
@@ -266,7 +267,13 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
         root=stable_root(shown),
         model=model,
         training=_check_training(values["training"], ctx),
-        parallelism=_check_parallelism(values["parallelism"], model, n_experts, ctx),
+        parallelism=_check_parallelism(
+            values["parallelism"],
+            model,
+            n_experts,
+            ctx,
+            launch_size=values["gbdoctor"].get("world_size") or 0,
+        ),
         activation_checkpoint=_check_ac(values["activation_checkpoint"], ctx),
         compile=_check_compile(values["compile"], ctx),
         gbdoctor=_check_tool(values["gbdoctor"], ctx),
@@ -558,7 +565,11 @@ def _check_training(values: dict[str, Any], ctx: _Ctx) -> TrainingSpec:
 
 
 def _check_parallelism(
-    values: dict[str, Any], model: ModelSpec, n_experts: int | None, ctx: _Ctx
+    values: dict[str, Any],
+    model: ModelSpec,
+    n_experts: int | None,
+    ctx: _Ctx,
+    launch_size: int = 0,
 ) -> ParallelSpec:
     comm_backend = values.pop("expert_parallel_comm_backend", "standard")
     async_tp = values.pop("enable_async_tensor_parallel", False)
@@ -614,11 +625,46 @@ def _check_parallelism(
                 f"{model.name} '{model.flavor}'",
                 f"use a divisor of {n_experts} for expert_parallel_degree",
             )
-    # EP borrows its ranks from the FSDP dimension ("dp2ep"), so -1 resolves to the smallest
-    # world that hosts EP.
+    # EP borrows its ranks from the FSDP dimension ("dp2ep"). torchtitan resolves -1 to every
+    # rank the launch has left (world // the other degrees); without a stated launch size, -1
+    # resolves to the smallest world that hosts EP.
     dp_shard = p.data_parallel_shard_degree
-    if dp_shard == -1:
+    replicate = p.data_parallel_replicate_degree
+    others = (
+        replicate
+        * p.tensor_parallel_degree
+        * p.context_parallel_degree
+        * p.pipeline_parallel_degree
+    )
+    size_where = ctx.where("gbdoctor", "world_size")
+    if launch_size < 0:
+        ctx.fail(
+            f"{size_where} must be a positive integer (or 0: not stated), got {launch_size}",
+            "the number of ranks the training job launches, e.g. --world-size 64",
+        )
+    if dp_shard == -1 and launch_size:
+        if launch_size % others:
+            ctx.fail(
+                f"{size_where} = {launch_size} is not a multiple of the other degrees' product "
+                f"({others}), so data_parallel_shard_degree = -1 cannot be resolved",
+                f"state a launch size that is a multiple of {others}",
+            )
+        dp_shard = launch_size // others
+        if dp_shard % ep:
+            ctx.fail(
+                f"{where} = {ep} does not divide the {dp_shard} ranks that "
+                f"data_parallel_shard_degree = -1 resolves to with {size_where} = {launch_size} "
+                "(EP borrows its ranks from FSDP)",
+                f"state a launch size that is a multiple of {others * ep}",
+            )
+    elif dp_shard == -1:
         dp_shard = max(1, ep)
+    elif launch_size and launch_size != others * dp_shard:
+        ctx.fail(
+            f"{size_where} = {launch_size} does not match the degrees: their product is "
+            f"{others * dp_shard}",
+            "drop the world size, or set data_parallel_shard_degree = -1 to take every rank",
+        )
     elif dp_shard % ep:
         shard_where = ctx.where("parallelism", "data_parallel_shard_degree")
         ctx.fail(
@@ -702,7 +748,7 @@ def _check_ac(values: dict[str, Any], ctx: _Ctx) -> ACSpec:
 
 
 def _check_compile(values: dict[str, Any], ctx: _Ctx) -> CompileSpec:
-    c = CompileSpec(**values)
+    c = CompileSpec(**values, backend_set="backend" in values)
     unknown = [x for x in c.components if x not in COMPILE_COMPONENTS]
     if unknown:
         ctx.fail(
@@ -741,3 +787,36 @@ def _check_tool(values: dict[str, Any], ctx: _Ctx) -> ToolSpec:
             "a wall-clock limit in seconds for multi-rank jobs, e.g. 600",
         )
     return t
+
+
+# --------------------------------------------------------------------------- notes
+
+
+def spec_notes(spec: Spec) -> tuple[str, ...]:
+    """What a report must say about how the spec was read: the resolved -1 degree, and a config
+    whose training run would not compile the blocks that the scan compiles."""
+    notes = []
+    p, c = spec.parallelism, spec.compile
+    if p.data_parallel_shard_degree == -1:
+        if spec.gbdoctor.world_size:
+            notes.append(
+                f"data_parallel_shard_degree = -1 resolved to {p.dp_shard} (every rank of the "
+                f"stated launch size {spec.gbdoctor.world_size}, as torchtitan does)"
+            )
+        else:
+            notes.append(
+                f"data_parallel_shard_degree = -1 resolved to {p.dp_shard} (no launch size "
+                "stated: the smallest world that hosts EP); pass --world-size N (or [gbdoctor] "
+                "world_size) to use the launch size, as torchtitan does"
+            )
+    if not c.enable or "model" not in c.components:
+        why = (
+            "[compile] enable = false"
+            if not c.enable
+            else f'[compile] components = {list(c.components)} lacks "model"'
+        )
+        notes.append(
+            f"{why}: training with this config would not compile the blocks; the scan "
+            "shows what would happen if it did"
+        )
+    return tuple(notes)

@@ -231,6 +231,7 @@ def test_baseline_layout_and_byte_stability(before, after) -> None:
     assert text.endswith("}\n") and "moe.py" not in text and "142" not in text
     assert json.loads(text) == {
         "schema_version": 1,
+        "simulated": [],
         "torch_version": "2.13.0",
         "dynamo_config": {"nested_graph_breaks": False},
         "specs": {

@@ -10,7 +10,7 @@ import pytest
 import torch
 from repo_paths import FIXTURES
 
-from gbdoctor.scan import scan, simulate, simulate_scan
+from gbdoctor.scan import estimate, scan, simulate_scan
 from gbdoctor.scan.simulate import (
     SimulatedValueError,
     UniformRouting,
@@ -56,9 +56,9 @@ def test_simulated_scan_equals_real_two_rank_scan(fixture):
 
 
 def test_world_too_large_for_local_ranks_is_simulated_with_a_notice(monkeypatch):
-    monkeypatch.setattr(simulate, "local_world_limit", lambda: 2)
+    monkeypatch.setattr(estimate, "local_world_limit", lambda: 2)
     spec = load_spec("fixtures/llama3_debug.toml", ["parallelism.data_parallel_shard_degree=4"])
-    assert simulate.simulation_reason(spec).startswith("world size 4 exceeds the 2 ranks")
+    assert estimate.decide(spec).reason.startswith("world size 4 exceeds the 2 ranks")
     messages = []
     report = scan(spec, progress=lambda msg, done, total: messages.append(msg))
     assert report.setup.simulated and report.setup.world_size == 4 and report.setup.dp_shard == 4
@@ -68,15 +68,12 @@ def test_world_too_large_for_local_ranks_is_simulated_with_a_notice(monkeypatch)
 
 
 def test_simulation_is_only_chosen_when_asked_or_needed(monkeypatch):
-    monkeypatch.setattr(simulate, "local_world_limit", lambda: 4)
+    monkeypatch.setattr(estimate, "local_world_limit", lambda: 4)
     small = load_spec("fixtures/llama4_debug_ep2.toml")
-    assert simulate.simulation_reason(small) is None
-    assert (
-        simulate.simulation_reason(
-            load_spec("fixtures/llama4_debug_ep2.toml", ["gbdoctor.simulate=true"])
-        )
-        == "requested"
-    )
+    decision = estimate.decide(small, available=64 * estimate.GiB)
+    assert not decision.simulate and decision.reason is None and decision.estimate.fits
+    asked = load_spec("fixtures/llama4_debug_ep2.toml", ["gbdoctor.simulate=true"])
+    assert estimate.decide(asked).reason == "requested"
 
 
 def test_uniform_routing_gives_ep_dispatch_its_split_sizes():

@@ -319,6 +319,7 @@ def test_gbdoctor_keys_are_toolspec_fields():
         "device",
         "timeout_s",
         "simulate",
+        "world_size",
         "blocks",
     }
     assert "factory" in VALID_KEYS["model"] and "hf_assets_path" in VALID_KEYS["model"]

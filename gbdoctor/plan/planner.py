@@ -16,10 +16,12 @@ scan under Dynamo's strict check: every region marked fullgraph must be clean, w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gbdoctor.capture import within
 from gbdoctor.causes import flags_removing
@@ -30,6 +32,7 @@ from gbdoctor.records import (
     BlockKind,
     BlockReport,
     Break,
+    Decision,
     KindPlan,
     Plan,
     Readiness,
@@ -251,11 +254,19 @@ def propose_plan(
     scan_fn: Callable[..., ScanReport] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Plan:
-    """Scan, propose, verify (rounds + a final strict scan), and return the plan."""
+    """Scan, propose, verify (rounds + a final strict scan), and return the plan.
+
+    Real or simulated is decided once (``scan.estimate.decide``, as for ``scan``) and kept, so
+    every verification re-scan runs the same way: a simulated plan is verified by simulated
+    re-scans."""
     from gbdoctor.scan import scan
+    from gbdoctor.scan.estimate import decide, pin
     from gbdoctor.setup.compile import STRATEGIES
 
-    scan_fn = scan_fn or scan
+    if scan_fn is None:
+        decision = decide(spec)
+        spec = pin(spec, decision)
+        scan_fn = functools.partial(_scan_as_decided, scan, decision)
     say = progress or (lambda *_: None)
     say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
     before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY])
@@ -371,7 +382,26 @@ def _assemble(
         verified=all(k.verified for k in kinds),
         rounds=rounds,
         suggestions=tuple(suggestions),
+        simulated=before.setup.simulated,
+        notes=_plan_notes(before),
     )
+
+
+def _scan_as_decided(
+    scan: Callable[..., ScanReport], decision: Decision, spec: Spec, **kw: Any
+) -> ScanReport:
+    """A re-scan that keeps the first decision (and its reason, for the notice)."""
+    if decision.simulate:
+        from gbdoctor.scan import simulate_scan
+
+        return simulate_scan(spec, reason=decision.reason, **kw)
+    return scan(spec, **kw)
+
+
+def _plan_notes(before: ScanReport) -> tuple[str, ...]:
+    """The baseline scan's notes that concern the plan as a whole (not per-block caveats)."""
+    keep = ("notice:", "simulated:", "data_parallel_shard_degree", "[compile]")
+    return tuple(n for n in before.notes if n.startswith(keep))
 
 
 def _failure(block: BlockReport | None) -> str:

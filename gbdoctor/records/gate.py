@@ -49,6 +49,9 @@ class Baseline:
     dynamo_config: tuple[tuple[str, bool | int | float | str | None], ...] = ()
     """Dynamo settings pinned for every gate scan against this baseline (name, value), sorted:
     those whose defaults differ across torch versions and change break counts."""
+    simulated: tuple[str, ...] | None = None
+    """Spec keys recorded from simulated scans (sorted); None in a baseline written before
+    gbdoctor recorded it (real and simulated scans are then not told apart)."""
     schema_version: int = BASELINE_SCHEMA_VERSION
 
     def kinds(self, spec: str) -> dict[str, KindCounts] | None:

@@ -50,4 +50,9 @@ class Plan:
     verified: bool
     rounds: int
     suggestions: tuple[str, ...] = ()
+    simulated: bool = False
+    """Proposed and verified by simulated scans (meta tensors, fake process group)."""
+    notes: tuple[str, ...] = ()
+    """The baseline scan's notes about the whole plan (simulation notice, resolved degrees,
+    compile settings)."""
     schema_version: int = PLAN_SCHEMA_VERSION

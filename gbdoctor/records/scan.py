@@ -7,10 +7,12 @@ from __future__ import annotations
 from gbdoctor.records.base import record
 from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 
-SCHEMA_VERSION = 2
-"""Version of the scan and inspect JSON documents. 2: blocks carry ``cudagraphs`` (CUDA-graph
-readiness) and the setup its ``tp_degree``; readers accept 1 (new fields take their defaults)."""
-READABLE_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+"""Version of the scan and inspect JSON documents. 3: the setup carries ``dp_replicate`` (the
+resolved degrees), and scan/inspect reports carry ``notes`` (how the spec was read, simulated or
+not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the setup its ``tp_degree``.
+Readers accept 1 and 2 (the new fields take their defaults)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 
 @record
@@ -172,6 +174,8 @@ class SetupInfo:
     seq_len: int = 0
     simulated: bool = False
     plan: str | None = None
+    dp_replicate: int = 1
+    """Resolved data-parallel replicate degree (HSDP); world = dp_replicate x dp_shard."""
 
 
 @record
@@ -251,4 +255,57 @@ class SetupReport:
     """FSDP2-managed modules outside the blocks (embeddings, [norm, output], root)."""
     other_hooks: tuple[HookInfo, ...]
     """Hooks outside the blocks, including the optimizer's pre-step hook."""
+    notes: tuple[str, ...] = ()
+    """How the spec was read and set up (simulation, resolved degrees, compile settings)."""
     schema_version: int = SCHEMA_VERSION
+
+
+@record
+class MemoryEstimate:
+    """Bytes a real scan of a spec holds at its peak (``scan.estimate.estimate_memory``)."""
+
+    params: int
+    """The whole model in its build dtype (each rank materializes it before sharding)."""
+    grads: int
+    """fp32 gradients of the rank's FSDP shard."""
+    optimizer: int
+    """AdamW's two fp32 moments of the rank's FSDP shard."""
+    activations: int
+    """One training step's saved activations at ``tokens`` tokens."""
+    overhead: int
+    """Fixed per rank process (torch, Dynamo, captures)."""
+    local_ranks: int
+    """Processes on this machine, each holding ``per_rank``."""
+    available: int
+    """Bytes available on this machine (per rank on CUDA)."""
+    safe_fraction: float
+    """Share of ``available`` that may be used."""
+    tokens: int = 0
+    """batch x seq of the step the activations are counted for."""
+
+    @property
+    def per_rank(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.overhead
+
+    @property
+    def total(self) -> int:
+        return self.per_rank * self.local_ranks
+
+    @property
+    def budget(self) -> int:
+        return int(self.available * self.safe_fraction)
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.budget
+
+
+@record
+class Decision:
+    """How a command that builds a spec's model runs it (``scan.estimate.decide``)."""
+
+    simulate: bool
+    reason: str | None = None
+    """Why it is simulated (``requested``, a world too large, the memory estimate)."""
+    estimate: MemoryEstimate | None = None
+    """The memory estimate, when one was made (not for an explicit ``--simulate``)."""

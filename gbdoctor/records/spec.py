@@ -68,6 +68,8 @@ class CompileSpec:
     enable: bool = False
     components: tuple[str, ...] = ("model", "loss")
     backend: str = "inductor"
+    backend_set: bool = False
+    """Whether the config (or --set) names ``backend``; ``run`` then compiles with it."""
 
 
 @record
@@ -89,6 +91,9 @@ class ToolSpec:
     blocks: str = ""
     """Dotted path of the model's ModuleList/ModuleDict of blocks (``model.layers``); empty: found
     by structure (``models.structure.find_blocks``)."""
+    world_size: int = 0
+    """The launch size (ranks of the training job); resolves ``data_parallel_shard_degree = -1``
+    as torchtitan does. 0: not stated (-1 then resolves to the smallest world that hosts EP)."""
 
 
 @record

@@ -21,9 +21,12 @@ def render_inspect(report: SetupReport, fmt: str) -> str:
     s = report.setup
     console.print(f"[bold]{report.spec}[/] model={report.model} torch={report.torch_version}")
     console.print(
-        f"strategy={s.strategy} device={s.device} world_size={s.world_size} ep={s.ep_degree} "
+        f"strategy={s.strategy} device={s.device}{' (simulated)' if s.simulated else ''} "
+        f"world_size={s.world_size} ep={s.ep_degree} dp_replicate={s.dp_replicate} "
         f"dp_shard={s.dp_shard} ac={s.ac_mode}/{s.ac_option} fsdp={s.fsdp}"
     )
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
     if s.dynamo_config:
         console.print("dynamo: " + ", ".join(f"{k}={v}" for k, v in s.dynamo_config))
     table = Table(title="blocks")

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from gbdoctor.records import Location, ScanReport
+from gbdoctor.records import Location, ScanReport, SetupInfo
 
-__all__ = ["ac_label", "dynamo_label", "header_fields", "one_line", "short_location"]
+__all__ = [
+    "ac_label",
+    "dynamo_label",
+    "header_fields",
+    "one_line",
+    "parallel_label",
+    "short_location",
+]
 
 
 def short_location(loc: Location | None) -> str:
@@ -34,6 +41,20 @@ def dynamo_label(report: ScanReport) -> str:
     return ", ".join(f"{name}={value}" for name, value in pairs) if pairs else "defaults"
 
 
+def parallel_label(s: SetupInfo) -> str:
+    """The resolved degrees: ``EP 8, FSDP dp_shard 64`` (``dp_replicate 2 x dp_shard 4`` with HSDP)."""
+    shard = (
+        f"dp_replicate {s.dp_replicate} x dp_shard {s.dp_shard}"
+        if s.dp_replicate > 1
+        else (f"dp_shard {s.dp_shard}")
+    )
+    return (
+        f"EP {s.ep_degree}, FSDP {shard}"
+        + (f", TP {s.tp_degree}" if s.tp_degree > 1 else "")
+        + ("" if s.fsdp else " (no FSDP)")
+    )
+
+
 def header_fields(report: ScanReport) -> list[tuple[str, str]]:
     """(label, value) pairs describing what was scanned and how it was set up."""
     s = report.setup
@@ -44,12 +65,7 @@ def header_fields(report: ScanReport) -> list[tuple[str, str]]:
         ("strategy", s.strategy + (f" + plan {s.plan}" if s.plan else "")),
         ("device", s.device + (" (simulated)" if s.simulated else "")),
         ("world size", str(s.world_size)),
-        (
-            "parallelism",
-            f"EP {s.ep_degree}, FSDP dp_shard {s.dp_shard}"
-            + (f", TP {s.tp_degree}" if s.tp_degree > 1 else "")
-            + ("" if s.fsdp else " (no FSDP)"),
-        ),
+        ("parallelism", parallel_label(s)),
         ("AC", ac_label(report)),
         ("dynamo", dynamo_label(report)),
     ]

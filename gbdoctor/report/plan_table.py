@@ -14,8 +14,12 @@ def render_plan_table(plan: Plan) -> str:
     status = "verified" if plan.verified else "NOT fully verified"
     console.print(
         f"[bold]gbdoctor plan[/] {plan.spec} ({plan.model}), torch {plan.torch_version}: {status} "
-        f"after {plan.rounds} round(s); baseline = {plan.baseline_strategy}"
+        f"after {plan.rounds} round(s)"
+        + (" of simulated scans" if plan.simulated else "")
+        + f"; baseline = {plan.baseline_strategy}"
     )
+    for note in plan.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
     table = Table()
     for col in (
         "kind",

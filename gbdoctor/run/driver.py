@@ -129,12 +129,14 @@ def run_modes(
     """Train ``spec`` under each mode in fresh processes and compare (see the module docstring).
 
     ``modes``: None runs every mode that applies (``plan`` only with ``plan_path``).
-    ``backend``: None means ``aot_eager`` on CPU, ``inductor`` on CUDA.
+    ``backend``: None means the spec's ``[compile] backend`` when the config names one, else
+    ``aot_eager`` on CPU and ``inductor`` on CUDA.
     ``nproc``: must equal the spec's world size when given.
     A mode that fails (compile error, crash, timeout) is a failed record; the others still run.
     Bad input (unknown mode or backend, --nproc mismatch, bad plan, a model factory that fails)
     raises SpecError (BaselineError for an unreadable plan file).
     """
+    from gbdoctor.scan.estimate import require_real
     from gbdoctor.setup.dist import resolve_device, run_ranks
 
     if steps < 1:
@@ -151,14 +153,15 @@ def run_modes(
             hint="the world size follows from [parallelism] degrees; change them (or --set) "
             "instead, or drop --nproc",
         )
-    if spec.gbdoctor.simulate:
-        raise SpecError(
-            "run trains for real and cannot simulate", hint="drop gbdoctor.simulate / --simulate"
-        )
     chosen = resolve_modes(modes, plan_path)
     device = resolve_device(spec.gbdoctor.device)
-    backend = backend or default_backend(device)
+    backend = backend or (
+        spec.compile.backend if spec.compile.backend_set else default_backend(device)
+    )
     _check_backend(backend)
+    # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
+    # (after the cheap option checks: this builds the model on meta).
+    require_real(spec)
     strategies: dict[str, Strategy] = {
         m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }

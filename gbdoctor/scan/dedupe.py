@@ -8,10 +8,12 @@ grouped by its hash, and distinct structures sharing a label get numbered kinds 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from gbdoctor.capture import within
 from gbdoctor.records import BlockKind, BlockReport
@@ -103,3 +105,48 @@ def kind_labels(setup: Setup, groups: list[list[str]]) -> dict[str, str]:
         seen[kind.label] = seen.get(kind.label, 0) + 1
         labels[members[0]] = str(replace(kind, variant=seen[kind.label]))
     return labels
+
+
+_NO_ATTR = object()
+
+
+def shortcut_repeated_blocks(setup: Setup) -> Callable[[], None]:
+    """For the warm-up step: a block that repeats one which already ran in this forward pass -
+    the same structure (``structure_signature`` without inputs) and inputs of the same shapes -
+    returns that block's output instead of computing its own. Returns the undo.
+
+    Only one representative per kind is captured, with the inputs the first layer of the kind
+    received, so computing the repeats only cost time: the warm-up through every layer was most
+    of a deep model's scan. What still runs for every block is everything around its
+    ``forward``: the input-recording pre-hook and FSDP's pre/post-forward hooks (all-gather,
+    reshard, backward hooks), so collectives and FSDP state stay as in a full step. Later layers
+    receive the shortcut output (an earlier layer's values, the same shapes).
+    """
+    signatures = {slot.fqn: structure_signature(slot, None) for slot in setup.blocks}
+    ran: dict[tuple[str, Any], Any] = {}
+    patched: list[tuple[nn.Module, Any]] = []
+    for slot in setup.blocks:
+        outer = slot.outer
+        patched.append((outer, outer.__dict__.get("forward", _NO_ATTR)))
+
+        def forward(
+            *args: Any, _inner: Any = outer.forward, _sig: str = signatures[slot.fqn], **kwargs: Any
+        ) -> Any:
+            key = (_sig, _shape_sig((args, kwargs)))
+            if key not in ran:
+                ran[key] = _inner(*args, **kwargs)
+            return ran[key]
+
+        outer.forward = forward
+    new_pass = setup.model.register_forward_pre_hook(lambda *_: ran.clear())
+
+    def restore() -> None:
+        new_pass.remove()
+        ran.clear()
+        for outer, previous in patched:
+            if previous is _NO_ATTR:
+                del outer.forward
+            else:
+                outer.forward = previous
+
+    return restore

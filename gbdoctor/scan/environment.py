@@ -4,8 +4,10 @@ Three environments, one per-rank pipeline (``scan.rank.scan_rank``):
 
 - in-process: world size 1, a single-process group;
 - spawned ranks: world size N, one spawned process per rank (``setup.dist.run_ranks``);
-- simulated: ``--simulate``, or a world too large for local ranks; rank 0 of N in this
-  process on a fake process group and fake tensors (``scan.simulate``).
+- simulated: ``--simulate``, a world too large for local ranks, or a spec whose estimated memory
+  does not fit this machine (``scan.estimate.decide``, the rule every command that builds a
+  model follows); rank 0 of N in this process on a fake process group and fake tensors
+  (``scan.simulate``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from gbdoctor.records import ScanReport, Spec
+from gbdoctor.scan.estimate import decide
 from gbdoctor.scan.job import Progress, ScanJob, strategy_for
 from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import scan_rank, scan_rank_entry
@@ -21,7 +24,6 @@ from gbdoctor.scan.simulate import (
     fake_process_group,
     simulation_mode,
     simulation_notes,
-    simulation_reason,
 )
 from gbdoctor.setup.compile import Strategy
 from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
@@ -38,10 +40,15 @@ def scan(
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
     if not isinstance(strategy, Strategy):
         strategy = strategy_for(spec, strategy)
-    reason = simulation_reason(spec)  # --simulate, or a world too large for local ranks
-    if reason is not None:
+    decision = decide(spec)  # --simulate, a world too large for local ranks, or too much memory
+    if decision.simulate:
         return simulate_scan(
-            spec, strategy=strategy, dedupe=dedupe, progress=progress, strict=strict, reason=reason
+            spec,
+            strategy=strategy,
+            dedupe=dedupe,
+            progress=progress,
+            strict=strict,
+            reason=decision.reason,
         )
     device = resolve_device(spec.gbdoctor.device)
     job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe, strict=strict)

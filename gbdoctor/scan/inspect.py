@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch.nn as nn
 
 from gbdoctor.capture import clean_fqn, find_hooks, torch_version, within
 from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
+from gbdoctor.scan.estimate import decide
 from gbdoctor.scan.job import ScanJob, strategy_for
 from gbdoctor.scan.rank import build_and_setup, setup_info
+from gbdoctor.scan.simulate import fake_process_group, simulation_mode, simulation_notice
 from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
+from gbdoctor.spec import spec_notes
 
 
 def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
-    """Set the spec's model up (on its real world size) and describe rank 0's view."""
+    """Set the spec's model up (on its real world size) and describe rank 0's view.
+
+    The rule every command that builds a model follows (``scan.estimate.decide``) picks real
+    local ranks or a simulation: a simulated inspect builds on meta and sets up rank 0 on a fake
+    process group."""
+    decision = decide(spec)
+    if decision.simulate:
+        return simulate_inspect(spec, strategy=strategy, reason=decision.reason)
     job = ScanJob(
         spec=spec,
         strategy=strategy_for(spec, strategy),
@@ -23,14 +34,35 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     world = spec.parallelism.world_size
     if world == 1:
         with single_process_group(job.device):
-            return inspect_rank(job)
-    return run_ranks(
-        inspect_rank,
-        job,
-        world_size=world,
-        device_type=job.device,
-        timeout_s=spec.gbdoctor.timeout_s,
-    )[0]
+            report = inspect_rank(job)
+    else:
+        report = run_ranks(
+            inspect_rank,
+            job,
+            world_size=world,
+            device_type=job.device,
+            timeout_s=spec.gbdoctor.timeout_s,
+        )[0]
+    return replace(report, notes=spec_notes(spec) + report.notes)
+
+
+def simulate_inspect(
+    spec: Spec, *, strategy: str | None = None, reason: str | None = "requested"
+) -> SetupReport:
+    """Rank 0 of ``spec``'s world, set up on meta tensors and a fake process group, in this
+    process (the same code as ``simulate_scan`` up to the capture)."""
+    job = ScanJob(spec=spec, strategy=strategy_for(spec, strategy), device="cpu")
+    mode, _ = simulation_mode()
+    with fake_process_group(spec.parallelism.world_size):
+        report = inspect_rank(job, fake_mode=mode)
+    notes = simulation_notice(spec, reason) + (
+        f"simulated: rank 0 of {spec.parallelism.world_size} on a fake process group; the model "
+        "was built on the meta device and set up by the same EP/AC/compile/FSDP2 code (parameter "
+        "counts are rank 0's shards)",
+    )
+    return replace(
+        report, setup=replace(report.setup, simulated=True), notes=notes + spec_notes(spec)
+    )
 
 
 def _is_fsdp(module: nn.Module) -> bool:
@@ -39,8 +71,8 @@ def _is_fsdp(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
-def inspect_rank(job: ScanJob) -> SetupReport:
-    setup, _ = build_and_setup(job)
+def inspect_rank(job: ScanJob, fake_mode: Any = None) -> SetupReport:
+    setup, _ = build_and_setup(job, None, fake_mode)
     model = setup.model
     hooks = [
         HookInfo(module=h.module, kind=h.kind, installer=h.installer, name=h.name)

@@ -13,11 +13,17 @@ from gbdoctor.scan.rank import event_order
 
 def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
     """Rank 0's records, plus a ``rank_divergence`` event on every block where ranks disagree."""
-    return merged_report(spec.key, f"{spec.model.name}/{spec.model.flavor}", ranks)
+    from gbdoctor.spec import spec_notes
+
+    label = f"{spec.model.name}/{spec.model.flavor}"
+    return merged_report(spec.key, label, ranks, spec_notes=spec_notes(spec))
 
 
-def merged_report(spec_label: str, model_label: str, ranks: list[RankScan]) -> ScanReport:
-    """``merge_ranks`` for any setup: ``spec_label`` and ``model_label`` name what was scanned."""
+def merged_report(
+    spec_label: str, model_label: str, ranks: list[RankScan], spec_notes: tuple[str, ...] = ()
+) -> ScanReport:
+    """``merge_ranks`` for any setup: ``spec_label`` and ``model_label`` name what was scanned;
+    ``spec_notes`` (how the spec was read) come before the ranks' notes."""
     blocks0, info, notes0 = ranks[0]
     merged = []
     for i, block in enumerate(blocks0):
@@ -35,7 +41,7 @@ def merged_report(spec_label: str, model_label: str, ranks: list[RankScan]) -> S
             )
             block = replace(block, events=tuple(sorted(block.events + (event,), key=event_order)))
         merged.append(block)
-    notes = notes0
+    notes = spec_notes + notes0
     if len(ranks) > 1:
         notes += (
             f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",

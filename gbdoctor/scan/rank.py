@@ -37,7 +37,7 @@ from gbdoctor.capture import (
 from gbdoctor.capture.locate import portable_path, within
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
-from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase
+from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase, shortcut_repeated_blocks
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
@@ -158,9 +158,12 @@ def capture_set_up(
     outers = {slot.fqn: slot.outer for slot in setup.blocks}
     store, remove = collect_block_inputs(setup.model, outers)
     notes: list[str] = []
+    # Only representatives are captured: repeated layers need not compute in the warm-up.
+    restore = shortcut_repeated_blocks(setup) if dedupe else (lambda: None)
     try:
         run_warm_up(setup, attempts, notes)
     finally:
+        restore()
         remove()
     session.locator = Locator(setup.model, setup.hooks)
     groups = group_blocks(setup, store) if dedupe else [[s.fqn] for s in setup.blocks]
@@ -262,6 +265,7 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         world_size=spec.parallelism.world_size,
         ep_degree=spec.parallelism.expert_parallel_degree,
         dp_shard=spec.parallelism.dp_shard,
+        dp_replicate=spec.parallelism.data_parallel_replicate_degree,
         ac_mode=spec.activation_checkpoint.mode,
         ac_option=spec.activation_checkpoint.selective_ac_option,
         fsdp=setup.fsdp,

@@ -1,8 +1,8 @@
 """Simulated scans: production-size specs on one machine, with nothing allocated at full size.
 
 ``gbdoctor scan SPEC --simulate`` (and, automatically and with a notice in the report, any spec
-whose world size exceeds what this machine can run as local ranks: ``local_world_limit``) scans
-rank 0 of the spec's world in this process:
+that ``scan.estimate.decide`` finds too large for this machine: a world larger than its local
+ranks, or more memory than it has) scans rank 0 of the spec's world in this process:
 
 1. The process group is PyTorch's ``fake`` backend at the spec's world size: collectives return
    at once without peers and move no data, so the real FSDP2 and EP code runs unchanged. The
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,31 +49,6 @@ _aten = torch.ops.aten
 _MAX_VALUE_NUMEL = 1 << 16
 """Tensors larger than this never carry stand-in values (token counts are per-expert sized)."""
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
-
-
-# ------------------------------------------------------------------------------ when
-
-
-def local_world_limit() -> int:
-    """Most ranks a real scan spawns on this machine: two per CPU core.
-
-    Every local rank holds a full copy of the model and runs its own Dynamo; past about two per
-    core a CPU machine thrashes, and a production world (64, 256 ranks) could not run at all.
-    """
-    return max(2, 2 * (os.cpu_count() or 1))
-
-
-def simulation_reason(spec: Spec) -> str | None:
-    """Why ``spec`` is scanned simulated, or None to scan it on real local ranks."""
-    if spec.gbdoctor.simulate:
-        return "requested"
-    world, limit = spec.parallelism.world_size, local_world_limit()
-    if world > limit:
-        return (
-            f"world size {world} exceeds the {limit} ranks this machine runs locally "
-            f"(2 per CPU core), so the scan was simulated automatically"
-        )
-    return None
 
 
 # ------------------------------------------------------------------------------ process group
@@ -294,15 +268,20 @@ def simulated_setup(model: nn.Module, mode: FakeTensorMode, device: str = "cpu")
 # ------------------------------------------------------------------------------ scan
 
 
+def simulation_notice(spec: Spec, reason: str | None) -> tuple[str, ...]:
+    """The one-line notice of an automatic simulation (none when it was requested)."""
+    if not reason or reason == "requested":
+        return ()
+    return (
+        f"notice: {reason}; pass --simulate to ask for it explicitly, or run on a machine that "
+        f"fits {spec.parallelism.world_size} rank(s) of this spec for a real capture",
+    )
+
+
 def simulation_notes(spec: Spec, reason: str | None) -> tuple[str, ...]:
     """What a simulated scan does not see, for the report header."""
     p = spec.parallelism
-    notes = []
-    if reason and reason != "requested":
-        notes.append(
-            f"notice: {reason}; pass --simulate to ask for it explicitly, or scan on a "
-            f"machine with {p.world_size} ranks for a real capture"
-        )
+    notes = list(simulation_notice(spec, reason))
     notes.append(
         f"simulated: rank 0 of {p.world_size} on a fake process group (collectives return at once "
         "and move no data); the model was built on the meta device, set up by the same "

@@ -118,17 +118,21 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
 
 
-def test_schema_version_1_scans_are_still_read(fixture_name: str) -> None:
-    """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, with defaults:
-    a version-1 document (as stored baselines and scans have them) reads as the same report."""
+def test_older_schema_versions_are_still_read(fixture_name: str) -> None:
+    """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, version 3
+    ``dp_replicate`` to the setup, all with defaults: older documents (as stored baselines and
+    scans have them) read as the same report."""
     report = SCAN_FIXTURES[fixture_name]()
     data = json.loads(render_json(report))
+    assert SCHEMA_VERSION == data["schema_version"] == 3
+    data["schema_version"] = 2
+    del data["setup"]["dp_replicate"]
+    assert load_scan_json(json.dumps(data)) == report
     data["schema_version"] = 1
     del data["setup"]["tp_degree"]
     for block in data["blocks"]:
         del block["cudagraphs"]
-    assert SCHEMA_VERSION == 2
     assert load_scan_json(json.dumps(data)) == report
-    data["schema_version"] = 3
-    with pytest.raises(BaselineError, match="reads 1, 2"):
+    data["schema_version"] = 4
+    with pytest.raises(BaselineError, match="reads 1, 2, 3"):
         load_scan_json(json.dumps(data))
