@@ -690,12 +690,15 @@ def _check_tp(p: ParallelSpec, model: ModelSpec, async_tp: bool, ctx: _Ctx) -> N
     """What tensor parallelism gbdoctor sets up: torchtitan's plans for the built-in families,
     on a (dp_shard x tp) mesh; async TP, expert TP and EP together with TP are refused."""
     tp, where = p.tensor_parallel_degree, ctx.where("parallelism", "tensor_parallel_degree")
-    if p.expert_tensor_parallel_degree > 1:
+    etp = p.expert_tensor_parallel_degree
+    # torchtitan v0.2.2 accepts etp in {1, tp}. Without EP, experts are tensor-parallel on the TP
+    # mesh whatever etp says (its apply_moe_ep_tp uses TensorParallel when there is no EP mesh),
+    # which is what gbdoctor sets up; etp only matters when EP and TP combine.
+    if etp not in (1, tp):
         ctx.fail(
-            f"{ctx.where('parallelism', 'expert_tensor_parallel_degree')} = "
-            f"{p.expert_tensor_parallel_degree}: expert tensor parallelism (ETP) is not supported "
-            "(gbdoctor shards experts with EP or, under TP, on their hidden size)",
-            "set expert_tensor_parallel_degree = 1",
+            f"{ctx.where('parallelism', 'expert_tensor_parallel_degree')} = {etp} with "
+            f"{where} = {tp}: torchtitan accepts only 1 or the TP degree",
+            f"set expert_tensor_parallel_degree = 1 or {tp}",
         )
     if tp == 1:
         return

@@ -11,7 +11,7 @@ from repo_paths import FIXTURES, REPO
 from gbdoctor.errors import ExitCode, SpecError
 from gbdoctor.spec import STRATEGY_NAMES, VALID_KEYS, load_spec, parse_override
 
-TITAN_CONFIGS = Path("/work/shared/reference/torchtitan-configs-v0.2.2")
+TITAN_CONFIGS = FIXTURES / "torchtitan_v0.2.2"
 
 LLAMA4 = '[model]\nname = "llama4"\nflavor = "debugmodel"\n'
 LLAMA3 = '[model]\nname = "llama3"\nflavor = "debugmodel"\n'
@@ -90,7 +90,6 @@ def test_custom_fixture_factory_is_resolved_next_to_the_spec():
 
 # Configs gbdoctor refuses, and the keys the error must name.
 TITAN_REFUSED = {
-    "llama4_17bx16e.toml": ("expert_tensor_parallel_degree = 8",),
     "llama4_17bx128e.toml": ("pipeline_parallel_degree = 4",),
 }
 
@@ -99,7 +98,6 @@ def titan_configs() -> list[str]:
     return sorted(p.name for p in TITAN_CONFIGS.glob("*.toml"))
 
 
-@pytest.mark.skipif(not TITAN_CONFIGS.is_dir(), reason="torchtitan reference configs not present")
 @pytest.mark.parametrize("name", titan_configs())
 def test_torchtitan_v022_config_loads_or_is_refused(name):
     path = TITAN_CONFIGS / name
@@ -108,18 +106,14 @@ def test_torchtitan_v022_config_loads_or_is_refused(name):
         assert "not supported" in err.message
         for needle in TITAN_REFUSED[name]:
             assert needle in err.message
-        # With the unsupported degrees overridden, the same config loads, with its TP 8 world.
-        overrides = [
-            f"parallelism.{k}=1"
-            for k in ("pipeline_parallel_degree", "expert_tensor_parallel_degree")
-        ]
+        # With the unsupported degree overridden, the same config loads, with its TP 8 world.
+        overrides = ["parallelism.pipeline_parallel_degree=1"]
         assert load_spec(path, overrides).parallelism.world_size == 8
     else:
         spec = load_spec(path)
         assert spec.model.name in name
 
 
-@pytest.mark.skipif(not TITAN_CONFIGS.is_dir(), reason="torchtitan reference configs not present")
 def test_torchtitan_deepseek_16b_resolves_ep8_world():
     spec = load_spec(TITAN_CONFIGS / "deepseek_v3_16b.toml")
     assert spec.model.flavor == "16B"
@@ -553,7 +547,10 @@ def test_tp_multiplies_the_world(tmp_path, degrees, world):
 @pytest.mark.parametrize(
     "extra, needle",
     [
-        ("expert_tensor_parallel_degree = 2\n", "expert tensor parallelism (ETP) is not supported"),
+        (
+            "tensor_parallel_degree = 2\nexpert_tensor_parallel_degree = 4\n",
+            "torchtitan accepts only 1 or the TP degree",
+        ),
         (
             "tensor_parallel_degree = 2\nenable_async_tensor_parallel = true\n",
             "async TP is not supported",
