@@ -395,7 +395,9 @@ def _scan_as_decided(
         from gbdoctor.scan import simulate_scan
 
         return simulate_scan(spec, reason=decision.reason, **kw)
-    return scan(spec, **kw)
+    from gbdoctor.scan.environment import with_notice
+
+    return with_notice(scan(spec, **kw), decision)
 
 
 def _plan_notes(before: ScanReport) -> tuple[str, ...]:

@@ -309,3 +309,8 @@ class Decision:
     """Why it is simulated (``requested``, a world too large, the memory estimate)."""
     estimate: MemoryEstimate | None = None
     """The memory estimate, when one was made (not for an explicit ``--simulate``)."""
+    capture_shape: tuple[int, int] | None = None
+    """(batch, seq) a real CPU scan captures at instead of the training shape, when a step at
+    the training shape would be too slow (``scan.estimate.capture_shape``); None: unchanged."""
+    notice: str | None = None
+    """The report note that says so."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gbdoctor.records import ScanReport, Spec
-from gbdoctor.scan.estimate import decide
+from gbdoctor.records import Decision, ScanReport, Spec
+from gbdoctor.scan.estimate import decide, pin
 from gbdoctor.scan.job import Progress, ScanJob, strategy_for
 from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import scan_rank, scan_rank_entry
@@ -40,7 +40,9 @@ def scan(
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
     if not isinstance(strategy, Strategy):
         strategy = strategy_for(spec, strategy)
-    decision = decide(spec)  # --simulate, a world too large for local ranks, or too much memory
+    # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
+    decision = decide(spec)
+    spec = pin(spec, decision)
     if decision.simulate:
         return simulate_scan(
             spec,
@@ -68,7 +70,14 @@ def scan(
         )
         if progress:
             progress(f"captured on {world} ranks", 1, 1)
-    return merge_ranks(spec, job, ranks)
+    return with_notice(merge_ranks(spec, job, ranks), decision)
+
+
+def with_notice(report: ScanReport, decision: Decision) -> ScanReport:
+    """``report`` with the decision's notice (a reduced capture shape) as its first note."""
+    if decision.notice is None or decision.notice in report.notes:
+        return report
+    return replace(report, notes=(decision.notice, *report.notes))
 
 
 def simulate_scan(

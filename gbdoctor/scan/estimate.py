@@ -31,6 +31,16 @@ and calls ``require_real`` instead, which refuses (exit 2) where ``decide`` woul
 4. FlexAttention flavors cannot be simulated: FlexAttention has no CPU backward, and simulation
    runs fake CPU tensors. A spec that would be simulated with one is refused with exit 2 naming
    the flavor and the ways around it.
+
+5. A real scan on CPU at the training shape whose compute would take minutes (bf16 matmuls on a
+   CPU without bf16 instructions run about 100x slower than fp32; measured on this project's
+   2-core machine: 0.4 vs 34 GFLOP/s) captures at a smaller shape instead, when the spec does
+   not set ``[gbdoctor] batch_size`` / ``seq_len``: ``capture_shape`` estimates the FLOPs of one
+   training step from the parameter shapes and the CPU's assumed rate in the compute dtype,
+   and halves the batch (to 1), then the sequence (down to ``MIN_CAPTURE_SEQ``, keeping it
+   divisible by the TP degree) until the scan's compute fits ``CAPTURE_TIME_BUDGET_S``. Graph
+   breaks do not depend on these sizes; the report's notice says what was captured and how to
+   capture at the training shape. Simulated scans (fake tensors) keep the training shape.
 """
 
 from __future__ import annotations
@@ -282,6 +292,8 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
             decision = _memory_decision(spec, model, available)
     if decision.simulate and flex_flavor(spec):
         _refuse_flex(spec, decision.reason or "")
+    if not decision.simulate:
+        decision = capture_shape(spec, model, decision)
     return decision
 
 
@@ -309,63 +321,103 @@ def _memory_decision(spec: Spec, model: Any, available: int | None) -> Decision:
 
 
 def pin(spec: Spec, decision: Decision) -> Spec:
-    """``spec`` with the decision fixed (``[gbdoctor] simulate``), so re-scans (plan rounds) do
-    not decide again."""
-    if decision.simulate == spec.gbdoctor.simulate:
-        return spec
-    return replace(spec, gbdoctor=replace(spec.gbdoctor, simulate=decision.simulate))
+    """``spec`` with the decision fixed (``[gbdoctor] simulate``, and the capture shape when it
+    was reduced), so re-scans (plan rounds) do not decide again."""
+    tool = replace(spec.gbdoctor, simulate=decision.simulate)
+    if decision.capture_shape is not None:
+        tool = replace(
+            tool, batch_size=decision.capture_shape[0], seq_len=decision.capture_shape[1]
+        )
+    return spec if tool == spec.gbdoctor else replace(spec, gbdoctor=tool)
 
 
-def require_real(
-    spec: Spec, *, available: int | None = None, command: str = "run"
-) -> MemoryEstimate | None:
-    """For ``run`` (it trains for real and cannot simulate): the estimate, or exit 2 with how to
-    shrink the spec when ``decide`` would simulate."""
-    if spec.gbdoctor.simulate:
-        raise SpecError(
-            f"`gbdoctor {command}` trains for real and cannot simulate "
-            "([gbdoctor] simulate = true)",
-            hint="drop --set gbdoctor.simulate=true; use `gbdoctor scan --simulate` to see "
-            "the breaks of a production-size spec",
-        )
-    world, limit = spec.parallelism.world_size, local_world_limit()
-    if world > limit:
-        raise SpecError(
-            f"`gbdoctor {command}` trains for real on local ranks, and world size {world} "
-            f"exceeds the {limit} this machine runs (2 per CPU core)",
-            hint="shrink the world, e.g. --world-size 2 or --set parallelism."
-            "data_parallel_shard_degree=2 (EP must divide it)",
-        )
-    decision = _memory_decision(spec, None, available)
-    if decision.simulate:
-        assert decision.estimate is not None
-        raise SpecError(
-            f"`gbdoctor {command}` trains for real and cannot simulate: a real run "
-            f"{describe(decision.estimate)}",
-            hint=shrink_hint(spec, decision.estimate),
-        )
-    return decision.estimate
+# ------------------------------------------------------------------------- capture shape
+
+CAPTURE_TIME_BUDGET_S = 30.0
+"""Compute a real CPU scan may spend (all ranks share the machine's cores); beyond it the
+capture shape shrinks (rule 5)."""
+
+SCAN_STEP_EQUIVALENTS = 3
+"""A scan's compute in training steps of the whole model: the eager warm-up step, and per block
+kind a traced forward and a compiled forward + backward (about two more steps for a model whose
+kinds are a fraction of its depth; conservative when every layer is its own kind)."""
+
+MIN_CAPTURE_SEQ = 64
+"""The shortest sequence rule 5 shrinks to (the repository's debug specs capture at 2 x 64)."""
 
 
-def shrink_hint(spec: Spec, estimate: MemoryEstimate) -> str:
-    """How to make ``spec`` fit: a smaller flavor when the weights alone do not, else smaller shapes."""
-    state = estimate.params + estimate.grads + estimate.optimizer + estimate.overhead
-    if state * estimate.local_ranks > estimate.budget and spec.model.name != "custom":
-        return (
-            f"run a smaller flavor with the same setup, e.g. --set model.flavor={_smallest(spec)} "
-            "(and --set gbdoctor.batch_size=2 --set gbdoctor.seq_len=64), or run on a machine "
-            "with more memory"
-        )
-    return (
-        "shrink the step, e.g. --set gbdoctor.batch_size=2 --set gbdoctor.seq_len=64, or run on "
-        "a machine with more memory"
+def step_flops(spec: Spec, model: Any, batch: int, seq: int) -> float:
+    """FLOPs of one training step (forward + backward, 3x the forward) at ``batch x seq`` tokens
+    per rank, from parameter shapes: 2 per weight element and token for matmul-like weights
+    (stacked expert weights see ``top_k / experts`` of the tokens each), plus attention's two
+    ``seq x seq`` products per layer at the embedding width. Embeddings are lookups (free)."""
+    import torch.nn as nn
+
+    from gbdoctor.models import block_container
+    from gbdoctor.models.structure import hidden_size
+
+    tokens = batch * seq
+    per_token = 0.0
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            continue
+        for param in module.parameters(recurse=False):
+            if param.dim() == 2:
+                per_token += 2 * param.numel()
+            elif param.dim() == 3:  # (experts, in, out): each token visits top_k experts
+                per_token += 2 * param.numel() * _top_k(spec) / param.shape[0]
+    try:
+        layers = len(block_container(model))
+    except Exception:  # noqa: BLE001 - no repeated-block container found: no attention term
+        layers = 0
+    attention = 4 * batch * seq * seq * (hidden_size(model) or 0) * layers
+    return 3 * (tokens * per_token + attention)
+
+
+CPU_FLOPS = {"float32": 20e9, "bfloat16": 0.5e9}
+"""FLOP/s of CPU matmuls assumed by rule 5, per compute dtype. Fixed, not probed, so the same
+spec captures at the same shape on every machine (the same scan gives the same JSON). Measured
+on this project's 2-core AMD EPYC machine (no AVX512-BF16/AMX; torch 2.13): a 4096x1024x1024
+matmul runs at 34 GFLOP/s in fp32 and 0.4 GFLOP/s in bf16. A CPU with native bf16 is faster:
+it then captures at a smaller shape than it needed to, never a slower one."""
+
+
+def capture_shape(spec: Spec, model: Any, decision: Decision) -> Decision:
+    """Rule 5: ``decision`` with a smaller CPU capture shape when the training shape is too slow."""
+    from gbdoctor.setup.dist import resolve_device
+
+    g = spec.gbdoctor
+    if g.batch_size or g.seq_len or resolve_device(g.device) != "cpu":
+        return decision  # the user chose the shape, or accelerators: the training shape
+    if model is None:
+        from gbdoctor.models import build_model
+
+        model = build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
+    dtype = "bfloat16" if spec.training.mixed_precision_param == "bfloat16" else "float32"
+    # Local ranks share the cores: the machine does world x the per-rank work.
+    seconds_per_flop = spec.parallelism.world_size * SCAN_STEP_EQUIVALENTS / CPU_FLOPS[dtype]
+    batch, seq = spec.capture_batch_size, spec.capture_seq_len
+    tp = spec.parallelism.tensor_parallel_degree
+
+    def too_slow(b: int, s: int) -> bool:
+        return step_flops(spec, model, b, s) * seconds_per_flop > CAPTURE_TIME_BUDGET_S
+
+    if not too_slow(batch, seq):
+        return decision
+    while too_slow(batch, seq) and (
+        batch > 1 or (seq // 2 >= MIN_CAPTURE_SEQ and (seq // 2) % tp == 0 and seq % 2 == 0)
+    ):
+        if batch > 1:
+            batch //= 2
+        else:
+            seq //= 2
+    training = f"{spec.capture_batch_size} x {spec.capture_seq_len}"
+    notice = (
+        f"notice: captured at batch {batch} x seq {seq} instead of the training shape {training}: "
+        f"the {dtype} compute of a scan at that shape would exceed the "
+        f"{CAPTURE_TIME_BUDGET_S:.0f} s budget for a CPU scan, and graph breaks do "
+        "not depend on these sizes; pass --set gbdoctor.batch_size="
+        f"{spec.capture_batch_size} --set gbdoctor.seq_len={spec.capture_seq_len} to capture at "
+        "the training shape"
     )
-
-
-def _smallest(spec: Spec) -> str:
-    from gbdoctor.models import family_flavors
-
-    flavors = family_flavors(spec.model.name)
-    return (
-        "debugmodel" if "debugmodel" in flavors else (flavors[0] if flavors else spec.model.flavor)
-    )
+    return replace(decision, capture_shape=(batch, seq), notice=notice)
