@@ -61,10 +61,12 @@ def test_every_config_loads_or_is_refused_in_one_line_and_the_rule_decides_each(
     for name in ("llama3_8b.toml", "deepseek_v3_671b.toml"):
         assert decided[name].reason.startswith("a real scan needs about"), decided[name].reason
         assert decided[name].estimate.params > 16 * GiB
-    # The debug flavors fit at their training shapes (8 x 2048 tokens): scanned for real.
+    # The debug flavors are scanned for real, at the smaller shape their CPU compute allows
+    # (rule 5), and the memory is estimated at that shape.
     for name in DEBUG:
         assert not decided[name].simulate and decided[name].estimate.fits, name
-        assert decided[name].estimate.tokens == 8 * 2048
+        batch, seq = decided[name].capture_shape
+        assert decided[name].estimate.tokens == batch * seq < 8 * 2048
 
 
 def test_a_spec_that_does_not_fit_is_simulated_with_the_notice():
@@ -321,3 +323,47 @@ def test_full_size_scan_cli():
     assert len(data["blocks"]) == 32 and sum(b["same_as"] is None for b in data["blocks"]) == 1
     assert all(b["error"] is None and b["graph_count"] >= 1 for b in data["blocks"])
     assert data["notes"][0].startswith("notice: a real scan needs about")
+
+
+# --------------------------------------------------------------------------- capture shape
+
+
+def test_slow_cpu_training_shapes_capture_smaller_with_a_notice_and_the_same_answer_twice():
+    spec = load_spec(CONFIGS / "llama3_debug_model.toml")
+    first, second = estimate.decide(spec), estimate.decide(spec)
+    assert (first.capture_shape, first.notice) == (second.capture_shape, second.notice)
+    assert not first.simulate
+    batch, seq = first.capture_shape
+    # Batch goes first, then the sequence, by halving from the training shape 8 x 2048.
+    assert batch == 1 and seq < 2048 and 2048 % seq == 0 and seq >= estimate.MIN_CAPTURE_SEQ
+    assert first.notice.startswith(f"notice: captured at batch 1 x seq {seq} instead of")
+    assert "--set gbdoctor.batch_size=8 --set gbdoctor.seq_len=2048" in first.notice
+    pinned = estimate.pin(spec, first)
+    assert (pinned.capture_batch_size, pinned.capture_seq_len) == (1, seq)
+    # The chosen shape fits the budget; the one before it did not.
+    model = _meta_model(spec)
+    rate = estimate.CPU_FLOPS["bfloat16"] / estimate.SCAN_STEP_EQUIVALENTS
+    assert estimate.step_flops(spec, model, 1, seq) / rate <= estimate.CAPTURE_TIME_BUDGET_S
+    assert estimate.step_flops(spec, model, 1, seq * 2) / rate > estimate.CAPTURE_TIME_BUDGET_S
+    # A shape the user states is kept, however slow.
+    stated = load_spec(CONFIGS / "llama3_debug_model.toml", ["gbdoctor.seq_len=2048"])
+    assert estimate.decide(stated).capture_shape is None
+
+
+def test_step_flops_follow_tokens_and_attention():
+    spec = load_spec("fixtures/llama3_debug.toml")
+    model = _meta_model(spec)
+    one, two = (estimate.step_flops(spec, model, b, 64) for b in (1, 2))
+    assert two == pytest.approx(2 * one)
+    # Doubling the sequence more than doubles the cost: attention is quadratic in it.
+    assert estimate.step_flops(spec, model, 1, 128) > 2 * one
+
+
+def test_local_ranks_share_the_cores_so_a_larger_world_captures_smaller():
+    one = estimate.decide(load_spec(CONFIGS / "llama3_debug_model.toml"))
+    four = estimate.decide(
+        load_spec(CONFIGS / "llama3_debug_model.toml", ["parallelism.data_parallel_shard_degree=4"])
+    )
+    assert (
+        four.capture_shape[0] * four.capture_shape[1] < one.capture_shape[0] * one.capture_shape[1]
+    )

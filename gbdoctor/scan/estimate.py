@@ -289,12 +289,25 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
                 ),
             )
         else:
-            decision = _memory_decision(spec, model, available)
+            if model is None:
+                model = _meta_model(spec)
+            # Memory is estimated at the shape a real scan would capture (rule 5); a simulation
+            # computes nothing and keeps the training shape.
+            shaped = capture_shape(spec, model, Decision(simulate=False))
+            decision = _memory_decision(pin(spec, shaped), model, available)
+            if not decision.simulate:
+                decision = replace(
+                    decision, capture_shape=shaped.capture_shape, notice=shaped.notice
+                )
     if decision.simulate and flex_flavor(spec):
         _refuse_flex(spec, decision.reason or "")
-    if not decision.simulate:
-        decision = capture_shape(spec, model, decision)
     return decision
+
+
+def _meta_model(spec: Spec) -> Any:
+    from gbdoctor.models import build_model
+
+    return build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
 
 
 def _memory_decision(spec: Spec, model: Any, available: int | None) -> Decision:
@@ -304,9 +317,7 @@ def _memory_decision(spec: Spec, model: Any, available: int | None) -> Decision:
     if available is None:
         available = available_memory(device)
     if model is None:
-        from gbdoctor.models import build_model
-
-        model = build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
+        model = _meta_model(spec)
     estimate = estimate_memory(spec, model, available=available)
     if device == "cuda":
         # Each rank has a GPU of its own: compare one rank with one device.
@@ -389,10 +400,6 @@ def capture_shape(spec: Spec, model: Any, decision: Decision) -> Decision:
     g = spec.gbdoctor
     if g.batch_size or g.seq_len or resolve_device(g.device) != "cpu":
         return decision  # the user chose the shape, or accelerators: the training shape
-    if model is None:
-        from gbdoctor.models import build_model
-
-        model = build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
     dtype = "bfloat16" if spec.training.mixed_precision_param == "bfloat16" else "float32"
     # Local ranks share the cores: the machine does world x the per-rank work.
     seconds_per_flop = spec.parallelism.world_size * SCAN_STEP_EQUIVALENTS / CPU_FLOPS[dtype]
@@ -421,3 +428,58 @@ def capture_shape(spec: Spec, model: Any, decision: Decision) -> Decision:
         "the training shape"
     )
     return replace(decision, capture_shape=(batch, seq), notice=notice)
+
+
+def require_real(
+    spec: Spec, *, available: int | None = None, command: str = "run"
+) -> MemoryEstimate | None:
+    """For ``run`` (it trains for real and cannot simulate): the estimate, or exit 2 with how to
+    shrink the spec when ``decide`` would simulate."""
+    if spec.gbdoctor.simulate:
+        raise SpecError(
+            f"`gbdoctor {command}` trains for real and cannot simulate "
+            "([gbdoctor] simulate = true)",
+            hint="drop --set gbdoctor.simulate=true; use `gbdoctor scan --simulate` to see "
+            "the breaks of a production-size spec",
+        )
+    world, limit = spec.parallelism.world_size, local_world_limit()
+    if world > limit:
+        raise SpecError(
+            f"`gbdoctor {command}` trains for real on local ranks, and world size {world} "
+            f"exceeds the {limit} this machine runs (2 per CPU core)",
+            hint="shrink the world, e.g. --world-size 2 or --set parallelism."
+            "data_parallel_shard_degree=2 (EP must divide it)",
+        )
+    decision = _memory_decision(spec, None, available)
+    if decision.simulate:
+        assert decision.estimate is not None
+        raise SpecError(
+            f"`gbdoctor {command}` trains for real and cannot simulate: a real run "
+            f"{describe(decision.estimate)}",
+            hint=shrink_hint(spec, decision.estimate),
+        )
+    return decision.estimate
+
+
+def shrink_hint(spec: Spec, estimate: MemoryEstimate) -> str:
+    """How to make ``spec`` fit: a smaller flavor when the weights alone do not, else smaller shapes."""
+    state = estimate.params + estimate.grads + estimate.optimizer + estimate.overhead
+    if state * estimate.local_ranks > estimate.budget and spec.model.name != "custom":
+        return (
+            f"run a smaller flavor with the same setup, e.g. --set model.flavor={_smallest(spec)} "
+            "(and --set gbdoctor.batch_size=2 --set gbdoctor.seq_len=64), or run on a machine "
+            "with more memory"
+        )
+    return (
+        "shrink the step, e.g. --set gbdoctor.batch_size=2 --set gbdoctor.seq_len=64, or run on "
+        "a machine with more memory"
+    )
+
+
+def _smallest(spec: Spec) -> str:
+    from gbdoctor.models import family_flavors
+
+    flavors = family_flavors(spec.model.name)
+    return (
+        "debugmodel" if "debugmodel" in flavors else (flavors[0] if flavors else spec.model.flavor)
+    )
