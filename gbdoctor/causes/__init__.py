@@ -14,6 +14,7 @@ from gbdoctor.causes.gb_registry import (
     registry,
     registry_path,
 )
+from gbdoctor.causes.known_issues import KNOWN_ISSUES, KnownIssue, known_issue, known_issue_note
 from gbdoctor.causes.parse import (
     Reason,
     chain_reasons,
@@ -36,6 +37,10 @@ from gbdoctor.causes.taxonomy import (
 )
 
 __all__ = [
+    "KNOWN_ISSUES",
+    "KnownIssue",
+    "known_issue",
+    "known_issue_note",
     "BLOCKER_EXPLANATIONS",
     "CAUSES",
     "CAUSE_IDS",

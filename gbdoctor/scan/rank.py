@@ -35,6 +35,7 @@ from gbdoctor.capture import (
     strict_breaks,
 )
 from gbdoctor.capture.locate import portable_path, within
+from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase, shortcut_repeated_blocks
@@ -231,7 +232,8 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
             with eager_stance():
                 attempt()
         except Exception as exc:  # noqa: BLE001 - reported, then the next, weaker warm-up
-            failures.append(f"{name} fails under this setup ({describe_error(exc)})")
+            error = describe_error(exc)
+            failures.append(f"{name} fails under this setup ({error}){known_issue_note(error)}")
             reset_fsdp_state(setup.model)
             if setup.optimizer is not None:
                 setup.optimizer.zero_grad(set_to_none=True)
@@ -240,6 +242,9 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
             notes.append("; ".join(failures) + f"; blocks were captured after {name}")
         return
     hint = "fix the model or the setup first (run with --debug for the traceback)"
+    issue = known_issue(failures[-1])
+    if issue is not None:
+        hint = f"a known upstream bug ({issue.link}); {issue.workaround}"
     if any(_BF16_FAILURE.search(f) for f in failures):
         # FSDP's MixedPrecisionPolicy casts parameters to bfloat16 (torchtitan's default
         # mixed_precision_param); code that builds fp32 tensors next to them then fails.
