@@ -299,6 +299,10 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
                 decision = replace(
                     decision, capture_shape=shaped.capture_shape, notice=shaped.notice
                 )
+            elif shaped.capture_shape is not None:
+                # Too large even at the smaller shape: the notice gives the estimate at the
+                # training shape, which the simulation keeps.
+                decision = _memory_decision(spec, model, available)
     if decision.simulate and flex_flavor(spec):
         _refuse_flex(spec, decision.reason or "")
     return decision
