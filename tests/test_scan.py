@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 from repo_paths import FIXTURES
 
+from gbdoctor.records import SCHEMA_VERSION
 from gbdoctor.report import render
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
@@ -50,7 +51,7 @@ def test_scan_json_is_byte_identical_across_runs():
     first = render(scan(spec, strategy="block"), "json")
     second = render(scan(spec, strategy="block"), "json")
     assert first == second
-    assert '"schema_version": 2' in first
+    assert f'"schema_version": {SCHEMA_VERSION}' in first
     assert str(FIXTURES.parent) not in first  # machine-independent paths
 
 
