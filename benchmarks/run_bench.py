@@ -1,11 +1,13 @@
-"""Benchmark record for ``gbdoctor run``: every mode on the bundled debug specs.
+"""Benchmark record for ``gbdoctor run``: every mode, the plan included, on the bundled specs.
 
-Runs :func:`gbdoctor.run.run_modes` on each spec (default: the llama3, llama4 and deepseek_v3
-debug specs at their ``[gbdoctor]`` shapes), writes ``benchmarks/results/run_<host>.json`` (the
-machine description plus every RunReport) and prints a markdown table to stdout.
+Runs :func:`gbdoctor.run.run_modes` on each spec with the same defaults as ``gbdoctor run SPEC``
+(inductor, the plan made and verified first, 2 rounds in alternating order, the CPU benchmark
+shape), writes ``benchmarks/results/run_<host>.json`` (the machine description with ``uptime``
+before and after, plus every RunReport) and prints each report's markdown table to stdout.
 
-    python benchmarks/run_bench.py                       # 3 warm-up + 5 measured steps
-    python benchmarks/run_bench.py --steps 10 --backend inductor --specs fixtures/llama3_debug.toml
+    python benchmarks/run_bench.py                                   # llama4 EP=2 debug spec
+    python benchmarks/run_bench.py --specs fixtures/llama3_debug.toml --rounds 3 --backend aot_eager
+    python benchmarks/run_bench.py --from-report run.json            # record a `gbdoctor run --format json`
 
 Not a test: numbers depend on the machine and on whatever else it is running (the load average
 before and after is recorded). Nothing here favours any mode; every mode gets the same spec, seed,
@@ -25,11 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SPECS = (
-    "fixtures/llama3_debug.toml",
-    "fixtures/llama4_debug.toml",
-    "fixtures/deepseek_v3_debug.toml",
-)
+DEFAULT_SPECS = ("fixtures/llama4_debug_ep2.toml",)
 
 
 def cpu_model() -> str:
@@ -54,65 +52,36 @@ def machine() -> dict[str, object]:
         "platform": platform.platform(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
-    if hasattr(os, "getloadavg"):
-        info["loadavg_before"] = [round(x, 2) for x in os.getloadavg()]
+    info["uptime_before"] = uptime()
     return info
 
 
-def _fmt(value: object, spec: str = ".3f") -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    return (
-        format(value, spec)
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-        else str(value)
-    )
+def uptime() -> str:
+    """``uptime``'s line (load averages over 1, 5, 15 minutes): the machine's load next to the numbers."""
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["uptime"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"loadavg {os.getloadavg()}" if hasattr(os, "getloadavg") else "unknown"
 
 
 def markdown(info: dict[str, object], settings: dict[str, object], reports: list) -> str:
-    from gbdoctor.report.run_formats import csv_rows
+    """The machine, its load, and each report's own markdown table (``report.run_formats``)."""
+    from gbdoctor.report.run_formats import render_run
 
     lines = [
         f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']}, Python {info['python']}"
-        + (f", GPU {info['cuda']}" if info.get("cuda") else ""),
-        f"Load average before/after (1, 5, 15 min): {info.get('loadavg_before')} / {info.get('loadavg_after')}",
-        f"Settings: {settings['warmup']} warm-up + {settings['steps']} measured steps, backend "
-        f"{settings['backend']}, each mode in fresh processes; wall time {settings['wall_s']:.0f} s",
+        + (f", GPU {info['cuda']}" if info.get("cuda") else ", no GPU"),
+        f"uptime before: `{info.get('uptime_before')}`",
+        f"uptime after: `{info.get('uptime_after')}`",
+        f"Wall time {settings['wall_s']:.0f} s; settings {json.dumps({k: v for k, v in settings.items() if k != 'wall_s'})}",
         "",
-        "| spec | mode | status | tokens/s | step s median [min-max] | compile s | peak MiB | graphs | "
-        "recompiles | x eager | x best |",
-        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
-    notes = []
     for report in reports:
-        name = Path(report.spec).name
-        for row in csv_rows(report):
-            status = row["status"] if row["status"] == "ok" else f"failed ({row['error_kind']})"
-            if row["status"] == "ok" and row["recompiles"]:
-                status = "ok, RECOMPILES"
-            if row["diverged"]:
-                status += ", DIVERGED"
-            median = row["step_time_median_s"]
-            step = (
-                "-"
-                if median is None
-                else (f"{median:.3f} [{row['step_time_min_s']:.3f}-{row['step_time_max_s']:.3f}]")
-            )
-            best = " (best)" if row["mode"] == report.best_baseline else ""
-            lines.append(
-                f"| {name} | {row['mode']}{best} | {status} | {_fmt(row['tokens_per_s'], ',.0f')} | {step} | "
-                f"{_fmt(row['compile_time_s'], '.2f')} | {_fmt(row['peak_memory_mib'], '.0f')} | "
-                f"{row['graphs'] if row['status'] == 'ok' else '-'} | "
-                f"{row['recompiles'] if row['status'] == 'ok' else '-'} | "
-                f"{_fmt(row['speedup_vs_eager'], '.2f')} | {_fmt(row['speedup_vs_best_baseline'], '.2f')} |"
-            )
-            if row["error"]:
-                notes.append(f"- {name} / {row['mode']}: {row['error']}")
-        for mode in report.modes:
-            for note in mode.notes:
-                notes.append(f"- {name} / {mode.mode}: {note}")
-    if notes:
-        lines += [""] + notes
+        lines.append(render_run(report, "markdown"))
     return "\n".join(lines) + "\n"
 
 
@@ -124,21 +93,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--modes", nargs="*", default=None)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--no-plan", action="store_true")
     parser.add_argument(
-        "--backend", default=None, help="default: aot_eager on CPU, inductor on CUDA"
+        "--from-report",
+        type=Path,
+        default=None,
+        help="record an existing `gbdoctor run --format json` report instead of running",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
 
     from gbdoctor.records.io import to_jsonable
-    from gbdoctor.run import run_modes
+    from gbdoctor.run import report_from_json, run_modes
     from gbdoctor.spec import load_spec
 
     info = machine()
     started = time.perf_counter()
     reports = []
-    for path in args.specs:
+    if args.from_report is not None:
+        reports.append(report_from_json(args.from_report.read_text()))
+        info["uptime_before"] = "see the report's notes (recorded by `gbdoctor run`)"
+    for path in [] if args.from_report is not None else args.specs:
         spec = load_spec(ROOT / path if not Path(path).is_absolute() else path, args.overrides)
         print(f"[run_bench] {path}", file=sys.stderr, flush=True)
         report = run_modes(
@@ -146,18 +124,20 @@ def main(argv: list[str] | None = None) -> int:
             modes=args.modes,
             steps=args.steps,
             warmup=args.warmup,
+            rounds=args.rounds,
             backend=args.backend,
+            make_plan=not args.no_plan,
             progress=lambda msg, done, total: print(
                 f"[run_bench]   {msg} ({done}/{total})", file=sys.stderr, flush=True
             ),
         )
         reports.append(report)
-    if hasattr(os, "getloadavg"):
-        info["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    info["uptime_after"] = uptime()
     settings = {
         "steps": args.steps,
         "warmup": args.warmup,
-        "backend": reports[0].backend if reports else args.backend,
+        "rounds": args.rounds,
+        "backend": args.backend,
         "overrides": args.overrides,
         "wall_s": time.perf_counter() - started,
     }

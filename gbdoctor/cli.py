@@ -350,6 +350,15 @@ def scan(
     no_dedupe: Annotated[
         bool, typer.Option("--no-dedupe", help="Capture every layer, not one per kind")
     ] = False,
+    recompile_probe: Annotated[
+        bool | None,
+        typer.Option(
+            "--recompile-probe/--no-recompile-probe",
+            help="Run each block kind twice more with changed inputs and record its recompiles "
+            "(default on; costs about two eager steps and two block replays per kind)",
+            show_default=False,
+        ),
+    ] = None,
     debug: DebugOpt = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
@@ -364,6 +373,10 @@ def scan(
                 "--torchtitan takes no --strategy, --plan, --simulate or --world-size: "
                 "torchtitan's own code decides the setup"
             )
+        if recompile_probe:
+            raise typer.BadParameter(
+                "--torchtitan scans have no recompile probe (scan a SPEC.toml for recompiles)"
+            )
         report = _scan_torchtitan(torchtitan, args, set_, dedupe=not no_dedupe)
         _emit(render(report, format), output)
         if strict and has_findings(report):
@@ -376,7 +389,9 @@ def scan(
         )
     spec = Path(args[0])
     loaded = _load(spec, set_, simulate=simulate, world_size=world_size)
-    report = _scan_with_progress(loaded, _strategy(loaded, strategy, plan), dedupe=not no_dedupe)
+    report = _scan_with_progress(
+        loaded, _strategy(loaded, strategy, plan), dedupe=not no_dedupe, recompiles=recompile_probe
+    )
     _notice(report.notes, output, format)
     _emit(render(report, format), output)
     if strict and has_findings(report):
@@ -491,20 +506,41 @@ def run(
             "cudagraphs (the plan with mode=reduce-overhead; CUDA only)",
         ),
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode")] = 5,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode and round")] = 5,
     warmup: Annotated[
         int, typer.Option("--warmup", help="Warm-up steps per mode (compile happens here)")
+    ] = 2,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            help="Run every mode this many times, alternating the order; 2+ gives ratios a spread",
+        ),
     ] = 2,
     backend: Annotated[
         str | None,
         typer.Option(
             "--backend",
-            help="inductor|aot_eager (default: the spec's [compile] backend when it names one, "
-            "else aot_eager on CPU, inductor on CUDA)",
+            help="inductor (what training uses) or aot_eager (traces only: quick runs, tests); "
+            "default: the spec's [compile] backend when it names one, else inductor",
         ),
     ] = None,
     plan_file: Annotated[
-        Path | None, typer.Option("--plan", help="A gbdoctor plan.json: adds the 'plan' mode")
+        Path | None,
+        typer.Option("--plan", help="Reuse a saved plan JSON instead of making one"),
+    ] = None,
+    no_plan: Annotated[bool, typer.Option("--no-plan", help="Do not make or run a plan")] = False,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size", help="Local batch (default: CPU bench shape; CUDA: [training])"
+        ),
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-len", help="Sequence length (default: CPU bench shape; CUDA: [training])"
+        ),
     ] = None,
     nproc: Annotated[
         int | None, typer.Option("--nproc", help="Ranks (must match the spec's world size)")
@@ -518,26 +554,37 @@ def run(
     world_size: WorldSizeOpt = None,
     debug: DebugOpt = False,
 ) -> None:
-    """Train for real under eager, the torchtitan baselines and the plan; compare throughput.
+    """Make and verify the plan, then train for real under eager, the torchtitan baselines and
+    the plan; compare throughput, each ratio with its spread over rounds.
 
     It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
     memory estimate and how to shrink it."""
+    from gbdoctor.report.plan_table import render_plan_table
     from gbdoctor.report.run_formats import RUN_FORMAT_NAMES, render_run, write_csv
     from gbdoctor.run import run_modes
 
     _preflight(format, RUN_FORMAT_NAMES, output, csv)
     loaded = _load(spec, set_, world_size=world_size)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+
+    def show_plan(result: Any) -> None:
+        err_console.print(render_plan_table(result), markup=False, highlight=False)
+
     with _ProgressBar() as bar:
         report = run_modes(
             loaded,
             modes=chosen,
             steps=steps,
             warmup=warmup,
+            rounds=rounds,
             backend=backend,
             plan_path=str(plan_file) if plan_file else None,
+            make_plan=not no_plan,
+            batch_size=batch_size,
+            seq_len=seq_len,
             nproc=nproc,
             progress=bar,
+            on_plan=show_plan,
         )
     _emit(render_run(report, format), output)
     if csv is not None:
@@ -574,7 +621,12 @@ def gate(
         ),
     ] = False,
     recompiles: Annotated[
-        bool, typer.Option("--recompiles", help="Also fail when a kind's graph count rises")
+        bool,
+        typer.Option(
+            "--recompiles",
+            help="Also fail when a kind recompiles more when its inputs change (the scan's "
+            "recompile probe, which runs only with this flag), above all on every step",
+        ),
     ] = False,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
@@ -630,7 +682,8 @@ def gate(
                 highlight=False,
             )
         for loaded, chosen in zip(loaded_specs, strategies, strict=True):
-            reports.append(_scan_with_progress(loaded, chosen))
+            # The probe costs about two eager steps per kind: only when recompiles are gated.
+            reports.append(_scan_with_progress(loaded, chosen, recompiles=recompiles))
             _notice(reports[-1].notes, output, format)
     if update_baseline:
         with locked(baseline):  # read-merge-write: a concurrent update must not lose an entry
@@ -676,11 +729,13 @@ def diff(
     raise typer.Exit(result.exit_code)
 
 
-def _scan_with_progress(spec: Any, strategy: Any, dedupe: bool = True) -> Any:
+def _scan_with_progress(
+    spec: Any, strategy: Any, dedupe: bool = True, recompiles: bool | None = None
+) -> Any:
     from gbdoctor.scan import scan as run_scan
 
     with _ProgressBar() as bar:
-        return run_scan(spec, strategy=strategy, dedupe=dedupe, progress=bar)
+        return run_scan(spec, strategy=strategy, dedupe=dedupe, progress=bar, recompiles=recompiles)
 
 
 def _scan_torchtitan(name: str, args: list[str], set_: list[str] | None, *, dedupe: bool) -> Any:

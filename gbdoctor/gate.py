@@ -7,7 +7,7 @@ Breaks are keyed by ``"<cause>|<gb_type>"``: never the message text or a line nu
 a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON)::
 
     {
-      "schema_version": 1,
+      "schema_version": 2,
       "simulated": [],
       "specs": {
         "fixtures/llama4_debug.toml": {
@@ -26,9 +26,14 @@ a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON
 The gate fails (exit 1) when, for any spec and kind, a break key's count rises, a cause or a
 gb_type appears that the baseline lacked, a ``region_eager`` or ``frame_skipped`` event count
 rises, a block that traced now errors, or a scanned spec is missing from the baseline.
-Improvements are reported and fail only with ``strict_improvements``; a torch version other
-than the baseline's is a warning. ``simulated`` lists the specs recorded from simulated scans: a
-real scan against a simulated entry (or the other way round) is an error (exit 2), not a diff.
+With ``recompiles`` it also fails when a kind's block recompiles more in the scan's probe steps
+(``scan/probe.py``: the block run again with changed inputs) than the baseline accepted, and
+above all when it recompiles in the last probe step, i.e. on every training step
+(``steady_recompiles``). Improvements are reported and fail only with ``strict_improvements``; a
+torch version other than the baseline's is a warning. Baselines of schema 1 (no recompile
+counts) are still read: their steady count is taken as 0 and their total as unknown.
+``simulated`` lists the specs recorded from simulated scans: a real scan against a simulated
+entry (or the other way round) is an error (exit 2), not a diff.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from gbdoctor.records import (
     ScanReport,
     Severity,
 )
+from gbdoctor.records.gate import READABLE_BASELINE_VERSIONS
 from gbdoctor.records.io import check_schema_version, parse_json_object, read_text
 from gbdoctor.summary import fix_hint, group_by_kind
 
@@ -112,6 +118,7 @@ def break_key(brk: Break) -> str:
 def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
     """Kind -> counts of its representative block (for every key, the worst block of the kind)."""
     out = {}
+    probed = report.setup.probed_recompiles  # else the counts are unknown, not 0
     for kind, blocks in group_by_kind(report).items():
         breaks: dict[str, int] = {}
         events: dict[str, int] = {}
@@ -129,6 +136,12 @@ def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
             breaks=tuple(sorted(breaks.items())),
             events=tuple(sorted(events.items())),
             error=any(block.error is not None for block in blocks),
+            recompiles=max(len(block.recompiles) for block in blocks) if probed else None,
+            steady_recompiles=(
+                max(sum(r.measured for r in block.recompiles) for block in blocks)
+                if probed
+                else None
+            ),
         )
     return out
 
@@ -217,28 +230,34 @@ def merge_baselines(old: Baseline | None, new: Baseline) -> Baseline:
 def _baseline_data(baseline: Baseline) -> dict[str, Any]:
     pins = {"dynamo_config": dict(baseline.dynamo_config)} if baseline.dynamo_config else {}
     simulated = {} if baseline.simulated is None else {"simulated": list(baseline.simulated)}
-    return (
-        pins
-        | simulated
-        | {
-            "schema_version": baseline.schema_version,
-            "torch_version": baseline.torch_version,
-            **pins,
-            "specs": {
-                spec: {
-                    kind: {
-                        "layers": c.layers,
-                        "graph_count": c.graph_count,
-                        "breaks": dict(c.breaks),
-                        "events": dict(c.events),
-                        "error": c.error,
-                    }
-                    for kind, c in kinds
+    return {
+        "schema_version": baseline.schema_version,
+        "torch_version": baseline.torch_version,
+        **pins,
+        **simulated,
+        "specs": {
+            spec: {
+                kind: {
+                    "layers": c.layers,
+                    "graph_count": c.graph_count,
+                    "breaks": dict(c.breaks),
+                    "events": dict(c.events),
+                    "error": c.error,
                 }
-                for spec, kinds in baseline.specs
-            },
-        }
-    )
+                # Scans without the recompile probe leave the counts unknown (keys omitted).
+                | (
+                    {}
+                    if c.recompiles is None
+                    else {
+                        "recompiles": c.recompiles,
+                        "steady_recompiles": c.steady_recompiles or 0,
+                    }
+                )
+                for kind, c in kinds
+            }
+            for spec, kinds in baseline.specs
+        },
+    }
 
 
 def dump_baseline(baseline: Baseline) -> str:
@@ -268,12 +287,17 @@ def _counts(value: Any, name: str, where: str, *, pipe: bool) -> tuple[tuple[str
     return tuple(sorted(value.items()))
 
 
-_KIND_KEYS = {"layers", "graph_count", "breaks", "events", "error"}
+_KIND_KEYS_V1 = {"layers", "graph_count", "breaks", "events", "error"}
+_KIND_KEYS = _KIND_KEYS_V1 | {"recompiles", "steady_recompiles"}
 
 
-def _kind(value: Any, name: str, where: str) -> KindCounts:
+def _kind(value: Any, name: str, where: str, version: int = BASELINE_SCHEMA_VERSION) -> KindCounts:
     _expect(isinstance(value, dict), name, where, "expected an object")
-    missing, unknown = sorted(_KIND_KEYS - set(value)), sorted(set(value) - _KIND_KEYS)
+    # Version 2 may omit both recompile counts (the scans ran without the recompile probe).
+    counted = version >= 2 and ("recompiles" in value or "steady_recompiles" in value)
+    keys = _KIND_KEYS if counted else _KIND_KEYS_V1
+    allowed = _KIND_KEYS if version >= 2 else _KIND_KEYS_V1
+    missing, unknown = sorted(keys - set(value)), sorted(set(value) - allowed)
     _expect(not missing, name, where, f"missing key(s) {missing}")
     _expect(not unknown, name, where, f"unknown key(s) {unknown}")
     _expect(_is_int(value["layers"]), name, f"{where}.layers", "expected a non-negative integer")
@@ -284,12 +308,17 @@ def _kind(value: Any, name: str, where: str) -> KindCounts:
         "expected a non-negative integer",
     )
     _expect(isinstance(value["error"], bool), name, f"{where}.error", "expected true or false")
+    for key in ("recompiles", "steady_recompiles"):
+        if key in value:
+            _expect(_is_int(value[key]), name, f"{where}.{key}", "expected a non-negative integer")
     return KindCounts(
         layers=value["layers"],
         graph_count=value["graph_count"],
         breaks=_counts(value["breaks"], name, f"{where}.breaks", pipe=True),
         events=_counts(value["events"], name, f"{where}.events", pipe=False),
         error=value["error"],
+        recompiles=value.get("recompiles"),
+        steady_recompiles=value.get("steady_recompiles"),
     )
 
 
@@ -301,7 +330,8 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
             f"{name}: this is a scan report, not a baseline",
             hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
         )
-    check_schema_version(data, BASELINE_SCHEMA_VERSION, name, "baseline", hint=_REGENERATE)
+    check_schema_version(data, READABLE_BASELINE_VERSIONS, name, "baseline", hint=_REGENERATE)
+    version = data["schema_version"]
     unknown = sorted(
         set(data) - {"schema_version", "torch_version", "dynamo_config", "specs", "simulated"}
     )
@@ -319,7 +349,7 @@ def parse_baseline(text: str, name: str = "baseline") -> Baseline:
             (
                 spec,
                 tuple(
-                    (kind, _kind(v, name, f"{where}[{kind!r}]"))
+                    (kind, _kind(v, name, f"{where}[{kind!r}]", version))
                     for kind, v in sorted(kinds.items())
                 ),
             )
@@ -463,19 +493,85 @@ def _compare_kind(
             )
 
     if new.graph_count != old.graph_count and old.layers:
-        severity = (
-            Severity.REGRESSION
-            if recompiles and new.graph_count > old.graph_count
-            else Severity.INFO
-        )
+        add(Severity.INFO, f"graph count {old.graph_count} -> {new.graph_count}")
+    _compare_recompiles(add, kind, old, new, new_report, recompiles)
+    return out
+
+
+def _recompile_locations(
+    report: ScanReport | None, kind: str, *, steady: bool
+) -> tuple[Location, ...]:
+    found: dict[Location, None] = {}
+    for block in report.blocks if report is not None else ():
+        for rec in block.recompiles if block.kind == kind else ():
+            if rec.location and (rec.measured or not steady):
+                file, _, line = rec.location.rpartition(":")
+                found[Location(file=file, line=int(line) if line.isdigit() else 0)] = None
+    return tuple(sorted(found, key=lambda loc: (loc.file, loc.line)))
+
+
+def _first_recompile(report: ScanReport | None, kind: str, *, steady: bool) -> str:
+    for block in report.blocks if report is not None else ():
+        for rec in block.recompiles if block.kind == kind else ():
+            if rec.measured or not steady:
+                where = f" at {rec.location}" if rec.location else ""
+                return f" (first: {rec.reason}{where})"
+    return ""
+
+
+def _compare_recompiles(
+    add: Any,
+    kind: str,
+    old: KindCounts,
+    new: KindCounts,
+    new_report: ScanReport | None,
+    gate: bool,
+) -> None:
+    """Recompile findings via ``add``; regressions only with ``gate`` (``--recompiles``).
+    Nothing when the new scan ran without the probe (``require_probe`` refuses that under
+    ``--recompiles``)."""
+    if new.recompiles is None:
+        return
+    severity = Severity.REGRESSION if gate else Severity.INFO
+    was_steady, now_steady = old.steady_recompiles or 0, new.steady_recompiles or 0
+    if now_steady > was_steady:
         add(
             severity,
-            f"graph count {old.graph_count} -> {new.graph_count}",
-            hint="more graphs per block means more compiles"
-            if severity == Severity.REGRESSION
-            else "",
+            f"recompiles on every step ({was_steady} -> {now_steady} in the last probe step)"
+            + _first_recompile(new_report, kind, steady=True),
+            locations=_recompile_locations(new_report, kind, steady=True),
+            hint="a guard fails on every training step; after recompile_limit (8) Dynamo runs the "
+            "frame eagerly: make the changing value a tensor or stop the model from changing it",
         )
-    return out
+    elif now_steady < was_steady:
+        add(
+            Severity.IMPROVEMENT,
+            f"steady recompiles {was_steady} -> {now_steady}",
+            hint=_UPDATE_HINT,
+        )
+    now = new.recompiles or 0
+    if old.recompiles is None:
+        if now:
+            add(
+                Severity.INFO,
+                f"recompiles with changed inputs: {now} (the baseline has no recompile counts; "
+                "regenerate it with --update-baseline)",
+            )
+    elif now > old.recompiles and now_steady <= was_steady:
+        add(
+            severity,
+            f"recompiles with changed inputs {old.recompiles} -> {now}"
+            + _first_recompile(new_report, kind, steady=False),
+            locations=_recompile_locations(new_report, kind, steady=False),
+            hint="a new guard fails when the data or sequence length changes; each is a compile "
+            "in training",
+        )
+    elif now < old.recompiles:
+        add(
+            Severity.IMPROVEMENT,
+            f"recompiles with changed inputs {old.recompiles} -> {now}",
+            hint=_UPDATE_HINT,
+        )
 
 
 def _compare_spec(
@@ -556,6 +652,17 @@ def _check_same_environment(key: str, report: ScanReport, baseline: Baseline) ->
         )
 
 
+def require_probe(report: ScanReport, key: str) -> None:
+    """BaselineError (exit 2) for a scan without recompile counts where recompiles are gated."""
+    if not report.setup.probed_recompiles:
+        raise BaselineError(
+            f"{key}: the scan ran without the recompile probe, so it has no recompile counts "
+            "to gate on",
+            hint="scan with `gbdoctor scan SPEC --recompile-probe`, or let `gate SPEC "
+            "--recompiles` scan it",
+        )
+
+
 def check_gate(
     reports: Iterable[ScanReport],
     baseline: Baseline,
@@ -565,14 +672,17 @@ def check_gate(
 ) -> GateResult:
     """Compare scans with the baseline.
 
-    ``recompiles=True`` also fails when a kind's graph count rises (more graphs, more compiles);
-    otherwise graph-count changes are informational.
+    ``recompiles=True`` also fails when a kind's block recompiles more over the scan's probe steps
+    than the baseline accepted, or recompiles on every step; otherwise recompile changes are
+    informational. Graph-count changes are informational.
     """
     findings: list[Finding] = []
     specs: list[str] = []
     kinds: set[tuple[str, str]] = set()
     for report in reports:
         key = spec_key(report.spec)
+        if recompiles:
+            require_probe(report, key)
         specs.append(key)
         kinds.update((key, block.kind) for block in report.blocks)
         findings += _torch_warning(key, baseline.torch_version, report.torch_version)
@@ -608,6 +718,8 @@ def diff_reports(
     Improvements carry the locations of the breaks that went away (from the old scan).
     """
     key = spec_key(new.spec)
+    if recompiles:
+        require_probe(new, key)
     findings = _torch_warning(key, old.torch_version, new.torch_version)
     if spec_key(old.spec) != key:
         findings.append(

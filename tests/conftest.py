@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from repo_paths import FIXTURES
+
+# The scan's recompile probe (about two eager steps and two block replays per block kind) runs
+# only in the tests that check recompiles: they ask for it (``scan(..., recompiles=True)``,
+# ``--recompile-probe``). Every other scan records that it ran without it. Spawned ranks and
+# CLI subprocesses inherit this.
+os.environ.setdefault("GBDOCTOR_RECOMPILE_PROBE", "0")
 
 
 @pytest.fixture

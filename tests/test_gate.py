@@ -21,7 +21,7 @@ from gbdoctor.gate import (
     parse_baseline,
     spec_key,
 )
-from gbdoctor.records import Event, Location, ScanReport
+from gbdoctor.records import Event, Location, Recompile, ScanReport
 from gbdoctor.report.json import load_scan_json
 
 SCANS = Path(__file__).resolve().parents[1] / "fixtures" / "scans"
@@ -202,12 +202,89 @@ def test_new_and_removed_kinds(before) -> None:
     )
 
 
-def test_graph_count_fails_only_with_recompiles(before, after) -> None:
+def _recompile(step: int, reason: str, location: str | None = None) -> Recompile:
+    return Recompile(
+        step=step,
+        measured=step == 2,
+        function="forward at gbdoctor/models/decoder.py:40",
+        reason=reason,
+        location=location,
+    )
+
+
+ONE_TIME = _recompile(1, "tensor 'x' size mismatch at index 1. expected 64, actual 32")
+EVERY_STEP = _recompile(2, "self.owner_tag == 'step-2'", "fixtures/models/recompiler.py:94")
+
+
+def test_graph_count_is_information_only(before, after) -> None:
     baseline = baseline_from_reports([before])
-    plain = check_gate([after], baseline)
-    assert ("info", "graph count 3 -> 4") in {(f.severity, f.what) for f in plain.findings}
-    strict = check_gate([after], baseline, recompiles=True)
-    assert ("regression", "graph count 3 -> 4") in {(f.severity, f.what) for f in strict.findings}
+    for flag in (False, True):
+        result = check_gate([after], baseline, recompiles=flag)
+        assert ("info", "graph count 3 -> 4") in {(f.severity, f.what) for f in result.findings}
+
+
+def test_recompiles_gate_on_every_step_and_on_new_ones(before) -> None:
+    accepted = edit_kind(before, "dense", recompiles=(ONE_TIME,))
+    baseline = baseline_from_reports([accepted])
+    assert dict(baseline.kinds("fixtures/llama4_debug_ep2.toml"))["dense"].recompiles == 1
+    # The same one-time recompile (a new sequence length made dynamic) passes.
+    assert check_gate([accepted], baseline, recompiles=True).passed
+    # A block that recompiles on every step fails, naming the guard and where it comes from.
+    every = edit_kind(before, "dense", recompiles=(ONE_TIME, EVERY_STEP))
+    result = check_gate([every], baseline, recompiles=True)
+    [finding] = regressions(result)
+    assert finding.what.startswith("recompiles on every step (0 -> 1 in the last probe step)")
+    assert "self.owner_tag == 'step-2'" in finding.what
+    assert finding.locations == (Location(file="fixtures/models/recompiler.py", line=94),)
+    # Without --recompiles the same change is information only.
+    plain = check_gate([every], baseline)
+    assert plain.passed and any(
+        f.what.startswith("recompiles on every step") for f in plain.findings
+    )
+    # A new one-time recompile is a regression under --recompiles too.
+    more = edit_kind(
+        before, "dense", recompiles=(ONE_TIME, replace(ONE_TIME, reason="x.dtype == torch.float32"))
+    )
+    [finding] = regressions(check_gate([more], baseline, recompiles=True))
+    assert finding.what.startswith("recompiles with changed inputs 1 -> 2")
+    # Fewer is an improvement.
+    assert check_gate([before], baseline, recompiles=True).count("improvement") == 1
+
+
+def test_schema_1_baselines_are_read_with_unknown_recompiles(before) -> None:
+    data = json.loads(dump_baseline(baseline_from_reports([before])))
+    data["schema_version"] = 1
+    for kinds in data["specs"].values():
+        for counts in kinds.values():
+            del counts["recompiles"], counts["steady_recompiles"]
+    old = parse_baseline(json.dumps(data))
+    assert dict(old.kinds("fixtures/llama4_debug_ep2.toml"))["dense"].recompiles is None
+    # Unknown totals are information; recompiling on every step still fails (nothing accepted it).
+    once = check_gate([edit_kind(before, "dense", recompiles=(ONE_TIME,))], old, recompiles=True)
+    assert once.passed and any("no recompile counts" in f.what for f in once.findings)
+    every = check_gate(
+        [edit_kind(before, "dense", recompiles=(ONE_TIME, EVERY_STEP))], old, recompiles=True
+    )
+    assert not every.passed
+
+
+def test_a_scan_without_the_probe_has_unknown_recompiles(before) -> None:
+    """No probe: the baseline omits the counts, and --recompiles refuses the scan (exit 2)."""
+    unprobed = replace(before, setup=replace(before.setup, probed_recompiles=False))
+    data = json.loads(dump_baseline(baseline_from_reports([unprobed])))
+    for kinds in data["specs"].values():
+        assert all("recompiles" not in counts for counts in kinds.values())
+    assert (
+        dict(parse_baseline(json.dumps(data)).kinds("fixtures/llama4_debug_ep2.toml"))[
+            "dense"
+        ].recompiles
+        is None
+    )
+    baseline = baseline_from_reports([before])
+    assert check_gate([unprobed], baseline).passed
+    with pytest.raises(BaselineError, match="without the recompile probe") as err:
+        check_gate([unprobed], baseline, recompiles=True)
+    assert err.value.exit_code == ExitCode.BAD_INPUT
 
 
 def test_diff_reports_uses_the_old_scan_as_baseline(before, after) -> None:
@@ -230,7 +307,7 @@ def test_baseline_layout_and_byte_stability(before, after) -> None:
     assert text == dump_baseline(baseline_from_reports([scan("llama4_after_new_break")]))
     assert text.endswith("}\n") and "moe.py" not in text and "142" not in text
     assert json.loads(text) == {
-        "schema_version": 1,
+        "schema_version": 2,
         "simulated": [],
         "torch_version": "2.13.0",
         "dynamo_config": {"nested_graph_breaks": False},
@@ -242,6 +319,8 @@ def test_baseline_layout_and_byte_stability(before, after) -> None:
                     "events": {},
                     "graph_count": 1,
                     "layers": 2,
+                    "recompiles": 0,
+                    "steady_recompiles": 0,
                 },
                 "moe": {
                     "breaks": {
@@ -252,6 +331,8 @@ def test_baseline_layout_and_byte_stability(before, after) -> None:
                     "events": {},
                     "graph_count": 4,
                     "layers": 2,
+                    "recompiles": 0,
+                    "steady_recompiles": 0,
                 },
             }
         },
@@ -297,8 +378,8 @@ def _bad_baselines() -> dict[str, tuple[str, str]]:
         "not an object": ("[]", "expected a JSON object"),
     }
     data = _valid()
-    data["schema_version"] = 2
-    out["schema"] = (json.dumps(data), "baseline schema_version 2")
+    data["schema_version"] = 3
+    out["schema"] = (json.dumps(data), "baseline schema_version 3")
     data = _valid()
     del data["specs"]
     out["no specs"] = (json.dumps(data), "missing key 'specs'")

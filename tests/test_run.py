@@ -1,7 +1,8 @@
 """``gbdoctor run``: each mode trains in fresh processes; recompiles, failures and outputs.
 
-The process-spawning tests use tiny custom models (``fixtures/models``), aot_eager and 1-3 steps;
-everything else runs on synthetic per-rank measurements.
+The process-spawning tests use tiny custom models (``fixtures/models``), aot_eager (the default,
+inductor, is for measurements) and 1-3 steps; everything else runs on synthetic per-rank
+measurements.
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from gbdoctor.capture.counters import parse_recompile
+from gbdoctor.capture.recompiles import parse_recompile
 from gbdoctor.errors import SpecError
 from gbdoctor.records import LOSS_RTOL, RunReport
 from gbdoctor.records.io import dumps
 from gbdoctor.report.run_formats import CSV_COLUMNS, render_run, tokens_bar, write_csv
-from gbdoctor.run import RankRun, build_report, report_from_json, resolve_modes, run_modes
+from gbdoctor.run import (
+    RankRun,
+    benchmark_shape,
+    build_report,
+    ratio_with_spread,
+    report_from_json,
+    resolve_modes,
+    run_modes,
+)
 from gbdoctor.setup.compile import STRATEGIES
 from gbdoctor.spec import load_spec
 
@@ -47,6 +56,8 @@ def clean_run(tmp_path_factory):
         modes=["block-fullgraph", "eager"],
         steps=2,
         warmup=1,
+        rounds=2,
+        backend="aot_eager",
         progress=lambda msg, done, total: calls.append((msg, done, total)),
     )
     return report, calls
@@ -60,11 +71,24 @@ def test_runner_measures_eager_and_block_fullgraph(clean_run):
     assert [m.mode for m in report.modes] == ["eager", "block-fullgraph"]  # canonical order
     assert report.findings == ()
     assert (report.backend, report.device, report.world_size) == ("aot_eager", "cpu", 1)
-    assert report.tokens_per_step == 2 * 16
+    assert report.tokens_per_step == 2 * 16 and report.rounds == 2
+    assert report.optimizer == "AdamW (fused)"  # torchtitan's default; torch has a fused CPU kernel
     eager, block = report.modes
     for m in report.modes:
         assert m.status == "ok" and m.error is None
-        assert len(m.step_times_s) == 2 and len(m.warmup_times_s) == 1 and len(m.losses) == 3
+        # 2 rounds x 2 measured steps; the warm-up and losses are the first round's.
+        assert len(m.step_times_s) == 4 and len(m.round_medians_s) == 2
+        assert len(m.warmup_times_s) == 1 and len(m.losses) == 3
+        ordered = sorted(m.step_times_s)
+        assert m.step_time_median_s == pytest.approx(
+            (ordered[1] + ordered[2]) / 2
+        )  # pooled over rounds
+        # The phases are parts of the step.
+        assert 0 < m.forward_s and 0 < m.backward_s and 0 <= m.optimizer_s
+        assert m.forward_s + m.backward_s + m.optimizer_s <= m.step_time_max_s
+        assert (
+            m.compile_time_warm_s is not None and m.tflops_per_s > 0 and m.mfu is None
+        )  # no CPU peak
         assert m.tokens_per_s > 0
         assert m.tokens_per_s == pytest.approx(report.tokens_per_step / m.step_time_median_s)
         assert m.step_time_min_s <= m.step_time_median_s <= m.step_time_max_s
@@ -72,6 +96,9 @@ def test_runner_measures_eager_and_block_fullgraph(clean_run):
         assert m.memory_metric == "cpu_peak_rss_process"
         assert m.recompiles == 0 and not m.diverged
     assert eager.graphs == 0 and eager.regions == 0 and eager.speedup_vs_eager == 1.0
+    assert eager.speedup_vs_eager_range == (1.0, 1.0) and eager.verdict_vs_eager == ""
+    lo, hi = block.speedup_vs_eager_range
+    assert lo <= hi and block.verdict_vs_eager in ("faster", "slower", "within noise")
     assert (
         block.graphs >= 1
         and block.graphs_measured == 0
@@ -84,13 +111,20 @@ def test_runner_measures_eager_and_block_fullgraph(clean_run):
     # Same seed, same data: compiled and eager losses agree within the documented tolerance.
     assert block.loss_rel_diff is not None and block.loss_rel_diff <= LOSS_RTOL
     assert block.losses == pytest.approx(eager.losses, rel=LOSS_RTOL)
-    assert calls[-1][1:] == (2, 2) and any("block-fullgraph" in msg for msg, _, _ in calls)
+    assert calls[-1][1:] == (4, 4) and any(
+        "round 2/2: block-fullgraph" in msg for msg, _, _ in calls
+    )
+    # Alternating order: round 1 runs eager first, round 2 block-fullgraph first.
+    order = [msg.split(": ")[1] for msg, _, _ in calls if msg.startswith("round")]
+    assert order == ["eager", "block-fullgraph", "block-fullgraph", "eager"]
 
 
 def test_recompiles_during_measured_steps_are_findings(tmp_path):
     spec = _spec(tmp_path, "recompiler.py", "tiny")
     # 1 warm-up + 3 measured steps: 4 compiles per frame, below recompile_limit (8).
-    report = run_modes(spec, modes=["block-fullgraph"], steps=3, warmup=1)
+    report = run_modes(
+        spec, modes=["block-fullgraph"], steps=3, warmup=1, rounds=1, backend="aot_eager"
+    )
     (mode,) = report.modes
     assert mode.status == "ok"
     assert mode.recompiles >= 3  # at least one per measured step
@@ -110,12 +144,15 @@ def test_recompiles_during_measured_steps_are_findings(tmp_path):
 
 def test_a_failing_mode_is_recorded_and_the_others_run(tmp_path):
     spec = _spec(tmp_path, "planted.py", "graph_break")
-    report = run_modes(spec, modes=["eager", "block-fullgraph"], steps=1, warmup=1)
+    report = run_modes(
+        spec, modes=["eager", "block-fullgraph"], steps=1, warmup=1, rounds=2, backend="aot_eager"
+    )
     eager, block = report.modes
     assert eager.status == "ok" and eager.tokens_per_s > 0
     assert block.status == "failed" and block.error_kind == "graph-break"
     assert "graph_break()" in block.error and "\n" not in block.error
     assert block.error.startswith("warm-up step 0: ")
+    assert len(eager.round_medians_s) == 2  # the failed mode is not retried, the others are
     assert block.tokens_per_s is None and block.speedup_vs_eager is None
     assert report.best_baseline is None
     assert any(f.startswith("block-fullgraph failed (graph-break)") for f in report.findings)
@@ -124,13 +161,13 @@ def test_a_failing_mode_is_recorded_and_the_others_run(tmp_path):
 
 def test_a_timeout_is_a_failed_mode(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean", extra="timeout_s = 0.5\n")
-    report = run_modes(spec, modes=["eager"], steps=1, warmup=1)
+    report = run_modes(spec, modes=["eager"], steps=1, warmup=1, rounds=1, backend="aot_eager")
     (mode,) = report.modes
     assert mode.status == "failed" and mode.error_kind == "timeout"
     assert "did not finish" in mode.error
 
 
-def test_plan_mode_runs_the_plan_file(tmp_path):
+def test_plan_mode_runs_the_plan_file_and_marks_an_unverified_plan(tmp_path):
     from gbdoctor.plan import KindPlan, Plan, dump_plan
 
     spec = _spec(tmp_path, "planted.py", "clean")
@@ -148,16 +185,66 @@ def test_plan_mode_runs_the_plan_file(tmp_path):
         flags=(),
         flag_costs=(),
         kinds=kinds,
-        verified=True,
+        verified=False,
         rounds=1,
     )
     path = tmp_path / "plan.json"
     path.write_text(dump_plan(plan))
-    report = run_modes(spec, modes=["plan"], steps=1, warmup=1, plan_path=str(path))
+    seen = []
+    report = run_modes(
+        spec,
+        modes=["plan"],
+        steps=1,
+        warmup=1,
+        rounds=1,
+        backend="aot_eager",
+        plan_path=str(path),
+        on_plan=seen.append,
+    )
     (mode,) = report.modes
+    assert seen == [plan]
     assert (mode.mode, mode.strategy, mode.status) == ("plan", "plan", "ok")
     assert mode.fullgraph_regions == 2 and mode.graphs >= 1
     assert report.best_baseline is None and mode.speedup_vs_best_baseline is None
+    # An unverified plan still runs, and says so.
+    assert (
+        report.plan_source == str(path)
+        and report.plan_verified is False
+        and mode.plan_verified is False
+    )
+    assert any("did NOT verify" in n for n in mode.notes)
+    assert "plan (unverified)" in render_run(report, "table")
+
+
+def test_run_makes_and_verifies_the_plan_itself(tmp_path):
+    """No --plan: the planner (the same one as `gbdoctor plan`) runs first, its progress shows, and the
+    plan mode runs what it proposed."""
+    from gbdoctor.plan import plan_strategy
+
+    spec = _spec(tmp_path, "planted.py", "graph_break")
+    calls, plans = [], []
+    report = run_modes(
+        spec,
+        modes=["plan"],
+        steps=1,
+        warmup=1,
+        rounds=1,
+        backend="aot_eager",
+        progress=lambda msg, done, total: calls.append(msg),
+        on_plan=plans.append,
+    )
+    (plan,) = plans
+    assert any(msg.startswith("plan: baseline scan") for msg in calls)
+    assert any(msg.startswith("plan: strict verification") for msg in calls)
+    assert (
+        report.plan_source.startswith("made by this run") and report.plan_verified == plan.verified
+    )
+    # The planted explicit break is isolated: the plan leaves the breaking child eager, so fullgraph holds.
+    (mode,) = report.modes
+    assert mode.status == "ok" and mode.graphs >= 1
+    strategy = plan_strategy(plan, spec)
+    assert any(recipe.mode == "children" for _, recipe in strategy.per_kind)
+    assert report.plan_kinds and all(":" in line for line in report.plan_kinds)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -169,18 +256,44 @@ def test_bad_input_is_a_spec_error_before_any_process(tmp_path):
         run_modes(spec, nproc=2)
     with pytest.raises(SpecError, match="unknown run mode"):
         run_modes(spec, modes=["eager", "turbo"])
-    with pytest.raises(SpecError, match="needs a plan file"):
-        run_modes(spec, modes=["plan"])
+    with pytest.raises(SpecError, match="conflicts with --no-plan"):
+        run_modes(spec, modes=["plan"], make_plan=False)
+    with pytest.raises(SpecError, match="conflicts with --no-plan"):
+        run_modes(spec, plan_path="plan.json", make_plan=False)
+    with pytest.raises(SpecError, match="--rounds"):
+        run_modes(spec, rounds=0)
     with pytest.raises(SpecError, match="--warmup"):
         run_modes(spec, warmup=0)
     with pytest.raises(SpecError, match="unknown compile backend"):
         run_modes(spec, modes=["eager"], backend="no-such-backend")
 
 
-def test_default_modes():
-    assert resolve_modes(None, None) == ["eager", "titan-v0.2.0", "titan-v0.2.2", "block-fullgraph"]
-    assert resolve_modes(None, "plan.json")[-1] == "plan"
-    assert resolve_modes(["block-fullgraph"], "plan.json") == ["block-fullgraph", "plan"]
+def test_default_modes_include_the_plan_unless_no_plan():
+    assert resolve_modes(None, plan=True) == [
+        "eager",
+        "titan-v0.2.0",
+        "titan-v0.2.2",
+        "block-fullgraph",
+        "plan",
+    ]
+    assert resolve_modes(None, plan=False) == [
+        "eager",
+        "titan-v0.2.0",
+        "titan-v0.2.2",
+        "block-fullgraph",
+    ]
+    assert resolve_modes(["plan", "eager"], plan=True) == ["eager", "plan"]
+
+
+def test_benchmark_shape(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "clean")  # [training] 2 x 16
+    assert benchmark_shape(spec, "cuda", None, None)[:2] == (2, 16)
+    assert benchmark_shape(spec, "cpu", None, None)[:2] == (2, 16)  # capped at [training]
+    big = load_spec("fixtures/llama4_debug_ep2.toml")  # [training] 8 x 2048
+    b, s, why = benchmark_shape(big, "cpu", None, None)
+    assert (b, s) == (4, 256) and "dominate" in why
+    assert benchmark_shape(big, "cuda", None, None)[:2] == (8, 2048)
+    assert benchmark_shape(big, "cpu", 2, None)[:2] == (2, 256)
 
 
 # --------------------------------------------------------------------------- parsing, report
@@ -225,6 +338,7 @@ def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0):
         dynamo_compile_s=0.5,
         recompiles=[],
         recompile_limit_hit=False,
+        phase_times=[(t * 0.3, t * 0.5, t * 0.1) for t in times],
         layout=(("layers.0", tuple(regions), tuple(regions)),),
     )
 
@@ -233,17 +347,17 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
     losses = [5.0, 4.9, 4.8]
     raw = [
-        ("eager", STRATEGIES["none"], [_rank([1.0, 1.2, 0.8], losses)], None),
+        ("eager", STRATEGIES["none"], [[_rank([1.0, 1.2, 0.8], losses)]], None),
         (
             "titan-v0.2.0",
             STRATEGIES["titan-v0.2.0"],
-            [_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))],
+            [[_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))]],
             None,
         ),
         (
             "block-fullgraph",
             STRATEGIES["block"],
-            [_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))],
+            [[_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))]],
             None,
         ),
         ("titan-v0.2.2", STRATEGIES["titan-v0.2.2"], None, ("warm-up step 0: boom", "runtime")),
@@ -266,9 +380,14 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     assert by["titan-v0.2.2"].status == "failed" and by["titan-v0.2.2"].speedup_vs_eager is None
     assert any("diverge" in f for f in report.findings)
     assert any(f.startswith("titan-v0.2.2 failed (runtime)") for f in report.findings)
+    assert (
+        by["block-fullgraph"].verdict_vs_eager == "no spread"
+    )  # one round: never called a speedup
+    assert any("single round" in n for n in report.notes)
+    assert by["block-fullgraph"].forward_s == pytest.approx(0.4 * 0.3)
     nan = build_report(
         spec,
-        [("eager", STRATEGIES["none"], [_rank([1.0], [math.nan])], None)],
+        [("eager", STRATEGIES["none"], [[_rank([1.0], [math.nan])]], None)],
         device="cpu",
         backend="aot_eager",
         warmup=1,
@@ -288,7 +407,7 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         report, "json"
     )  # byte-stable for one report
     data = json.loads(text)
-    assert data["schema_version"] == 1 and [m["mode"] for m in data["modes"]] == [
+    assert data["schema_version"] == 2 and [m["mode"] for m in data["modes"]] == [
         "eager",
         "block-fullgraph",
     ]
@@ -302,9 +421,27 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         "recompile_events",
         "losses",
         "speedup_vs_eager",
+        "speedup_vs_eager_range",
+        "verdict_vs_eager",
         "speedup_vs_best_baseline",
+        "forward_s",
+        "backward_s",
+        "optimizer_s",
+        "mfu",
     } <= set(data["modes"][0])
     assert report_from_json(text) == report
+    # A version-1 report (before rounds, spreads and the phase split) still reads.
+    old = {k: v for k, v in data.items() if k not in {"rounds", "shape_note", "plan_kinds"}}
+    old["schema_version"] = 1
+    old["modes"] = [
+        {
+            k: v
+            for k, v in m.items()
+            if k not in {"round_medians_s", "forward_s", "verdict_vs_eager"}
+        }
+        for m in data["modes"]
+    ]
+    assert report_from_json(json.dumps(old)).modes[0].forward_s is None
 
     path = tmp_path / "out" / "run.csv"
     write_csv(report, path)
@@ -330,20 +467,12 @@ def test_tokens_bar_is_scaled_to_the_best():
 def test_recorder_flags_the_recompile_limit_warning():
     import logging
 
-    from gbdoctor.capture.counters import (
-        LIMIT_LOGGER as _LIMIT_LOGGER,
-    )
-    from gbdoctor.capture.counters import (
-        RECOMPILES_LOGGER as _RECOMPILES_LOGGER,
-    )
-    from gbdoctor.capture.counters import (
-        RecompileRecorder as _RecompileRecorder,
-    )
+    from gbdoctor.capture.recompiles import LIMIT_LOGGER, RECOMPILES_LOGGER, RecompileWatch
 
-    recorder = _RecompileRecorder()
-    recorder.step, recorder.measured = 5, True
+    recorder = RecompileWatch()
+    recorder.tag(step=5, measured=True)
     warn = logging.LogRecord(
-        _LIMIT_LOGGER,
+        LIMIT_LOGGER,
         logging.WARNING,
         __file__,
         1,
@@ -352,10 +481,10 @@ def test_recorder_flags_the_recompile_limit_warning():
         None,
     )
     other = logging.LogRecord(
-        _LIMIT_LOGGER, logging.WARNING, __file__, 1, "something else", None, None
+        LIMIT_LOGGER, logging.WARNING, __file__, 1, "something else", None, None
     )
     recompile = logging.LogRecord(
-        _RECOMPILES_LOGGER, logging.DEBUG, __file__, 1, RECOMPILE_LOG, None, None
+        RECOMPILES_LOGGER, logging.DEBUG, __file__, 1, RECOMPILE_LOG, None, None
     )
     recorder.emit(other)
     assert not recorder.limit_hit and recorder.records == []
@@ -367,9 +496,63 @@ def test_recorder_flags_the_recompile_limit_warning():
     ]
 
 
+def _rounds_mode(mode, strategy, round_times):
+    return (
+        mode,
+        STRATEGIES[strategy],
+        [[_rank(times, [5.0] * len(times))] for times in round_times],
+        None,
+    )
+
+
+def test_ratios_carry_their_round_spread_and_noise_is_never_a_speedup(tmp_path):
+    spec = _spec(tmp_path, "planted.py", "clean")
+    raw = [
+        _rounds_mode("eager", "none", [[1.0, 1.0], [1.2, 1.2], [0.9, 0.9]]),
+        # Faster in every round: 1/0.5, 1.2/0.7, 0.9/0.6 -> all above 1.
+        _rounds_mode("titan-v0.2.0", "titan-v0.2.0", [[0.5, 0.5], [0.7, 0.7], [0.6, 0.6]]),
+        # Faster overall but slower in round 2: within noise, not a speedup.
+        _rounds_mode("titan-v0.2.2", "titan-v0.2.2", [[0.8, 0.8], [1.3, 1.3], [0.7, 0.7]]),
+        # The plan: slower than the best baseline in every round.
+        _rounds_mode("plan", "block", [[0.6, 0.6], [0.8, 0.8], [0.7, 0.7]]),
+    ]
+    report = build_report(
+        spec,
+        raw,
+        device="cpu",
+        backend="inductor",
+        warmup=1,
+        steps=2,
+        torch_version="x",
+        rounds=3,
+        plan_source="plan.json",
+        plan_verified=True,
+    )
+    by = {m.mode: m for m in report.modes}
+    v020, v022, plan = by["titan-v0.2.0"], by["titan-v0.2.2"], by["plan"]
+    assert v020.round_medians_s == (0.5, 0.7, 0.6)
+    assert v020.speedup_vs_eager == pytest.approx(1.0 / 0.6)  # pooled medians
+    assert v020.speedup_vs_eager_range == pytest.approx((0.9 / 0.6, 1.0 / 0.5))
+    assert v020.verdict_vs_eager == "faster"
+    assert (
+        v022.speedup_vs_eager > 1
+        and v022.speedup_vs_eager_range[0] < 1 < v022.speedup_vs_eager_range[1]
+    )
+    assert v022.verdict_vs_eager == "within noise"
+    assert report.best_baseline == "titan-v0.2.0"
+    assert (
+        plan.verdict_vs_best_baseline == "slower"
+        and "slower than the best baseline" in report.plan_verdict
+    )
+    table = render_run(report, "table")
+    assert "~ noise" in table and "faster" in table and "[1.50-2.00]" in table
+    ratio, spread, verdict = ratio_with_spread(by["eager"], by["eager"])
+    assert (ratio, spread, verdict) == (1.0, (1.0, 1.0), "")
+
+
 def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
-    raw = [("eager", STRATEGIES["none"], [_rank([1.0, 3.5, 1.1], [5.0, 4.9, 4.8])], None)]
+    raw = [("eager", STRATEGIES["none"], [[_rank([1.0, 3.5, 1.1], [5.0, 4.9, 4.8])]], None)]
     report = build_report(
         spec,
         raw,

@@ -48,10 +48,12 @@ def test_llama3_debug_is_clean_and_deduplicated():
 
 def test_scan_json_is_byte_identical_across_runs():
     spec = load_spec("fixtures/custom_tiny.toml")
-    first = render(scan(spec, strategy="block"), "json")
-    second = render(scan(spec, strategy="block"), "json")
+    # With the recompile probe: its records (guards, locations) are byte-stable too.
+    first = render(scan(spec, strategy="block", recompiles=True), "json")
+    second = render(scan(spec, strategy="block", recompiles=True), "json")
     assert first == second
-    assert f'"schema_version": {SCHEMA_VERSION}' in first
+    assert f'"schema_version": {SCHEMA_VERSION}' in first and '"probed_recompiles": true' in first
+    assert '"recompiles": [\n' in first  # the probe recorded something (a new length)
     assert str(FIXTURES.parent) not in first  # machine-independent paths
 
 

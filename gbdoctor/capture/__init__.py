@@ -4,8 +4,9 @@ public ``reset``/``config``, ``torch._logging``, Dynamo's counters and log strea
 ``session`` (the recording backend and break interception), ``block`` (driving one block with
 its real inputs), ``locate`` (frames -> module FQN and the setup component that installed the
 code), ``cudagraphs`` (CUDA-graph readiness read from the captured forward/backward graphs),
-``counters`` (the ``recompiles`` log stream, Dynamo's counters and failure kinds for
-``run``). Stages above receive records and plain values, never Dynamo objects.
+``recompiles`` (the ``recompiles`` log stream as records, for ``run``, the scan's probe and any
+other recipe's training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``).
+Stages above receive records and plain values, never Dynamo objects.
 """
 
 from gbdoctor.capture.block import (
@@ -26,6 +27,7 @@ from gbdoctor.capture.locate import (
     is_torch_path,
     within,
 )
+from gbdoctor.capture.recompiles import RecompileWatch, parse_recompile, watch_recompiles
 from gbdoctor.capture.session import (
     CaptureSession,
     RawCapture,
@@ -38,6 +40,7 @@ __all__ = [
     "CaptureSession",
     "Locator",
     "RawCapture",
+    "RecompileWatch",
     "clean_fqn",
     "collect_block_inputs",
     "count_ops",
@@ -48,10 +51,12 @@ __all__ = [
     "fresh_inputs",
     "innermost_user_location",
     "is_torch_path",
+    "parse_recompile",
     "reset_fsdp_state",
     "run_block",
     "tokens_dynamic",
     "strict_breaks",
     "torch_version",
+    "watch_recompiles",
     "within",
 ]

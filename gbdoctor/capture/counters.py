@@ -1,129 +1,13 @@
-"""What ``run`` reads from Dynamo while training: the ``recompiles`` log stream (with the step
-each recompile happened in), the recompile-limit warning, Dynamo's graph and break counters,
-its frame-compile time, and the kind of a failure (a Dynamo exception class).
+"""What ``run`` reads from Dynamo while training besides recompiles (``capture.recompiles``):
+Dynamo's graph and break counters, its frame-compile time, and the kind of a failure (a Dynamo
+exception class).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import re
 from collections.abc import Iterator
-
-from gbdoctor.records import Recompile
-
-RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
-LIMIT_LOGGER = "torch._dynamo.convert_frame"
-
-
-class RecompileRecorder(logging.Handler):
-    """Collects recompile log records, tagged with the training step they happened in."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.step = 0
-        self.measured = False
-        self.records: list[Recompile] = []
-        self.limit_hit = False
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record never breaks training
-            return
-        if record.name == LIMIT_LOGGER:
-            if "recompile_limit" in text or "cache_size_limit" in text:
-                self.limit_hit = True
-            return
-        self.records.append(parse_recompile(text, step=self.step, measured=self.measured))
-
-
-_ENTRY = re.compile(r"^\d+/\d+: ")
-_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
-_HEADER = re.compile(r"Recompiling function (\S+) in (.+)$")
-
-
-def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
-    """A :class:`Recompile` from one ``recompiles`` log message (torch 2.13 layout)::
-
-    Recompiling function forward in /path/model.py:86
-        triggered by the following guard failure(s):
-        - 0/2: self.tag == 'b'   # code  # path:89 in forward (HINT: ...)
-        - User stack trace:
-        -   File "/path/model.py", line 89, in forward
-        - 0/1: ...
-    """
-    lines = text.splitlines()
-    function = lines[0].strip() if lines else ""
-    m = _HEADER.match(function)
-    if m:
-        function = f"{m.group(1)} at {m.group(2)}"
-    entries: list[list[str]] = []
-    for line in lines[1:]:
-        item = line.strip()
-        if not item.startswith("-"):
-            continue
-        item = item[1:].strip()
-        if _ENTRY.match(item):
-            entries.append([item])
-        elif entries:
-            entries[-1].append(item)
-    if not entries:
-        rest = " ".join(line.strip() for line in lines[1:] if line.strip())
-        return Recompile(
-            step=step, measured=measured, function=function, reason=rest[:400] or "unknown"
-        )
-    # The failure of the newest cache entry (highest N in "F/N"); Dynamo lists entries newest
-    # first with its LRU cache on, oldest first with it off (as under AC).
-    first = max(entries, key=_entry_index)
-    head = _ENTRY.sub("", first[0])
-    hint = ""
-    if "(HINT:" in head:
-        head, _, hint = head.partition("(HINT:")
-        hint = hint.strip().rstrip(")").strip()
-    reason = " ".join(head.split("#", 1)[0].split())
-    location = None
-    for item in first[1:]:
-        fm = _FILE_LINE.search(item)
-        if fm:
-            location = f"{fm.group(1)}:{fm.group(2)}"
-    return Recompile(
-        step=step,
-        measured=measured,
-        function=function,
-        reason=reason[:400] or head.strip()[:400],
-        location=location,
-        hint=hint[:400],
-        failed_entries=len(entries),
-    )
-
-
-def _entry_index(entry: list[str]) -> int:
-    m = re.match(r"^\d+/(\d+): ", entry[0])
-    return int(m.group(1)) if m else -1
-
-
-@contextlib.contextmanager
-def record_recompiles() -> Iterator[RecompileRecorder]:
-    """Route the ``recompiles`` stream and the recompile-limit warning into a recorder (and not
-    to the user's stderr) for the duration of the block."""
-    import torch._logging
-
-    recorder = RecompileRecorder()
-    rec_logger = logging.getLogger(RECOMPILES_LOGGER)
-    limit_logger = logging.getLogger(LIMIT_LOGGER)
-    torch._logging.set_logs(recompiles=True)
-    rec_logger.addHandler(recorder)
-    rec_logger.propagate = False  # keep the user's stderr clean
-    limit_logger.addHandler(recorder)
-    try:
-        yield recorder
-    finally:
-        rec_logger.removeHandler(recorder)
-        limit_logger.removeHandler(recorder)
-        rec_logger.propagate = True
-        torch._logging.set_logs()
-
 
 CUDAGRAPHS_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
 """Inductor's ``cudagraphs`` artifact log: "skipping cudagraphs due to ..." (one per skip)."""
@@ -149,21 +33,26 @@ class CudagraphSkipRecorder(logging.Handler):
 def record_cudagraph_skips() -> Iterator[CudagraphSkipRecorder]:
     """Route inductor's cudagraph skip messages into a recorder for the duration of the block.
 
-    Entered inside ``record_recompiles``: ``set_logs`` replaces the whole log state, so the
-    ``recompiles`` stream is kept on here and left on at exit."""
-    import torch._logging
+    Enables only the ``cudagraphs`` logging artifact (like ``capture.watch_recompiles``, which
+    may be active around it), so the rest of the ``torch._logging`` state is left as it is."""
+    from torch._logging._internal import log_state
 
     recorder = CudagraphSkipRecorder()
     logger = logging.getLogger(CUDAGRAPHS_LOGGER)
-    torch._logging.set_logs(recompiles=True, cudagraphs=True)
+    was_enabled = log_state.is_artifact_enabled("cudagraphs")
+    old_level, old_propagate = logger.level, logger.propagate
+    log_state.enable_artifact("cudagraphs")
+    logger.setLevel(logging.DEBUG)
     logger.addHandler(recorder)
     logger.propagate = False
     try:
         yield recorder
     finally:
         logger.removeHandler(recorder)
-        logger.propagate = True
-        torch._logging.set_logs(recompiles=True)
+        logger.setLevel(old_level)
+        logger.propagate = old_propagate
+        if not was_enabled:
+            log_state.artifact_names.discard("cudagraphs")
 
 
 def failure_kind(exc: BaseException) -> str:

@@ -80,6 +80,8 @@ class CaptureSession:
         self._region_stack: list[str] = []
         self.locator: Any = None
         """Callable(frames, root) -> (module fqn, component); set by the scanner."""
+        self._paused = False
+        self._log_records: _LogRecords | None = None
         self.root = ""
         """FQN of the block being captured (frames are attributed inside it)."""
 
@@ -96,7 +98,8 @@ class CaptureSession:
 
         def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
             current = session._current
-            if current is None:
+            # Paused: the recompile probe's steps keep the counts those of the capture step.
+            if current is None or session._paused:
                 return inner_backend(gm, example_inputs)
             graphs = current.graphs.setdefault(fqn, [])
             graphs.append(count_ops(gm))
@@ -117,7 +120,7 @@ class CaptureSession:
     @contextlib.contextmanager
     def in_region(self, fqn: str) -> Iterator[None]:
         """Mark code run inside as region ``fqn`` (breaks are attributed to it)."""
-        if self._current is not None:
+        if self._current is not None and not self._paused:
             self._current.entered.add(fqn)
         self._region_stack.append(fqn)
         try:
@@ -159,7 +162,8 @@ class CaptureSession:
         compiled = torch.compile(module, backend=self.recording_backend(fqn), fullgraph=False)
 
         def enter(mod: nn.Module, args: Any) -> None:
-            if session._current is not None:
+            # Not while paused: the recompile probe's eager steps enter every region.
+            if session._current is not None and not session._paused:
                 session._current.entered.add(fqn)
             session._region_stack.append(fqn)
 
@@ -187,7 +191,7 @@ class CaptureSession:
         session = self
 
         def intercept(tracer: Any, code_options: Any, reason: str, exc: Any) -> None:
-            if not getattr(exc, "logged", False):
+            if not getattr(exc, "logged", False) and not session._paused:
                 try:
                     session._record(result, reason, exc)
                 except Exception:  # noqa: BLE001 - never let bookkeeping break the traced code
@@ -195,6 +199,7 @@ class CaptureSession:
             return original(tracer, code_options, reason, exc)
 
         handler = _LogRecords()
+        self._log_records = handler
         gb_logger = logging.getLogger(_GB_LOGGER)
         old_propagate = gb_logger.propagate
         torch._logging.set_logs(graph_breaks=True)
@@ -219,6 +224,24 @@ class CaptureSession:
                 for message in handler.messages:
                     self._record_from_log(result, message)
             torch._dynamo.reset()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Inside a capture: run more steps without recording their graphs or breaks (the scan's
+        recompile probe; what they compile again is what ``capture.recompiles`` records)."""
+        from torch._dynamo.utils import counters
+
+        breaks = dict(counters.get("graph_break", {}))
+        logged = len(self._log_records.messages) if self._log_records else 0
+        self._paused = True
+        try:
+            yield
+        finally:
+            self._paused = False
+            counters["graph_break"].clear()
+            counters["graph_break"].update(breaks)
+            if self._log_records:
+                del self._log_records.messages[logged:]
 
     def _region(self) -> str:
         return self._region_stack[-1] if self._region_stack else ""

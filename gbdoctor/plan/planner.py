@@ -269,13 +269,15 @@ def propose_plan(
         scan_fn = functools.partial(_scan_as_decided, scan, decision)
     say = progress or (lambda *_: None)
     say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
-    before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY])
+    before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY], recompiles=False)
     reps = _representatives(before)
     totals = {b.kind: b.op_count for b in reps}
     if any(b.events or b.error for b in reps) and spec.activation_checkpoint.mode != "none":
         # AC hid ops (a region that fell back to eager captures none): count the block's ops
         # once without AC, as the denominator of the fullgraph-coverage share.
-        reference = scan_fn(_without_ac(spec), strategy=STRATEGIES[BASELINE_STRATEGY])
+        reference = scan_fn(
+            _without_ac(spec), strategy=STRATEGIES[BASELINE_STRATEGY], recompiles=False
+        )
         ref_by_fqn = {b.fqn: b.op_count for b in reference.blocks}
         totals = {b.kind: max(b.op_count, ref_by_fqn.get(b.fqn, 0)) for b in reps}
     flags: set[str] = set()
@@ -293,7 +295,7 @@ def propose_plan(
     rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
         say(f"verification round {rounds}", rounds, MAX_ROUNDS + 2)
-        after = scan_fn(spec, strategy=_strategy(cands, flags))
+        after = scan_fn(spec, strategy=_strategy(cands, flags), recompiles=False)
         dirty = [b for b in _representatives(after) if not _clean(b) and b.kind in cands]
         if not dirty:
             break
@@ -306,7 +308,7 @@ def propose_plan(
         if not changed:
             break
     say("strict verification", MAX_ROUNDS + 1, MAX_ROUNDS + 2)
-    final = scan_fn(spec, strategy=_strategy(cands, flags), strict=True)
+    final = scan_fn(spec, strategy=_strategy(cands, flags), strict=True, recompiles=False)
     say("done", MAX_ROUNDS + 2, MAX_ROUNDS + 2)
     return _assemble(spec, before, final, cands, flags, totals, rounds)
 

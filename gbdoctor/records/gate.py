@@ -7,7 +7,10 @@ from gbdoctor.records.base import record
 from gbdoctor.records.enums import Severity
 from gbdoctor.records.scan import Location
 
-BASELINE_SCHEMA_VERSION = 1
+BASELINE_SCHEMA_VERSION = 2
+"""2: kinds carry ``recompiles`` and ``steady_recompiles``."""
+READABLE_BASELINE_VERSIONS = (1, 2)
+"""Baselines the gate reads (1: no recompile counts; its totals count as unknown)."""
 
 SEVERITIES = tuple(Severity)
 """Finding severities, most severe first (findings are sorted in this order)."""
@@ -27,6 +30,11 @@ class KindCounts:
     """(event kind, count) for the representative block, sorted by kind."""
     error: bool = False
     """A block of this kind could not be traced."""
+    recompiles: int | None = None
+    """Recompiles of the representative block over the scan's probe steps (None: not recorded,
+    a schema-1 baseline)."""
+    steady_recompiles: int | None = None
+    """Those in the last probe step: the block recompiles on every step."""
 
     @property
     def break_count(self) -> int:

@@ -3,33 +3,17 @@
 from __future__ import annotations
 
 from gbdoctor.records.base import record
+from gbdoctor.records.scan import Recompile
 
-RUN_SCHEMA_VERSION = 1
+RUN_SCHEMA_VERSION = 2
+"""2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance
+(all new fields have defaults: version-1 reports are still read)."""
+READABLE_RUN_SCHEMA_VERSIONS = (1, 2)
 
 
 LOSS_RTOL = 2e-2
 """Relative tolerance on the first step's loss vs eager. bf16 parameters (the torchtitan
 default) make differences of ~1e-3 normal between eager and compiled runs."""
-
-
-@record
-class Recompile:
-    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
-
-    step: int
-    """Training step (0-based, warm-up steps included) during which it happened."""
-    measured: bool
-    """It happened during a measured step (a finding: steady-state training recompiles)."""
-    function: str
-    """The recompiled code: ``forward at /path/model.py:86``."""
-    reason: str
-    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
-    location: str | None = None
-    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
-    hint: str = ""
-    """Dynamo's HINT for this guard, if any."""
-    failed_entries: int = 1
-    """How many cache entries' guards failed (the cache size at that moment)."""
 
 
 @record
@@ -50,15 +34,30 @@ class ModeResult:
     hit ``recompile_limit``), ``compile`` (other Dynamo/backend error), ``runtime`` (the training
     step raised), ``setup``, ``timeout`` or ``crash`` (a rank died)."""
     step_times_s: tuple[float, ...] = ()
-    """Measured step times (slowest rank per step)."""
+    """Measured step times (slowest rank per step), every round's, round after round."""
+    round_medians_s: tuple[float, ...] = ()
+    """Median measured step time of each round (each round runs every mode once, in fresh processes)."""
     warmup_times_s: tuple[float, ...] = ()
     step_time_median_s: float | None = None
     step_time_min_s: float | None = None
     step_time_max_s: float | None = None
     tokens_per_s: float | None = None
     """Global tokens per second (all ranks) at the median step time."""
+    forward_s: float | None = None
+    """Median forward time (with the loss) of the measured steps; slowest rank per step."""
+    backward_s: float | None = None
+    optimizer_s: float | None = None
+    """Median optimizer time (pre-step hooks, step, zero_grad)."""
+    tflops_per_s: float | None = None
+    """Achieved model TFLOP/s over all ranks: tokens/s x the report's ``flops_per_token``."""
+    mfu: float | None = None
+    """Model FLOPs utilization: ``tflops_per_s`` / (ranks x the device's dense bf16 peak); GPU only."""
     compile_time_s: float | None = None
-    """Warm-up wall time minus ``warmup`` x the median step time, clamped at 0."""
+    """Warm-up wall time minus ``warmup`` x the median step time, clamped at 0, in the first
+    round (empty compile cache). Never part of the step times or tokens/s."""
+    compile_time_warm_s: float | None = None
+    """The same for later rounds (median): the mode's own compile cache, filled by its first
+    round, is reused, as a restarted training job reuses its cache."""
     dynamo_compile_s: float | None = None
     """Dynamo's own frame-compile time during the warm-up steps (``_compile.compile_inner``:
     tracing plus the backend's forward/joint compile; excludes lazily compiled backward graphs),
@@ -91,7 +90,16 @@ class ModeResult:
     diverged: bool = False
     speedup_vs_eager: float | None = None
     """Eager median step time / this mode's (>1 is faster)."""
+    speedup_vs_eager_range: tuple[float, float] | None = None
+    """(min, max) over rounds of the per-round ratio; None with a single round."""
+    verdict_vs_eager: str = ""
+    """``faster`` / ``slower`` when the whole range is above / below 1, ``within noise`` when it
+    contains 1, ``no spread`` with a single round. Only ``faster`` is a speedup."""
     speedup_vs_best_baseline: float | None = None
+    speedup_vs_best_baseline_range: tuple[float, float] | None = None
+    verdict_vs_best_baseline: str = ""
+    plan_verified: bool | None = None
+    """For the ``plan`` mode: whether the plan was verified (an unverified plan still runs, marked)."""
     dynamo_config: tuple[tuple[str, str], ...] = ()
     """The strategy's Dynamo settings, as (name, repr(value))."""
     same_regions_as: str | None = None
@@ -112,12 +120,31 @@ class RunReport:
     seq_len: int
     warmup: int
     steps: int
+    """Measured steps per mode and round."""
     seed: int
     tokens_per_step: int
     """Global tokens per training step."""
     ac_mode: str
     ac_option: str
     modes: tuple[ModeResult, ...]
+    rounds: int = 1
+    """Every mode ran this many times, in fresh processes, in alternating order (ABC, CBA, ...)."""
+    shape_note: str = ""
+    """Where the benchmark shapes come from (on CPU: chosen so compiled regions dominate)."""
+    optimizer: str = ""
+    """``AdamW (fused)`` or ``AdamW (foreach)``: what the device supports (torchtitan's choice)."""
+    device_name: str = ""
+    flops_per_token: int | None = None
+    """Training FLOPs per token from the model config (``run.flops``); None when not countable."""
+    peak_tflops: float | None = None
+    """The device's dense bf16 peak per rank (None on CPU and unknown GPUs: no MFU)."""
+    plan_source: str | None = None
+    """``made by this run`` (the planner and its verification ran first) or the ``--plan`` file."""
+    plan_verified: bool | None = None
+    plan_kinds: tuple[str, ...] = ()
+    """One line per block kind of the plan: ``moe: children fullgraph, eager moe.experts``."""
+    plan_verdict: str = ""
+    """The plan against the best baseline, in words, with the ratio and its spread."""
     best_baseline: str | None = None
     loss_rtol: float = LOSS_RTOL
     findings: tuple[str, ...] = ()

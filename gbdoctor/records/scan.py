@@ -9,9 +9,10 @@ from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 
 SCHEMA_VERSION = 3
 """Version of the scan and inspect JSON documents. 3: the setup carries ``dp_replicate`` (the
-resolved degrees), and scan/inspect reports carry ``notes`` (how the spec was read, simulated or
-not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the setup its ``tp_degree``.
-Readers accept 1 and 2 (the new fields take their defaults)."""
+resolved degrees) and ``probed_recompiles``, blocks carry ``recompiles`` (the scan's recompile
+probe), and scan/inspect reports carry ``notes`` (how the spec was read, simulated or not). 2:
+blocks carry ``cudagraphs`` (CUDA-graph readiness) and the setup its ``tp_degree``. Readers
+accept 1 and 2 (the new fields take their defaults: no recompiles recorded)."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 
@@ -132,6 +133,28 @@ class CudaGraphReadiness:
 
 
 @record
+class Recompile:
+    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
+
+    step: int
+    """Step (0-based) during which it happened: a training step for ``run`` (warm-up steps
+    included), a probe step for ``scan`` (0 is the capture, 1 and 2 the changed inputs)."""
+    measured: bool
+    """It happened in steady state: a measured step (``run``) or the last probe step (``scan``),
+    after any one-time recompile for a new shape was done. A finding."""
+    function: str
+    """The recompiled code: ``forward at path/model.py:86``."""
+    reason: str
+    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
+    location: str | None = None
+    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
+    hint: str = ""
+    """Dynamo's HINT for this guard, if any."""
+    failed_entries: int = 1
+    """How many cache entries' guards failed (the cache size at that moment)."""
+
+
+@record
 class BlockReport:
     fqn: str
     """``layers.3``."""
@@ -153,6 +176,9 @@ class BlockReport:
     """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
     cudagraphs: CudaGraphReadiness | None = None
     """CUDA-graph readiness of the block's compiled graphs (None: nothing was compiled)."""
+    recompiles: tuple[Recompile, ...] = ()
+    """Recompiles when the block ran again with changed inputs (the scan's probe steps 1 and 2:
+    new data, hence new routing under EP, and another sequence length where the model runs)."""
 
 
 @record
@@ -176,6 +202,10 @@ class SetupInfo:
     plan: str | None = None
     dp_replicate: int = 1
     """Resolved data-parallel replicate degree (HSDP); world = dp_replicate x dp_shard."""
+    probed_recompiles: bool = False
+    """The recompile probe ran (blocks' ``recompiles`` are measured); False for simulated and
+    installed-torchtitan scans, scans run with ``--no-recompile-probe`` and documents older than
+    schema 3, whose blocks then record no recompiles."""
 
 
 @record

@@ -94,25 +94,50 @@ def tokens_bar(value: float | None, best: float | None, width: int = BAR_WIDTH) 
 
 
 def _header_fields(report: RunReport) -> list[tuple[str, str]]:
-    return [
+    fields = [
         ("spec", report.spec),
-        ("model", report.model),
+        (
+            "model",
+            report.model
+            + (
+                f", {report.flops_per_token / 1e6:.1f} MFLOPs/token (training, from the config)"
+                if report.flops_per_token
+                else ""
+            ),
+        ),
         (
             "setup",
             f"{report.device}, {report.world_size} rank(s), backend {report.backend}, "
-            f"AC {report.ac_mode}/{report.ac_option}",
+            f"AC {report.ac_mode}/{report.ac_option}"
+            + (f", {report.optimizer}" if report.optimizer else ""),
+        ),
+        (
+            "device",
+            report.device_name
+            + (
+                f", dense bf16 peak {report.peak_tflops:g} TFLOP/s per rank"
+                if report.peak_tflops
+                else ""
+            ),
         ),
         (
             "shapes",
             f"local batch {report.batch_size} x seq {report.seq_len} "
-            f"({report.tokens_per_step} tokens/step over all ranks)",
+            f"({report.tokens_per_step} tokens/step over all ranks)"
+            + (f": {report.shape_note}" if report.shape_note else ""),
         ),
         (
             "steps",
-            f"{report.warmup} warm-up (excluded) + {report.steps} measured, seed {report.seed}",
+            f"{report.rounds} round(s) x ({report.warmup} warm-up, excluded + {report.steps} measured) per mode, "
+            f"each run in fresh processes, order alternating per round; seed {report.seed}",
         ),
         ("torch", report.torch_version),
     ]
+    if report.plan_source:
+        verified = "verified" if report.plan_verified else "NOT verified"
+        fields.append(("plan", f"{report.plan_source}; {verified}"))
+        fields += [("", line) for line in report.plan_kinds]
+    return [(k, v) for k, v in fields if v]
 
 
 def _mode_details(mode: ModeResult) -> list[str]:
@@ -151,6 +176,7 @@ def _mode_details(mode: ModeResult) -> list[str]:
 
 def render_table(report: RunReport) -> str:
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
@@ -166,46 +192,84 @@ def render_table(report: RunReport) -> str:
     console.print(grid)
 
     table = Table(
-        title="Modes (step times and compile time in s; speedups: ratios of median step times)",
+        title=escape(
+            "Throughput (step s: median [min-max] of every round's measured steps; ratios: "
+            "pooled-median ratio [min-max of the per-round ratios])"
+        ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
         padding=(0, 1),
         pad_edge=False,
     )
-    columns = [
+    for name, justify in [
         ("mode", "left"),
         ("status", "left"),
         ("tok/s", "right"),
         ("step s", "right"),
-        ("min-max", "right"),
-        ("compile", "right"),
-        ("peak MiB", "right"),
-        ("graphs", "right"),
-        ("recomp", "right"),
         ("x eager", "right"),
+        ("", "left"),
         ("x best", "right"),
-    ]
-    for name, justify in columns:
+        ("", "left"),
+    ]:
         table.add_column(name, justify=justify, no_wrap=True)
     for m in report.modes:
         style = "red" if m.status != "ok" else ("yellow" if m.recompiles or m.diverged else "green")
-        ok = m.status == "ok"
         table.add_row(
-            Text(m.mode + (" *" if m.mode == report.best_baseline else ""), style=style),
+            Text(_mode_name(m, report), style=style),
             Text(_short_status(m)),
             _tokens(m.tokens_per_s),
-            _num(m.step_time_median_s, 3),
-            _range(m),
-            _fixed(m.compile_time_s),
-            _fixed(m.peak_memory_mib, 0),
-            str(m.graphs) if ok else "-",
-            str(m.recompiles) if ok else "-",
-            _ratio(m.speedup_vs_eager),
-            _ratio(m.speedup_vs_best_baseline),
+            _spread(m),
+            _ratio_range(m.speedup_vs_eager, m.speedup_vs_eager_range),
+            _verdict(m.verdict_vs_eager),
+            _ratio_range(m.speedup_vs_best_baseline, m.speedup_vs_best_baseline_range),
+            _verdict(m.verdict_vs_best_baseline),
         )
     console.print(table)
     if report.best_baseline:
         console.print(f"* best baseline: {report.best_baseline}")
+    if report.plan_verdict:
+        console.print(Text(f"plan: {report.plan_verdict}", style="bold"))
+
+    split = Table(
+        title="Where the time goes (medians in s: forward, backward, optimizer; compile s, first round "
+        "and warm cache; compile never counts in tok/s)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        pad_edge=False,
+    )
+    for name in (
+        "mode",
+        "fwd",
+        "bwd",
+        "opt",
+        "opt%",
+        "compile",
+        "warm",
+        "peak MiB",
+        "graphs",
+        "recomp",
+        "TFLOP/s",
+        "MFU",
+    ):
+        split.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
+    for m in report.modes:
+        ok = m.status == "ok"
+        split.add_row(
+            m.mode,
+            _num(m.forward_s),
+            _num(m.backward_s),
+            _num(m.optimizer_s),
+            _opt_share(m),
+            _fixed(m.compile_time_s),
+            _fixed(m.compile_time_warm_s),
+            _fixed(m.peak_memory_mib, 0),
+            str(m.graphs) if ok else "-",
+            str(m.recompiles) if ok else "-",
+            _num(m.tflops_per_s, 2),
+            "-" if m.mfu is None else f"{m.mfu:.1%}",
+        )
+    console.print(split)
 
     rates = [m.tokens_per_s for m in report.modes if m.tokens_per_s]
     if rates:
@@ -271,6 +335,28 @@ def render_table(report: RunReport) -> str:
     return plain_text(console)
 
 
+def _mode_name(mode: ModeResult, report: RunReport) -> str:
+    name = mode.mode + (" *" if mode.mode == report.best_baseline else "")
+    return name + (" (unverified)" if mode.plan_verified is False else "")
+
+
+def _ratio_range(ratio: float | None, spread: tuple[float, float] | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}x" + (f" [{spread[0]:.2f}-{spread[1]:.2f}]" if spread else "")
+
+
+def _verdict(verdict: str) -> str:
+    return {"within noise": "~ noise", "no spread": "(1 round)"}.get(verdict, verdict)
+
+
+def _opt_share(mode: ModeResult) -> str:
+    parts = (mode.forward_s, mode.backward_s, mode.optimizer_s)
+    if any(p is None for p in parts) or not sum(parts):
+        return "-"
+    return f"{mode.optimizer_s / sum(parts):.0%}"
+
+
 def _short_status(mode: ModeResult) -> str:
     if mode.status == "unavailable":
         return "UNAVAILABLE"
@@ -281,13 +367,9 @@ def _short_status(mode: ModeResult) -> str:
     return "DIVERGED" if mode.diverged else "ok"
 
 
-def _range(mode: ModeResult) -> str:
-    if mode.step_time_min_s is None or mode.step_time_max_s is None:
-        return "-"
-    return f"{mode.step_time_min_s:.3g}-{mode.step_time_max_s:.3g}"
-
-
-# --------------------------------------------------------------------------- markdown
+def _with_verdict(ratio: float | None, spread: tuple[float, float] | None, verdict: str) -> str:
+    text = _ratio_range(ratio, spread)
+    return f"{text} {_verdict(verdict)}" if verdict and ratio is not None else text
 
 
 def _md_cell(text: str) -> str:
@@ -295,6 +377,7 @@ def _md_cell(text: str) -> str:
 
 
 def render_markdown(report: RunReport) -> str:
+
     lines = [f"### gbdoctor run: `{report.model}`", ""]
     lines += [f"- {label}: {_md_cell(value)}" for label, value in _header_fields(report)]
     lines.append("")
@@ -303,32 +386,47 @@ def render_markdown(report: RunReport) -> str:
         "status",
         "tokens/s",
         "step s median [min-max]",
-        "compile s",
+        "vs eager [rounds min-max]",
+        "vs best",
+        "fwd / bwd / opt s",
+        "compile s (warm)",
         "peak MiB",
         "graphs",
         "recompiles",
-        "vs eager",
-        "vs best",
-        f"first {LOSSES_SHOWN} losses",
+        "TFLOP/s",
+        "MFU",
     )
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "|".join("---" for _ in head) + "|")
     for m in report.modes:
-        name = f"{m.mode} (best)" if m.mode == report.best_baseline else m.mode
+        name = _mode_name(m, report).replace(" *", " (best)")
+        ok = m.status == "ok"
+        phases = (
+            " / ".join(_num(x) for x in (m.forward_s, m.backward_s, m.optimizer_s)) if ok else "-"
+        )
         cells = (
             name,
             _status(m),
             _tokens(m.tokens_per_s),
             _spread(m),
-            _fixed(m.compile_time_s),
+            _with_verdict(m.speedup_vs_eager, m.speedup_vs_eager_range, m.verdict_vs_eager),
+            _with_verdict(
+                m.speedup_vs_best_baseline,
+                m.speedup_vs_best_baseline_range,
+                m.verdict_vs_best_baseline,
+            ),
+            phases,
+            _fixed(m.compile_time_s)
+            + (f" ({_fixed(m.compile_time_warm_s)})" if m.compile_time_warm_s is not None else ""),
             _fixed(m.peak_memory_mib, 0),
-            str(m.graphs) if m.status == "ok" else "-",
-            str(m.recompiles) if m.status == "ok" else "-",
-            _ratio(m.speedup_vs_eager),
-            _ratio(m.speedup_vs_best_baseline),
-            _losses(m, LOSSES_SHOWN),
+            str(m.graphs) if ok else "-",
+            str(m.recompiles) if ok else "-",
+            _num(m.tflops_per_s),
+            "-" if m.mfu is None else f"{m.mfu:.1%}",
         )
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    if report.plan_verdict:
+        lines += ["", f"**plan:** {_md_cell(report.plan_verdict)}"]
     extra = [(m.mode, line) for m in report.modes for line in _mode_details(m)]
     if extra or report.findings or report.notes:
         lines.append("")
@@ -364,8 +462,15 @@ CSV_COLUMNS: tuple[str, ...] = (
     "step_time_median_s",
     "step_time_min_s",
     "step_time_max_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
     "compile_time_s",
+    "compile_time_warm_s",
     "dynamo_compile_s",
+    "tflops_per_s",
+    "mfu",
+    "rounds",
     "peak_memory_mib",
     "memory_metric",
     "graphs",
@@ -377,7 +482,13 @@ CSV_COLUMNS: tuple[str, ...] = (
     "recompile_limit_hit",
     "first_recompile_reason",
     "speedup_vs_eager",
+    "speedup_vs_eager_min",
+    "speedup_vs_eager_max",
+    "verdict_vs_eager",
     "speedup_vs_best_baseline",
+    "speedup_vs_best_baseline_min",
+    "speedup_vs_best_baseline_max",
+    "verdict_vs_best_baseline",
     "best_baseline",
     "loss_first",
     "loss_rel_diff",
@@ -405,7 +516,13 @@ def csv_rows(report: RunReport) -> list[dict[str, Any]]:
             "best_baseline": report.best_baseline,
             "first_recompile_reason": first.reason if first else None,
             "loss_first": m.losses[0] if m.losses else None,
+            "rounds": report.rounds,
         }
+        for name, spread in (
+            ("speedup_vs_eager", m.speedup_vs_eager_range),
+            ("speedup_vs_best_baseline", m.speedup_vs_best_baseline_range),
+        ):
+            row[f"{name}_min"], row[f"{name}_max"] = spread if spread else (None, None)
         for name in CSV_COLUMNS:
             if name not in row:
                 row[name] = getattr(m, name)

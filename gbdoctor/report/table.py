@@ -83,6 +83,7 @@ def render_table(report: ScanReport, console: Console) -> None:
         )
     console.print(kinds)
     _render_cudagraphs(summary, console)
+    _render_recompiles(report, console)
 
     if summary.clean:
         console.print(
@@ -185,6 +186,41 @@ def _render_cudagraphs(summary: ScanSummary, console: Console) -> None:
         hidden = len(row.cudagraph_notable) - _NOTABLE_ROWS
         if hidden > 0:
             table.add_row("", Text(f"... {hidden} more (--format json)"), "", "")
+    console.print(table)
+
+
+def _render_recompiles(report: ScanReport, console: Console) -> None:
+    """The probe's recompiles per captured block (step 1: new data and length; step 2: again)."""
+    if not report.setup.probed_recompiles:
+        console.print(
+            Text("Recompiles: not probed (scan with --recompile-probe to record them)", style="dim")
+        )
+        return
+    rows = [(b, rec) for b in report.blocks if b.same_as is None for rec in b.recompiles]
+    if not rows:
+        return
+    table = Table(
+        title="Recompiles when a block runs again with changed inputs (probe steps 1 and 2; "
+        "step 2 = on every step)",
+        title_justify="left",
+        expand=True,
+    )
+    for name, ratio in (
+        ("kind", None),
+        ("step", None),
+        ("guard that failed", 4),
+        ("location", 2),
+        ("code", 2),
+    ):
+        table.add_column(name, overflow="fold", ratio=ratio, no_wrap=name == "step")
+    for block, rec in rows:
+        step = Text(
+            f"{rec.step}" + (" (every step)" if rec.measured else ""),
+            style="red" if rec.measured else "yellow",
+        )
+        table.add_row(
+            Text(block.kind), step, Text(rec.reason), Text(rec.location or "-"), Text(rec.function)
+        )
     console.print(table)
 
 

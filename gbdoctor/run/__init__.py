@@ -1,16 +1,22 @@
 """``run``: train for real under several compile configurations and compare them.
 
-``driver`` (modes, fresh rank processes per mode, the report) -> ``worker`` (one rank of one
-mode: build, set up, warm up, measure). Records are in ``records.run``.
+``driver`` (the plan, modes in rounds of fresh rank processes, the report with ratio spreads)
+-> ``worker`` (one rank of one mode: build, set up, warm up, measure each step per phase);
+``flops`` (FLOPs per token from the model config, device peaks, MFU). Records are in
+``records.run``.
 """
 
 from gbdoctor.run.driver import (
     BASELINES,
+    DEFAULT_BACKEND,
+    DEFAULT_ROUNDS,
     DEFAULT_STEPS,
     DEFAULT_WARMUP,
     MODE_STRATEGIES,
     MODES,
+    benchmark_shape,
     build_report,
+    ratio_with_spread,
     report_from_json,
     resolve_modes,
     run_modes,
@@ -19,6 +25,8 @@ from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 
 __all__ = [
     "BASELINES",
+    "DEFAULT_BACKEND",
+    "DEFAULT_ROUNDS",
     "DEFAULT_STEPS",
     "DEFAULT_WARMUP",
     "MODES",
@@ -26,7 +34,9 @@ __all__ = [
     "ModeFailure",
     "ModeJob",
     "RankRun",
+    "benchmark_shape",
     "build_report",
+    "ratio_with_spread",
     "report_from_json",
     "resolve_modes",
     "run_modes",

@@ -17,8 +17,8 @@ from gbdoctor.capture.counters import (
     dynamo_compile_s,
     failure_kind,
     record_cudagraph_skips,
-    record_recompiles,
 )
+from gbdoctor.capture.recompiles import watch_recompiles
 from gbdoctor.errors import GbdoctorError, SetupError
 from gbdoctor.records import Recompile, Spec
 from gbdoctor.setup.compile import Strategy
@@ -36,8 +36,8 @@ class ModeJob:
     warmup: int
     steps: int
     cache_dir: str | None = None
-    """A fresh compile-cache folder for this mode (made and removed by ``run_modes``): every mode
-    compiles cold, none profits from a cache another mode filled."""
+    """This mode's compile-cache folder (made and removed by ``run_modes``): empty in the mode's
+    first round, reused by its later rounds; never shared with another mode."""
     cudagraph_layers: tuple[str, ...] = ()
     """``cudagraphs`` mode: blocks (FQNs) compiled with inductor's mode="reduce-overhead"."""
 
@@ -58,6 +58,8 @@ class RankRun:
     dynamo_compile_s: float
     recompiles: list[Recompile]
     recompile_limit_hit: bool
+    phase_times: list[tuple[float, float, float]]
+    """(forward, backward, optimizer) seconds of every measured step (``setup.train.PHASES``)."""
     layout: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
     """(block fqn, regions, fullgraph regions) as the setup placed them."""
     cudagraph_skips: list[str] = field(default_factory=list)
@@ -143,12 +145,14 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
 
     warmup_times: list[float] = []
     step_times: list[float] = []
+    phase_times: list[tuple[float, float, float]] = []
     losses: list[float] = []
     graphs_before_measured = 0
     warmup_compile_s = 0.0
     total = job.warmup + job.steps
+    sync = torch.cuda.synchronize if cuda else None
     with (
-        record_recompiles() as recorder,
+        watch_recompiles() as watch,
         record_cudagraph_skips() if job.cudagraph_layers else contextlib.nullcontext() as skips,
         recipe.step_context(setup),
     ):
@@ -160,7 +164,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 if cuda:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
-            recorder.step, recorder.measured = step, measured
+            watch.tag(step=step, measured=measured)
             tokens, labels = synthetic_batch(
                 seed=spec.training.seed,
                 step=step,
@@ -177,14 +181,14 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 torch.cuda.synchronize()
             start = time.perf_counter()
             try:
-                loss = recipe.train_step(setup, tokens, labels)
-                if cuda:
-                    torch.cuda.synchronize()
+                loss, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
             except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
                 phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
                 raise ModeFailure(f"{phase}: {_first_line(exc)}", failure_kind(exc)) from exc
             elapsed = time.perf_counter() - start
             (step_times if measured else warmup_times).append(elapsed)
+            if measured:
+                phase_times.append(phases)
             losses.append(loss)
     graphs, breaks = counter_totals()
     peak, metric = _peak_memory(job.device)
@@ -199,8 +203,9 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         graphs_measured=graphs - graphs_before_measured,
         graph_breaks=breaks,
         dynamo_compile_s=warmup_compile_s,
-        recompiles=recorder.records,
-        recompile_limit_hit=recorder.limit_hit,
+        recompiles=watch.records,
+        recompile_limit_hit=watch.limit_hit,
+        phase_times=phase_times,
         cudagraph_skips=list(skips.reasons) if skips is not None else [],
         layout=layout,
     )

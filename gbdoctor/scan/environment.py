@@ -17,7 +17,7 @@ from typing import Any
 
 from gbdoctor.records import Decision, ScanReport, Spec
 from gbdoctor.scan.estimate import decide, pin
-from gbdoctor.scan.job import Progress, ScanJob, strategy_for
+from gbdoctor.scan.job import Progress, ScanJob, probe_by_default, strategy_for
 from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import scan_rank, scan_rank_entry
 from gbdoctor.scan.simulate import (
@@ -36,8 +36,15 @@ def scan(
     dedupe: bool = True,
     progress: Progress | None = None,
     strict: bool = False,
+    recompiles: bool | None = None,
 ) -> ScanReport:
-    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged."""
+    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged.
+
+    ``recompiles``: probe every captured block with changed inputs (``probe.py``; about two
+    eager training steps and two block replays per block kind); None: on unless
+    ``GBDOCTOR_RECOMPILE_PROBE=0`` (``job.probe_by_default``)."""
+    if recompiles is None:
+        recompiles = probe_by_default()
     if not isinstance(strategy, Strategy):
         strategy = strategy_for(spec, strategy)
     # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
@@ -53,7 +60,14 @@ def scan(
             reason=decision.reason,
         )
     device = resolve_device(spec.gbdoctor.device)
-    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=dedupe, strict=strict)
+    job = ScanJob(
+        spec=spec,
+        strategy=strategy,
+        device=device,
+        dedupe=dedupe,
+        strict=strict,
+        probe_recompiles=recompiles,
+    )
     world = spec.parallelism.world_size
     if world == 1:
         with single_process_group(device):

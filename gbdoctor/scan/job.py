@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,6 +23,20 @@ class ScanJob:
     dedupe: bool = True
     strict: bool = False
     """Run blocks whose compiled regions are all fullgraph under Dynamo's strict check."""
+    probe_recompiles: bool = False
+    """After each block's capture, run it again with changed inputs and record recompiles
+    (``probe.py``). ``scan()`` turns it on by default; the planner's internal scans, ``gate``
+    without ``--recompiles`` and simulation do not."""
+
+
+PROBE_ENV = "GBDOCTOR_RECOMPILE_PROBE"
+"""``0`` turns the recompile probe off where no caller chose (``scan()``, ``gbdoctor scan``
+without ``--[no-]recompile-probe``). The test suite sets it: only the tests that check
+recompiles pay for the probe. A scan without the probe says so (``setup.probed_recompiles``)."""
+
+
+def probe_by_default() -> bool:
+    return os.environ.get(PROBE_ENV, "1").strip() != "0"
 
 
 def strategy_for(spec: Spec, name: str | None) -> Strategy:

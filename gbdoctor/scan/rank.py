@@ -37,9 +37,10 @@ from gbdoctor.capture import (
 from gbdoctor.capture.locate import portable_path, within
 from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import DEBUG_ENV, SetupError
-from gbdoctor.records import BlockReport, Break, Event, RawBreak, SetupInfo, Spec
+from gbdoctor.records import BlockReport, Break, Event, RawBreak, Recompile, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase, shortcut_repeated_blocks
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
+from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
@@ -122,6 +123,27 @@ def _scan_set_up(
         watch = setup.model.register_forward_hook(
             lambda module, args, output: sources.append(loss_source(output, labels, vocab))
         )
+        probe = None
+        if job.probe_recompiles:
+
+            def probe_batch(step: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+                return synthetic_batch(
+                    seed=spec.training.seed,
+                    step=step,
+                    vocab=vocab,
+                    local_batch=spec.capture_batch_size,
+                    seq_len=seq_len,
+                    rank=rank,
+                    world_size=world,
+                    device=meshes.device,
+                )
+
+            def probe_step(t: torch.Tensor, lab: torch.Tensor, notes: list[str]) -> None:
+                run_warm_up(setup, warm_up_attempts(recipe, setup, t, lab), notes)
+
+            probe = RecompileProbe(
+                setup, spec.capture_seq_len, probe_batch, probe_step, root=spec.root or None
+            )
         try:
             reports, notes = capture_set_up(
                 session,
@@ -131,6 +153,7 @@ def _scan_set_up(
                 dedupe=job.dedupe,
                 strict=job.strict,
                 root=job.spec.root or None,
+                probe=probe,
             )
         finally:
             watch.remove()
@@ -152,10 +175,12 @@ def capture_set_up(
     dedupe: bool = True,
     strict: bool = False,
     root: str | None = None,
+    probe: RecompileProbe | None = None,
 ) -> tuple[tuple[BlockReport, ...], tuple[str, ...]]:
     """Warm up, then capture each distinct block kind of a model as set up, by any recipe
     (``model``, ``blocks`` with fqn/outer/kind/regions, ``hooks``, ``optimizer``). The caller
-    enters the recipe's step context."""
+    enters the recipe's step context. ``probe``: after each kind's capture, run it again with
+    changed inputs and record its recompiles (``probe.py``)."""
     outers = {slot.fqn: slot.outer for slot in setup.blocks}
     store, remove = collect_block_inputs(setup.model, outers)
     notes: list[str] = []
@@ -174,7 +199,9 @@ def capture_set_up(
         if progress:
             progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
         slot = next(s for s in setup.blocks if s.fqn == rep)
-        reps[rep] = capture_block(session, setup, slot, store.get(rep), strict=strict, root=root)
+        reps[rep] = capture_block(
+            session, setup, slot, store.get(rep), strict=strict, root=root, probe=probe, notes=notes
+        )
     if progress:
         progress("captured", len(groups), len(groups))
     kinds = kind_labels(setup, groups)
@@ -186,7 +213,7 @@ def capture_set_up(
             shared = rebase(base, members[0], fqn) if same_as else base
             reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
     reports.sort(key=lambda r: _layer_order(r.fqn))
-    return tuple(reports), tuple(notes)
+    return tuple(reports), tuple(dict.fromkeys(notes))
 
 
 _BF16_FAILURE = re.compile(
@@ -279,6 +306,7 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         batch_size=spec.capture_batch_size,
         seq_len=spec.capture_seq_len,
         plan=job.strategy.plan,
+        probed_recompiles=job.probe_recompiles,
     )
 
 
@@ -290,6 +318,8 @@ def capture_block(
     *,
     strict: bool = False,
     root: str | None = None,
+    probe: RecompileProbe | None = None,
+    notes: list[str] | None = None,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
 
@@ -321,9 +351,16 @@ def capture_block(
             if os.environ.get(DEBUG_ENV) == "1":  # --debug: the report keeps one line, stderr all
                 print(f"{slot.fqn} does not trace:\n{raw.error_traceback}", file=sys.stderr)
             reset_fsdp_state(setup.model)
+        if setup.optimizer is not None:
+            setup.optimizer.zero_grad(set_to_none=True)
+        recompiles: tuple[Recompile, ...] = ()
+        if probe is not None and raw.error is None:
+            # Same Dynamo state as the capture: which guards fail when the inputs change.
+            with session.paused():
+                recompiles = probe.run(slot, notes if notes is not None else [])
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
-    return block_report(slot, raw, root=root)
+    return replace(block_report(slot, raw, root=root), recompiles=recompiles)
 
 
 def _in_ac(slot: Any, module: str) -> bool:

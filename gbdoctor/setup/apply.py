@@ -30,6 +30,7 @@ from gbdoctor.setup.compile import (
 )
 from gbdoctor.setup.ep import apply_ep
 from gbdoctor.setup.fsdp import apply_fsdp
+from gbdoctor.setup.optim import build_adamw
 from gbdoctor.setup.tp import TP_INSTALLER, apply_tp, check_divisible
 
 
@@ -264,7 +265,9 @@ def apply_setup(
     if build_optimizer is None:
         build_optimizer = not _on_meta(model)
     if build_optimizer and any(p.requires_grad for p in model.parameters()):
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, foreach=False)
+        # torchtitan's optimizer: fused AdamW where the device has the kernel (setup/optim.py).
+        device_type = next(model.parameters()).device.type
+        optimizer = build_adamw(model.parameters(), lr=lr, device_type=device_type)
         moes = load_balanced_moes(model)
         if moes:
             recomputed = [_recomputed(name, slots) for name, _ in moes]

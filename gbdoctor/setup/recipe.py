@@ -21,7 +21,7 @@ from gbdoctor.records import Spec
 from gbdoctor.setup.apply import CompileFn, Setup, apply_setup, recipe_context
 from gbdoctor.setup.compile import Strategy
 from gbdoctor.setup.dist import Meshes, build_meshes
-from gbdoctor.setup.train import train_step
+from gbdoctor.setup.train import timed_train_step, train_step
 
 
 class Recipe(Protocol):
@@ -57,6 +57,14 @@ class Recipe(Protocol):
 
     def train_step(self, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor) -> float:
         """Forward, backward, optimizer step; returns the global loss."""
+        ...
+
+    def timed_train_step(
+        self, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
+    ) -> tuple[float, tuple[float, float, float]]:
+        """``train_step`` split into (forward, backward, optimizer) seconds, for ``run``'s
+        per-mode breakdown; ``sync`` (``torch.cuda.synchronize`` on GPU) runs before each clock
+        read."""
         ...
 
 
@@ -102,6 +110,11 @@ class TorchtitanRecipe:
 
     def train_step(self, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor) -> float:
         return train_step(setup, tokens, labels)
+
+    def timed_train_step(
+        self, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
+    ) -> tuple[float, tuple[float, float, float]]:
+        return timed_train_step(setup, tokens, labels, sync)
 
 
 RECIPES: dict[str, Any] = {TorchtitanRecipe.name: TorchtitanRecipe()}

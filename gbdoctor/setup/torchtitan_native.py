@@ -589,15 +589,47 @@ class InstalledTorchtitanRecipe:
     def train_step(self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> float:
         """torchtitan's ``_forward_backward_body``, then the optimizer step (whose pre-step hook
         is its MoE load balancing)."""
+        return self.timed_train_step(setup, tokens, labels)[0]
+
+    def timed_train_step(
+        self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
+    ) -> tuple[float, tuple[float, float, float]]:
+        """``train_step`` split into (forward with the loss, backward, optimizer) seconds. The
+        body stays torchtitan's own: the forward/backward boundary is read when its loss
+        function returns (it is wrapped for the call), so the forward includes the loss."""
+        import time
+
         from torchtitan.trainer import Trainer
 
+        def now() -> float:
+            if sync is not None:
+                sync()
+            return time.perf_counter()
+
         inputs, extra, labels = setup.batch(tokens, labels)
-        loss = Trainer._forward_backward_body(
-            setup.trainer_state, inputs, labels, torch.tensor(labels.numel()), extra
-        )
+        state = setup.trainer_state
+        loss_fn = state.loss_fn
+        marks: list[float] = []
+
+        def timed_loss(*args: Any, **kwargs: Any) -> Any:
+            out = loss_fn(*args, **kwargs)
+            marks.append(now())
+            return out
+
+        state.loss_fn = timed_loss
+        try:
+            t0 = now()
+            loss = Trainer._forward_backward_body(
+                state, inputs, labels, torch.tensor(labels.numel()), extra
+            )
+            t2 = now()
+        finally:
+            state.loss_fn = loss_fn
         setup.optimizer.step()
         setup.optimizer.zero_grad()
-        return float(loss.detach())
+        t3 = now()
+        t1 = marks[-1] if marks else t2
+        return float(loss.detach()), (t1 - t0, t2 - t1, t3 - t2)
 
     def forward(self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> None:
         inputs, extra, _ = setup.batch(tokens, labels)

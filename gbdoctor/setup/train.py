@@ -67,20 +67,48 @@ def forward_loss(
 
 def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
     """Forward, backward, optimizer step (with its pre-step hooks); returns the global loss."""
+    return timed_train_step(setup, tokens, labels)[0]
+
+
+PHASES = ("forward", "backward", "optimizer")
+"""The parts of a training step ``timed_train_step`` times (the loss all-reduce is the rest)."""
+
+
+def timed_train_step(
+    setup: Any, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
+) -> tuple[float, tuple[float, float, float]]:
+    """``train_step``, timed per phase: (global loss, (forward s, backward s, optimizer s)).
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) is called before each clock read so that a phase's
+    asynchronous kernels are charged to it; on CPU every op has finished when it returns. The
+    forward includes the loss (under TP's loss parallel, which the backward runs under too); the
+    optimizer phase includes its pre-step hooks and zero_grad.
+    """
+    import time
+
+    def now() -> float:
+        if sync is not None:
+            sync()
+        return time.perf_counter()
+
     _, shares = data_share(setup)
     with loss_context(setup):
+        t0 = now()
         loss = forward_loss(setup.model, tokens, labels, shares)
+        t1 = now()
         loss.backward()
+        t2 = now()
     if setup.optimizer is not None:
         setup.optimizer.step()
         setup.optimizer.zero_grad(set_to_none=True)
+    t3 = now()
     reported = loss.detach()
     # Under loss parallel the loss is a replicated DTensor: its full value is the local one.
     reported = (reported.full_tensor() if hasattr(reported, "full_tensor") else reported).clone()
     if shares > 1:
         group = setup.meshes.dp_group if getattr(setup, "meshes", None) is not None else None
         dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=group)
-    return float(reported)
+    return float(reported), (t1 - t0, t2 - t1, t3 - t2)
 
 
 def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:

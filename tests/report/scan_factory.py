@@ -96,6 +96,7 @@ def make_report(
         dynamo_config=(("capture_scalar_outputs", "True"),),
         batch_size=2,
         seq_len=64,
+        probed_recompiles=True,
     )
     return ScanReport(
         spec=spec,

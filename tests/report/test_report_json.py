@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from scan_factory import SCAN_FIXTURES, SCANS, UPDATE
@@ -118,21 +119,30 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
 
 
-def test_older_schema_versions_are_still_read(fixture_name: str) -> None:
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_schema_versions_are_still_read(fixture_name: str, version: int) -> None:
     """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, version 3
-    ``dp_replicate`` to the setup, all with defaults: older documents (as stored baselines and
-    scans have them) read as the same report."""
+    ``recompiles`` per block, ``probed_recompiles`` and ``dp_replicate`` to the setup, all with defaults: an older
+    document (as stored baselines and scans have them) reads as the same report, with no
+    recompiles recorded."""
     report = SCAN_FIXTURES[fixture_name]()
     data = json.loads(render_json(report))
-    assert SCHEMA_VERSION == data["schema_version"] == 3
-    data["schema_version"] = 2
+    data["schema_version"] = version
+    del data["setup"]["probed_recompiles"]
     del data["setup"]["dp_replicate"]
-    assert load_scan_json(json.dumps(data)) == report
-    data["schema_version"] = 1
-    del data["setup"]["tp_degree"]
     for block in data["blocks"]:
-        del block["cudagraphs"]
-    assert load_scan_json(json.dumps(data)) == report
+        del block["recompiles"]
+    if version == 1:
+        del data["setup"]["tp_degree"]
+        for block in data["blocks"]:
+            del block["cudagraphs"]
+    assert SCHEMA_VERSION == 3
+    expected = replace(
+        report,
+        setup=replace(report.setup, probed_recompiles=False),
+        blocks=tuple(replace(b, recompiles=()) for b in report.blocks),
+    )
+    assert load_scan_json(json.dumps(data)) == expected
     data["schema_version"] = 4
     with pytest.raises(BaselineError, match="reads 1, 2, 3"):
         load_scan_json(json.dumps(data))

@@ -1,0 +1,125 @@
+"""The scan's recompile probe and ``gate --recompiles`` on real captures (world size 1, aot_eager).
+
+The planted model (``fixtures/models/recompiler.py``) changes a Python string attribute of its
+blocks on every forward, so a compiled block recompiles on every step; the clean planted model
+only recompiles once, when the probe's new sequence length makes that dimension dynamic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from repo_paths import FIXTURES
+from typer.testing import CliRunner
+
+from gbdoctor.cli import app
+from gbdoctor.report import render
+from gbdoctor.scan import scan
+from gbdoctor.scan.probe import probe_seq_len
+from gbdoctor.spec import load_spec
+
+MODELS = FIXTURES / "models"
+
+
+def _write_spec(path: Path, factory: str, flavor: str) -> Path:
+    path.write_text(
+        f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{MODELS / factory}:build"\n'
+        "[training]\nlocal_batch_size = 2\nseq_len = 32\n[gbdoctor]\nbatch_size = 2\nseq_len = 32\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def scans(tmp_path_factory):
+    """(clean scan, recompiler scan), both of the same spec path, as a model edit would make them."""
+    folder = tmp_path_factory.mktemp("probe")
+    spec_path = folder / "model.toml"
+    clean = scan(
+        load_spec(_write_spec(spec_path, "planted.py", "clean")), strategy="block", recompiles=True
+    )
+    recompiling = scan(
+        load_spec(_write_spec(spec_path, "recompiler.py", "tiny")),
+        strategy="block",
+        recompiles=True,
+    )
+    return folder, spec_path, clean, recompiling
+
+
+def test_probe_lengths():
+    assert [probe_seq_len(64, s) for s in (1, 2)] == [32, 48]
+    assert [probe_seq_len(32, s) for s in (1, 2)] == [16, 24]
+    assert [probe_seq_len(8, s) for s in (1, 2)] == [8, 8]  # too short to change: new data only
+
+
+def test_a_clean_block_recompiles_once_for_the_new_length(scans):
+    _, _, clean, _ = scans
+    for block in clean.blocks:
+        if block.same_as is not None:
+            continue
+        assert block.recompiles, block.fqn
+        assert all(r.step == 1 and not r.measured for r in block.recompiles)
+        # Dynamo's automatic dynamic shapes: the size guard of the changed dimension.
+        assert any("size mismatch" in r.reason for r in block.recompiles)
+
+
+def test_a_block_that_recompiles_every_step_is_caught_with_its_guard(scans):
+    _, _, _, recompiling = scans
+    for block in recompiling.blocks:
+        if block.same_as is not None:
+            continue
+        steady = [r for r in block.recompiles if r.measured]
+        assert steady and all(r.step == 2 for r in steady), block.fqn
+        assert all("owner_tag ==" in r.reason for r in steady)
+        # The guard's user frame, with a machine-independent path (the fixture lives outside the cwd
+        # only when the tests run from elsewhere; inside the repo it is relative).
+        assert all(r.location and r.location.endswith("recompiler.py:94") for r in steady)
+    # Breaks, events and graphs come from the capture step alone: the probe adds none.
+    assert all(not b.breaks and not b.events and b.graph_count == 1 for b in recompiling.blocks)
+    text = render(recompiling, "table")
+    assert "Recompiles when a block runs again" in text and "every step" in text
+
+
+def test_gate_recompiles_fails_on_the_recompiling_model(scans, monkeypatch):
+    folder, _, clean, recompiling = scans
+    monkeypatch.chdir(folder)
+    runner = CliRunner()
+    (folder / "clean.json").write_text(render(clean, "json"))
+    (folder / "recompiling.json").write_text(render(recompiling, "json"))
+    baseline = folder / "baseline.json"
+    made = runner.invoke(
+        app, ["gate", "--scan", "clean.json", "--baseline", str(baseline), "--update-baseline"]
+    )
+    assert made.exit_code == 0, made.output
+    same = runner.invoke(
+        app, ["gate", "--scan", "clean.json", "--baseline", str(baseline), "--recompiles"]
+    )
+    assert same.exit_code == 0, same.output
+    failed = runner.invoke(
+        app,
+        [
+            "gate",
+            "--scan",
+            "recompiling.json",
+            "--baseline",
+            str(baseline),
+            "--recompiles",
+            "--format",
+            "json",
+        ],
+    )
+    assert failed.exit_code == 1, failed.output
+    assert "recompiles on every step" in failed.output and "owner_tag" in failed.output
+    # Without --recompiles the recompiles are reported, not gated on.
+    plain = runner.invoke(app, ["gate", "--scan", "recompiling.json", "--baseline", str(baseline)])
+    assert plain.exit_code == 0, plain.output
+
+
+def test_torchtitan_scans_refuse_the_probe():
+    """``scan --torchtitan`` has no probe: asking for one is a usage error (exit 2), not a
+    scan whose empty recompiles would read as measured."""
+    result = CliRunner().invoke(
+        app, ["scan", "--torchtitan", "llama3:debugmodel", "--recompile-probe"]
+    )
+    assert result.exit_code == 2
+    assert "no recompile probe" in " ".join(result.output.split())
