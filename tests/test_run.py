@@ -362,9 +362,12 @@ def test_recorder_flags_the_recompile_limit_warning():
     recorder.emit(warn)
     recorder.emit(recompile)
     assert recorder.limit_hit
-    assert [(r.step, r.measured, r.reason) for r in recorder.records] == [
-        (5, True, "self.tag == 'b'")
+    # The limit hit is a record of its own (DeepSpeed scans report it beside the recompiles).
+    assert [(r.step, r.measured, r.reason, r.limit_hit) for r in recorder.records] == [
+        (5, True, "unknown", True),
+        (5, True, "self.tag == 'b'", False),
     ]
+    assert recorder.records[0].hint == "hit config.recompile_limit (8)"
 
 
 def test_busy_machine_and_noisy_steps_are_noted(tmp_path):

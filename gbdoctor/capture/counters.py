@@ -1,6 +1,8 @@
-"""What ``run`` reads from Dynamo while training: the ``recompiles`` log stream (with the step
-each recompile happened in), the recompile-limit warning, Dynamo's graph and break counters,
-its frame-compile time, and the kind of a failure (a Dynamo exception class).
+"""What ``run`` and DeepSpeed scans read from Dynamo while training: the ``recompiles`` log
+stream (with the step each recompile happened in), the recompile-limit warnings (they arrive on
+the ``torch._dynamo.convert_frame`` WARNING logger, not on the recompiles or graph-break streams:
+measured under DeepSpeed ZeRO-3, reference/deepspeed-cpu-probe.md), Dynamo's graph and break
+counters, its frame-compile time, and the kind of a failure (a Dynamo exception class).
 """
 
 from __future__ import annotations
@@ -32,13 +34,27 @@ class RecompileRecorder(logging.Handler):
         except Exception:  # noqa: BLE001 - a malformed record never breaks training
             return
         if record.name == LIMIT_LOGGER:
-            if "recompile_limit" in text or "cache_size_limit" in text:
+            limit = parse_recompile_limit(text, step=self.step, measured=self.measured)
+            if limit is not None:
                 self.limit_hit = True
+                self.records.append(limit)
             return
         self.records.append(parse_recompile(text, step=self.step, measured=self.measured))
 
 
 _ENTRY = re.compile(r"^\d+/\d+: ")
+_OBJECT_ID = re.compile(r"(___check_(?:type|obj)_id\([^,()]+(?:\([^()]*\))?[^,()]*), \d+\)")
+_LIMIT = re.compile(r"hit config\.(\w+) \((\d+)\)")
+_LIMIT_FUNCTION = re.compile(r"function: '([^']+)' \(([^)]+)\)")
+_LIMIT_REASON = re.compile(r"last reason: (.*)")
+
+
+def _stable(reason: str) -> str:
+    """A guard without the object ids Dynamo prints (``___check_type_id(x, 9393...)`` ->
+    ``___check_type_id(x)``): they differ from process to process."""
+    return _OBJECT_ID.sub(r"\1)", reason)
+
+
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _HEADER = re.compile(r"Recompiling function (\S+) in (.+)$")
 
@@ -81,7 +97,7 @@ def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
     if "(HINT:" in head:
         head, _, hint = head.partition("(HINT:")
         hint = hint.strip().rstrip(")").strip()
-    reason = " ".join(head.split("#", 1)[0].split())
+    reason = _stable(" ".join(head.split("#", 1)[0].split()))
     location = None
     for item in first[1:]:
         fm = _FILE_LINE.search(item)
@@ -98,6 +114,35 @@ def parse_recompile(text: str, *, step: int, measured: bool) -> Recompile:
     )
 
 
+def parse_recompile_limit(text: str, *, step: int, measured: bool) -> Recompile | None:
+    """A ``limit_hit`` :class:`Recompile` from a ``convert_frame`` warning (torch 2.13)::
+
+        torch._dynamo hit config.recompile_limit (8)
+           function: '_pre_backward_module_hook' (/path/parameter_offload.py:410)
+           last reason: 28/7: tensor 'args[1]' size mismatch at index 0. expected 64, actual 256
+        To log all recompilation reasons, use TORCH_LOGS="recompiles".
+
+    None for the logger's other warnings.
+    """
+    m = _LIMIT.search(text)
+    if m is None:
+        return None
+    fm = _LIMIT_FUNCTION.search(text)
+    function = f"{fm.group(1)} at {fm.group(2)}" if fm else "unknown"
+    rm = _LIMIT_REASON.search(text)
+    reason = _ENTRY.sub("", rm.group(1).strip()) if rm else ""
+    reason = _stable(" ".join(reason.split("#", 1)[0].split()))
+    return Recompile(
+        step=step,
+        measured=measured,
+        function=function,
+        reason=(reason or "unknown")[:400],
+        hint=f"hit config.{m.group(1)} ({m.group(2)})",
+        failed_entries=int(m.group(2)),
+        limit_hit=True,
+    )
+
+
 def _entry_index(entry: list[str]) -> int:
     m = re.match(r"^\d+/(\d+): ", entry[0])
     return int(m.group(1)) if m else -1
@@ -105,23 +150,24 @@ def _entry_index(entry: list[str]) -> int:
 
 @contextlib.contextmanager
 def record_recompiles() -> Iterator[RecompileRecorder]:
-    """Route the ``recompiles`` stream and the recompile-limit warning into a recorder (and not
-    to the user's stderr) for the duration of the block."""
+    """Route the ``recompiles`` stream and the recompile-limit warnings into a recorder (and not
+    to the user's stderr: the records carry what they said) for the duration of the block."""
     import torch._logging
 
     recorder = RecompileRecorder()
     rec_logger = logging.getLogger(RECOMPILES_LOGGER)
     limit_logger = logging.getLogger(LIMIT_LOGGER)
+    old_propagate = rec_logger.propagate, limit_logger.propagate
     torch._logging.set_logs(recompiles=True)
     rec_logger.addHandler(recorder)
-    rec_logger.propagate = False  # keep the user's stderr clean
+    rec_logger.propagate = limit_logger.propagate = False  # keep the user's stderr clean
     limit_logger.addHandler(recorder)
     try:
         yield recorder
     finally:
         rec_logger.removeHandler(recorder)
         limit_logger.removeHandler(recorder)
-        rec_logger.propagate = True
+        rec_logger.propagate, limit_logger.propagate = old_propagate
         torch._logging.set_logs()
 
 

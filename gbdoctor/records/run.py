@@ -3,33 +3,26 @@
 from __future__ import annotations
 
 from gbdoctor.records.base import record
+from gbdoctor.records.scan import Recompile
 
-RUN_SCHEMA_VERSION = 1
+__all__ = [
+    "LOSS_RTOL",
+    "READABLE_RUN_SCHEMA_VERSIONS",
+    "RUN_SCHEMA_VERSION",
+    "ModeResult",
+    "Recompile",
+    "RunReport",
+]
+
+RUN_SCHEMA_VERSION = 2
+"""2: recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own); 1 is
+read too."""
+READABLE_RUN_SCHEMA_VERSIONS = (1, 2)
 
 
 LOSS_RTOL = 2e-2
 """Relative tolerance on the first step's loss vs eager. bf16 parameters (the torchtitan
 default) make differences of ~1e-3 normal between eager and compiled runs."""
-
-
-@record
-class Recompile:
-    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
-
-    step: int
-    """Training step (0-based, warm-up steps included) during which it happened."""
-    measured: bool
-    """It happened during a measured step (a finding: steady-state training recompiles)."""
-    function: str
-    """The recompiled code: ``forward at /path/model.py:86``."""
-    reason: str
-    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
-    location: str | None = None
-    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
-    hint: str = ""
-    """Dynamo's HINT for this guard, if any."""
-    failed_entries: int = 1
-    """How many cache entries' guards failed (the cache size at that moment)."""
 
 
 @record

@@ -10,8 +10,9 @@ from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 SCHEMA_VERSION = 3
 """Version of the scan and inspect JSON documents. 3: the setup carries ``dp_replicate`` (the
 resolved degrees), and scan/inspect reports carry ``notes`` (how the spec was read, simulated or
-not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the setup its ``tp_degree``.
-Readers accept 1 and 2 (the new fields take their defaults)."""
+not); blocks carry ``recompiles`` (with ``Recompile.limit_hit``) and the setup ``framework``/
+``zero_stage``/``steps`` (DeepSpeed). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and
+the setup its ``tp_degree``. Readers accept 1 and 2 (the new fields take their defaults)."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 
@@ -93,7 +94,8 @@ class Event:
 
     kind: str
     """``region_eager`` (an AC/SAC region fell back to eager), ``frame_skipped`` (a whole frame
-    ran eager) or ``rank_divergence`` (ranks captured different graphs/breaks)."""
+    ran eager), ``recompile_limit`` (Dynamo hit ``recompile_limit`` on some code, which runs
+    eagerly from then on) or ``rank_divergence`` (ranks captured different graphs/breaks)."""
     module: str
     detail: str = ""
     gb_type: str = ""
@@ -132,6 +134,29 @@ class CudaGraphReadiness:
 
 
 @record
+class Recompile:
+    """One recompile of compiled code, from Dynamo's ``recompiles`` log stream, or a
+    ``recompile_limit`` hit from the ``torch._dynamo.convert_frame`` warning."""
+
+    step: int
+    """Training step (0-based, warm-up steps included) during which it happened."""
+    measured: bool
+    """It happened during a measured step (a finding: steady-state training recompiles)."""
+    function: str
+    """The recompiled code: ``forward at /path/model.py:86``."""
+    reason: str
+    """The guard that failed for the most recent cache entry, e.g. ``self.owner_tag == 'step-3'``."""
+    location: str | None = None
+    """file:line of the user code the guard came from, when Dynamo gave a user stack."""
+    hint: str = ""
+    """Dynamo's HINT for this guard, if any."""
+    failed_entries: int = 1
+    """How many cache entries' guards failed (the cache size at that moment)."""
+    limit_hit: bool = False
+    """Dynamo hit ``recompile_limit`` here: from now on this code runs eagerly."""
+
+
+@record
 class BlockReport:
     fqn: str
     """``layers.3``."""
@@ -153,6 +178,8 @@ class BlockReport:
     """Ops Dynamo captured per compiled region (all graphs), for coverage shares."""
     cudagraphs: CudaGraphReadiness | None = None
     """CUDA-graph readiness of the block's compiled graphs (None: nothing was compiled)."""
+    recompiles: tuple[Recompile, ...] = ()
+    """Recompiles (and recompile-limit hits) attributed to this block (schema 3)."""
 
 
 @record
@@ -176,6 +203,12 @@ class SetupInfo:
     plan: str | None = None
     dp_replicate: int = 1
     """Resolved data-parallel replicate degree (HSDP); world = dp_replicate x dp_shard."""
+    framework: str = "torchtitan"
+    """``torchtitan`` or ``deepspeed`` (``records.Framework``)."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage (``framework = "deepspeed"`` only)."""
+    steps: int = 1
+    """Training steps captured (DeepSpeed scans capture several, to see recompiles)."""
 
 
 @record

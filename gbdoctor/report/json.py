@@ -78,6 +78,6 @@ def load_scan_json(source: str | Path) -> ScanReport:
         "scan",
         hint="re-run the scan with this gbdoctor version",
     )
-    # Version 1 lacks what version 2 added (with defaults): it is read as the current version.
+    # Versions 1 and 2 lack what later versions added (with defaults): it is read as the current version.
     data = data | {"schema_version": SCHEMA_VERSION}
     return load_record(ScanReport, data, name, ignore=DERIVED_KEYS, counts=True)

@@ -45,7 +45,14 @@ from typing import Any
 
 from gbdoctor.capture import torch_version
 from gbdoctor.errors import GbdoctorError, SpecError
-from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, RunReport, Spec
+from gbdoctor.records import (
+    LOSS_RTOL,
+    READABLE_RUN_SCHEMA_VERSIONS,
+    RUN_SCHEMA_VERSION,
+    ModeResult,
+    RunReport,
+    Spec,
+)
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.setup.compile import STRATEGIES, Strategy
@@ -68,6 +75,20 @@ the plan found CUDA-graph ready (CUDA only; reported ``unavailable`` elsewhere, 
 BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 """Modes that compete for "best baseline"."""
 
+DEEPSPEED_MODE_STRATEGIES: dict[str, str] = {"eager": "none", "engine": "engine", "block": "block"}
+"""``framework = "deepspeed"``: mode -> ``setup.deepspeed.DS_STRATEGIES``, under the spec's ZeRO
+stage (``engine``: ``engine.compile()``; ``block``: ``block.compile()`` on every block)."""
+DEEPSPEED_MODES: tuple[str, ...] = (*DEEPSPEED_MODE_STRATEGIES, "plan")
+DEEPSPEED_BASELINES: tuple[str, ...] = ("engine", "block")
+
+
+def framework_modes(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """(mode -> strategy name, every mode, the baselines) of the spec's training framework."""
+    if spec.gbdoctor.framework == "deepspeed":
+        return DEEPSPEED_MODE_STRATEGIES, DEEPSPEED_MODES, DEEPSPEED_BASELINES
+    return MODE_STRATEGIES, MODES, BASELINES
+
+
 NOISY_SPREAD = 2.0
 """A mode whose slowest measured step took more than this many times its fastest gets a note."""
 
@@ -78,16 +99,19 @@ DEFAULT_WARMUP = 3
 # --------------------------------------------------------------------------- driver
 
 
-def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
-    """The modes to run, in canonical order; SpecError for unknown names or ``plan`` without a plan."""
+def resolve_modes(
+    modes: list[str] | None, plan_path: str | None, all_modes: tuple[str, ...] = MODES
+) -> list[str]:
+    """The modes to run, in canonical order (``all_modes``: the framework's); SpecError for
+    unknown names or ``plan`` without a plan."""
     if not modes:
         # cudagraphs only on request: it needs CUDA and says nothing new about breaks
-        return [m for m in MODES if m != "cudagraphs" and (m != "plan" or plan_path)]
-    unknown = [m for m in modes if m not in MODES]
+        return [m for m in all_modes if m != "cudagraphs" and (m != "plan" or plan_path)]
+    unknown = [m for m in modes if m not in all_modes]
     if unknown:
         raise SpecError(
             f"unknown run mode(s) {', '.join(map(repr, unknown))}",
-            hint=f"valid modes: {', '.join(MODES)}",
+            hint=f"valid modes: {', '.join(all_modes)}",
         )
     for needs_plan in MODES_NEEDING_PLAN:
         if needs_plan in modes and not plan_path:
@@ -97,7 +121,7 @@ def resolve_modes(modes: list[str] | None, plan_path: str | None) -> list[str]:
             )
     if plan_path and not any(m in modes for m in MODES_NEEDING_PLAN):
         modes = [*modes, "plan"]
-    return [m for m in MODES if m in modes]
+    return [m for m in all_modes if m in modes]
 
 
 def default_backend(device: str) -> str:
@@ -153,7 +177,8 @@ def run_modes(
             hint="the world size follows from [parallelism] degrees; change them (or --set) "
             "instead, or drop --nproc",
         )
-    chosen = resolve_modes(modes, plan_path)
+    mode_strategies, all_modes, _ = framework_modes(spec)
+    chosen = resolve_modes(modes, plan_path, all_modes)
     device = resolve_device(spec.gbdoctor.device)
     backend = backend or (
         spec.compile.backend if spec.compile.backend_set else default_backend(device)
@@ -162,8 +187,13 @@ def run_modes(
     # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
     # (after the cheap option checks: this builds the model on meta).
     require_real(spec)
-    strategies: dict[str, Strategy] = {
-        m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m not in MODES_NEEDING_PLAN
+    table: dict[str, Any] = STRATEGIES
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.setup.deepspeed import DS_STRATEGIES
+
+        table = DS_STRATEGIES
+    strategies: dict[str, Any] = {
+        m: table[mode_strategies[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }
     cudagraph_layers: tuple[str, ...] = ()
     if any(m in MODES_NEEDING_PLAN for m in chosen):
@@ -176,6 +206,11 @@ def run_modes(
         cudagraph_layers = tuple(
             fqn for k in loaded_plan.kinds if k.cudagraph_ready for fqn in k.layers
         )
+
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.setup.deepspeed import check_jit_lock
+
+        check_jit_lock(device)
 
     raw: list[tuple[str, Strategy, list[RankRun] | None, tuple[str, str] | None]] = []
     loads: list[float] = []
@@ -264,7 +299,9 @@ def _mode_from_ranks(
     steps = [max(r.step_times[i] for r in ranks) for i in range(len(ranks[0].step_times))]
     warm = [max(r.warmup_times[i] for r in ranks) for i in range(len(ranks[0].warmup_times))]
     median = statistics.median(steps)
-    worst = max(ranks, key=lambda r: (sum(e.measured for e in r.recompiles), -r.rank))
+    worst = max(
+        ranks, key=lambda r: (sum(e.measured and not e.limit_hit for e in r.recompiles), -r.rank)
+    )
     rank0 = ranks[0]
     layout = rank0.layout
     return ModeResult(
@@ -286,7 +323,7 @@ def _mode_from_ranks(
         graph_breaks=rank0.graph_breaks,
         regions=sum(len(regions) for _, regions, _ in layout),
         fullgraph_regions=sum(len(fg) for _, _, fg in layout),
-        recompiles=sum(e.measured for e in worst.recompiles),
+        recompiles=sum(e.measured and not e.limit_hit for e in worst.recompiles),
         recompile_events=tuple(worst.recompiles),
         recompile_limit_hit=any(r.recompile_limit_hit for r in ranks),
         cudagraph_skips=tuple(rank0.cudagraph_skips),
@@ -328,9 +365,10 @@ def build_report(
 
     ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
     eager = ok.get("eager")
-    baselines = {m: r for m, r in ok.items() if m in BASELINES}
+    order = framework_modes(spec)[2]
+    baselines = {m: r for m, r in ok.items() if m in order}
     best = (
-        min(baselines, key=lambda m: (baselines[m].step_time_median_s, BASELINES.index(m)))
+        min(baselines, key=lambda m: (baselines[m].step_time_median_s, order.index(m)))
         if baselines
         else None
     )
@@ -362,7 +400,7 @@ def build_report(
                     "(recompiles in the measured steps)"
                 )
             if res.recompiles:
-                first = next(e for e in res.recompile_events if e.measured)
+                first = next(e for e in res.recompile_events if e.measured and not e.limit_hit)
                 findings.append(
                     f"{mode}: {res.recompiles} recompile(s) during the measured steps "
                     f"(first: {first.reason}"
@@ -505,6 +543,11 @@ def report_from_json(text: str) -> RunReport:
     on malformed input)."""
     data = parse_json_object(text, "run report")
     check_schema_version(
-        data, RUN_SCHEMA_VERSION, "run report", "run", hint="re-run with this gbdoctor version"
+        data,
+        READABLE_RUN_SCHEMA_VERSIONS,
+        "run report",
+        "run",
+        hint="re-run with this gbdoctor version",
     )
-    return load_record(RunReport, data, "run report")
+    # Version 1 lacks what version 2 added (with defaults): it is read as the current version.
+    return load_record(RunReport, data | {"schema_version": RUN_SCHEMA_VERSION}, "run report")

@@ -186,6 +186,10 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
             elapsed = time.perf_counter() - start
             (step_times if measured else warmup_times).append(elapsed)
             losses.append(loss)
+    if setup.engine is not None:
+        from gbdoctor.setup.deepspeed import cleanup_shared_memory
+
+        cleanup_shared_memory()
     graphs, breaks = counter_totals()
     peak, metric = _peak_memory(job.device)
     return RankRun(

@@ -67,6 +67,8 @@ def forward_loss(
 
 def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
     """Forward, backward, optimizer step (with its pre-step hooks); returns the global loss."""
+    if getattr(setup, "engine", None) is not None:
+        return _deepspeed_step(setup.engine, tokens, labels)
     _, shares = data_share(setup)
     with loss_context(setup):
         loss = forward_loss(setup.model, tokens, labels, shares)
@@ -81,6 +83,20 @@ def train_step(setup: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
         group = setup.meshes.dp_group if getattr(setup, "meshes", None) is not None else None
         dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=group)
     return float(reported)
+
+
+def _deepspeed_step(engine: Any, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """The DeepSpeed step: ``engine(x)``, ``engine.backward``, ``engine.step``. DeepSpeed averages
+    gradients over data-parallel ranks, so the local loss is the mean over this rank's tokens;
+    the reported loss is the mean over ranks (the same global mean as the torchtitan step)."""
+    loss = forward_loss(engine, tokens, labels, 1)
+    engine.backward(loss)
+    engine.step()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    reported = loss.detach().clone()
+    if world > 1:
+        dist.all_reduce(reported, op=dist.ReduceOp.SUM)
+    return float(reported) / world
 
 
 def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:

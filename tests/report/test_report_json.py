@@ -120,13 +120,17 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
 
 def test_older_schema_versions_are_still_read(fixture_name: str) -> None:
     """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, version 3
-    ``dp_replicate`` to the setup, all with defaults: older documents (as stored baselines and
-    scans have them) read as the same report."""
+    ``dp_replicate``, ``framework``, ``zero_stage`` and ``steps`` to the setup and ``recompiles``
+    per block, all with defaults: older documents (as stored baselines and scans have them) read
+    as the same report."""
     report = SCAN_FIXTURES[fixture_name]()
     data = json.loads(render_json(report))
     assert SCHEMA_VERSION == data["schema_version"] == 3
     data["schema_version"] = 2
-    del data["setup"]["dp_replicate"]
+    for key in ("dp_replicate", "framework", "zero_stage", "steps"):
+        del data["setup"][key]
+    for block in data["blocks"]:
+        del block["recompiles"]
     assert load_scan_json(json.dumps(data)) == report
     data["schema_version"] = 1
     del data["setup"]["tp_degree"]
