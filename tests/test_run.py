@@ -288,7 +288,7 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         report, "json"
     )  # byte-stable for one report
     data = json.loads(text)
-    assert data["schema_version"] == 1 and [m["mode"] for m in data["modes"]] == [
+    assert data["schema_version"] == 2 and [m["mode"] for m in data["modes"]] == [
         "eager",
         "block-fullgraph",
     ]
@@ -305,6 +305,12 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         "speedup_vs_best_baseline",
     } <= set(data["modes"][0])
     assert report_from_json(text) == report
+    # Version 1 (recompile events without ``limit_hit``) is still read.
+    data["schema_version"] = 1
+    for mode in data["modes"]:
+        for event in mode["recompile_events"]:
+            del event["limit_hit"]
+    assert report_from_json(json.dumps(data)) == report
 
     path = tmp_path / "out" / "run.csv"
     write_csv(report, path)

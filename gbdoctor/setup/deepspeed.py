@@ -282,7 +282,9 @@ def apply_deepspeed(
             ) from exc
     module = engine.module
     slots = []
-    for fqn, key, block in block_slots(module, spec.gbdoctor.blocks or None):
+    # The blocks found before initialize: ZeRO-3 has emptied their parameters since, and the
+    # engine wraps the same module objects.
+    for fqn, key, block in raw:
         is_moe = fqn in moe_blocks
         regions: tuple[str, ...] = ()
         if strategy.mode == "block":

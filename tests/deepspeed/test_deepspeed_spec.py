@@ -295,3 +295,45 @@ def test_emitted_deepspeed_config_loads_in_deepspeed(mode, leaf):
     else:
         assert namespace["DS_CONFIG"] == {} and "engine.compile(backend=backend" in text
     assert "Breaks the plan does not remove" in text
+
+
+# --------------------------------------------------------------------------- plan files
+
+
+def test_deepspeed_plan_file_round_trips_and_applies_to_deepspeed_specs_only(tmp_path):
+    from gbdoctor.errors import BaselineError
+    from gbdoctor.plan import dump_plan, plan_strategy, read_plan
+
+    path = tmp_path / "plan.json"
+    path.write_text(dump_plan(_plan("forward", ("DecoderLayer",))))
+    plan, identity = read_plan(path)
+    strategy = plan_strategy(plan, load_spec(ZERO3), identity=identity)
+    assert (strategy.mode, strategy.leaf_blocks, strategy.fullgraph) == ("forward", True, True)
+    assert strategy.plan == identity
+    with pytest.raises(SpecError, match="is a DeepSpeed plan; spec .* has framework 'torchtitan'"):
+        plan_strategy(plan, load_spec(REPO / "fixtures" / "llama3_debug.toml"))
+    # A plan that says deepspeed without the deepspeed record (or the reverse) is malformed.
+    data = json.loads(path.read_text())
+    data["deepspeed"] = None
+    path.write_text(json.dumps(data))
+    with pytest.raises(BaselineError, match=r"\$\.deepspeed"):
+        read_plan(path)
+
+
+def test_a_stale_jit_lock_is_an_error_naming_what_to_delete(tmp_path, monkeypatch):
+    """torch waits forever on a JIT build lock a killed build left; gbdoctor checks it before
+    any DeepSpeed rank starts and names the directory to delete (exit 3)."""
+    from gbdoctor.errors import ExitCode, SetupError
+    from gbdoctor.setup.deepspeed import SHM_OP, check_jit_lock, jit_build_dir
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    build_dir = tmp_path / SHM_OP
+    assert jit_build_dir() == str(build_dir)
+    check_jit_lock("cpu", wait_s=0)  # no lock: nothing to say
+    build_dir.mkdir()
+    (build_dir / "lock").touch()
+    with pytest.raises(SetupError) as info:
+        check_jit_lock("cpu", wait_s=0.2, poll_s=0.1)
+    assert info.value.exit_code == ExitCode.ENVIRONMENT
+    assert str(build_dir / "lock") in info.value.message and str(build_dir) in info.value.hint
+    check_jit_lock("cuda", wait_s=0)  # CUDA runs build no shm op
