@@ -53,6 +53,8 @@ class RawCapture:
     """CUDA-graph readiness findings of every graph compiled during the capture."""
     aten_graphs: int = 0
     """AOTAutograd forward + backward graphs compiled during the capture."""
+    aten_graphs_by_region: dict[str, int] = field(default_factory=dict)
+    """The same per region FQN (a whole-model capture splits them per block: DeepSpeed)."""
     error: str | None = None
     error_traceback: str | None = None
 
@@ -362,6 +364,7 @@ def _recording_compiler(
                 input_names,
             )
             current.aten_graphs += 1
+            current.aten_graphs_by_region[fqn] = current.aten_graphs_by_region.get(fqn, 0) + 1
         except Exception:  # noqa: BLE001 - readiness is advisory; never fail the capture for it
             logging.getLogger(__name__).debug("could not analyse a %s graph", phase, exc_info=True)
         return make_boxed_func(gm.forward)

@@ -187,6 +187,13 @@ def split_by_block(
         parts[owner(rb.module)].frame_skips.append((rb, region or owner(rb.module)))
     for region, ops in raw.graphs.items():
         parts[region if region in parts else root].graphs.setdefault(region, []).extend(ops)
+    # CUDA-graph readiness: each compiled region's ATen graphs and findings go to its row.
+    for finding in raw.cudagraph_findings:
+        parts[finding.region if finding.region in parts else root].cudagraph_findings.append(
+            finding
+        )
+    for region, n in raw.aten_graphs_by_region.items():
+        parts[region if region in parts else root].aten_graphs += n
     seen = {rb.gb_type for rb, _ in raw.breaks}
     parts[root].counter_types = {t: n for t, n in raw.counter_types.items() if t not in seen}
     parts[root].error = raw.error

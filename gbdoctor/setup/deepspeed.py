@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -263,6 +264,11 @@ def apply_deepspeed(
         leaf = zero.setdefault("leaf_module", {})
         classes = list(leaf.get("classes", []))
         leaf["classes"] = classes + sorted({_qualified_class(b) for _, _, b in raw} - set(classes))
+    # DeepSpeed 0.19.8 calls collectives that torch 2.13 deprecates: one FutureWarning per call,
+    # every step, on stderr. DeepSpeed ranks are processes of their own, so the filter is too.
+    warnings.filterwarnings(
+        "ignore", category=FutureWarning, message=r"`torch\.distributed\.\w+` is deprecated"
+    )
     with quiet_deepspeed():
         import deepspeed
         import deepspeed.utils.nvtx

@@ -46,6 +46,8 @@ def test_zero1_engine_compile_is_one_clean_graph_per_step(zero1):
     root = next(b for b in zero1.blocks if b.fqn == "model")
     # Forward+backward of the whole model: one graph, compiled once and reused in steps 1 and 2.
     assert root.graph_count == 1 and root.op_count > 0
+    # Its ATen graphs (forward and backward) are read for CUDA-graph readiness on that row.
+    assert root.cudagraphs is not None and root.cudagraphs.graphs >= 2
     assert not any(r for block in zero1.blocks for r in block.recompiles)
 
 
