@@ -845,8 +845,9 @@ def _check_tool(values: dict[str, Any], ctx: _Ctx) -> ToolSpec:
     if "strategy" in values and t.strategy not in names:
         default = "engine" if t.framework == "deepspeed" else "block"
         ctx.fail(
-            f"{ctx.where('gbdoctor', 'strategy')} = '{t.strategy}' is not a known {t.framework} "
-            f"strategy{_did_you_mean(t.strategy, names)}; choose one of: {', '.join(names)}",
+            f"{ctx.where('gbdoctor', 'strategy')} = '{t.strategy}' is not a known strategy "
+            f"(framework '{t.framework}'){_did_you_mean(t.strategy, names)}; choose one of: "
+            f"{', '.join(names)}",
             f'see the README\'s compile strategies; the default is "{default}"',
         )
     if t.device not in DEVICES:
