@@ -45,6 +45,7 @@ def _package_dir(name: str) -> str | None:
 
 
 _DEEPSPEED_DIR = _package_dir("deepspeed")
+_NVTX_FILE = os.path.join(_DEEPSPEED_DIR, "utils", "nvtx.py") if _DEEPSPEED_DIR else None
 _LIBRARY_COMPONENTS: tuple[tuple[str, str], ...] = tuple(
     (path, component)
     for path, component in (
@@ -141,10 +142,28 @@ class CodeSpan:
         )
 
 
+def _undecorated(fn: Any) -> Any:
+    """The function inside a library decorator that does not use ``functools.wraps``:
+    DeepSpeed's ``instrument_w_nvtx`` (it wraps ZeRO's hooks) keeps it in the closure cell
+    ``func``, so the hook is ZeRO's, not a ``wrapped_fn`` of unknown origin."""
+    code = getattr(fn, "__code__", None)
+    closure = getattr(fn, "__closure__", None)
+    if (
+        _NVTX_FILE
+        and code is not None
+        and closure
+        and os.path.abspath(code.co_filename) == _NVTX_FILE
+    ):
+        cells = dict(zip(code.co_freevars, closure, strict=True))
+        if "func" in cells:
+            return cells["func"].cell_contents
+    return fn
+
+
 def code_span(fn: Any) -> CodeSpan | None:
     while isinstance(fn, functools.partial):
         fn = fn.func
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    fn = _undecorated(inspect.unwrap(getattr(fn, "__func__", fn)))
     code = getattr(fn, "__code__", None)
     if code is None:
         return None
@@ -182,6 +201,7 @@ def _hook_name(fn: Any) -> str:
     target = fn
     while isinstance(target, functools.partial):
         target = target.func
+    target = _undecorated(target)
     return getattr(target, "__qualname__", type(target).__name__)
 
 
