@@ -891,7 +891,9 @@ def spec_notes(spec: Spec) -> tuple[str, ...]:
                 "stated: the smallest world that hosts EP); pass --world-size N (or [gbdoctor] "
                 "world_size) to use the launch size, as torchtitan does"
             )
-    if not c.enable or "model" not in c.components:
+    # DeepSpeed specs compile as [gbdoctor] strategy says (engine.compile() by default), not as
+    # torchtitan's [compile] section would.
+    if spec.gbdoctor.framework != "deepspeed" and (not c.enable or "model" not in c.components):
         why = (
             "[compile] enable = false"
             if not c.enable

@@ -23,20 +23,25 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     The rule every command that builds a model follows (``scan.estimate.decide``) picks real
     local ranks or a simulation: a simulated inspect builds on meta and sets up rank 0 on a fake
     process group."""
-    decision = decide(spec)
-    if decision.simulate:
-        return simulate_inspect(spec, strategy=strategy, reason=decision.reason)
+    deepspeed = spec.gbdoctor.framework == "deepspeed"
+    if deepspeed:
+        from gbdoctor.scan.estimate import require_real
+        from gbdoctor.setup.deepspeed import check_jit_lock
+
+        # DeepSpeed sets up on real local ranks only (no simulation), always in fresh processes.
+        require_real(spec, command="inspect")
+        check_jit_lock(resolve_device(spec.gbdoctor.device))
+    else:
+        decision = decide(spec)
+        if decision.simulate:
+            return simulate_inspect(spec, strategy=strategy, reason=decision.reason)
     job = ScanJob(
         spec=spec,
         strategy=strategy_for(spec, strategy),
         device=resolve_device(spec.gbdoctor.device),
     )
     world = spec.parallelism.world_size
-    if spec.gbdoctor.framework == "deepspeed":
-        from gbdoctor.setup.deepspeed import check_jit_lock
-
-        check_jit_lock(job.device)
-    elif world == 1:  # DeepSpeed: always a fresh process
+    if world == 1 and not deepspeed:
         with single_process_group(job.device):
             report = inspect_rank(job)
     else:
