@@ -407,7 +407,10 @@ def _strategy(spec: Any, strategy: str | None, plan: Path | None) -> Any:
         loaded_plan, identity = read_plan(plan)
         return plan_strategy(loaded_plan, spec, identity=identity)
     if strategy is not None:
-        from gbdoctor.setup.compile import STRATEGIES
+        if spec.gbdoctor.framework == "deepspeed":
+            from gbdoctor.setup.deepspeed import DS_STRATEGIES as STRATEGIES
+        else:
+            from gbdoctor.setup.compile import STRATEGIES
 
         if strategy not in STRATEGIES:
             raise typer.BadParameter(

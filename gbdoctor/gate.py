@@ -85,7 +85,7 @@ __all__ = [
     "spec_key",
 ]
 
-FAILING_EVENTS = (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED)
+FAILING_EVENTS = (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED, EventKind.RECOMPILE_LIMIT)
 """Event kinds whose rising count fails the gate; other kinds (rank_divergence) warn."""
 
 _EMPTY = KindCounts(layers=0, graph_count=0)

@@ -40,6 +40,7 @@ URL = " For more details about this graph break, please visit: https://meta-pyto
 EXPECTED_IDS = {
     "backward-hook",
     "tensor-parallel",
+    "zero-hook",
     "fsdp-hook",
     "ep-dispatch",
     "moe-load-balancing",

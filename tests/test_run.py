@@ -441,6 +441,9 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         }
         for m in data["modes"]
     ]
+    for mode in old["modes"]:  # nor did its recompile events have ``limit_hit``
+        for event in mode["recompile_events"]:
+            del event["limit_hit"]
     assert report_from_json(json.dumps(old)).modes[0].forward_s is None
 
     path = tmp_path / "out" / "run.csv"
@@ -491,9 +494,12 @@ def test_recorder_flags_the_recompile_limit_warning():
     recorder.emit(warn)
     recorder.emit(recompile)
     assert recorder.limit_hit
-    assert [(r.step, r.measured, r.reason) for r in recorder.records] == [
-        (5, True, "self.tag == 'b'")
+    # The limit hit is a record of its own (DeepSpeed scans report it beside the recompiles).
+    assert [(r.step, r.measured, r.reason, r.limit_hit) for r in recorder.records] == [
+        (5, True, "unknown", True),
+        (5, True, "self.tag == 'b'", False),
     ]
+    assert recorder.records[0].hint == "hit config.recompile_limit (8)"
 
 
 def _rounds_mode(mode, strategy, round_times):

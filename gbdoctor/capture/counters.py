@@ -1,6 +1,6 @@
-"""What ``run`` reads from Dynamo while training besides recompiles (``capture.recompiles``):
-Dynamo's graph and break counters, its frame-compile time, and the kind of a failure (a Dynamo
-exception class).
+"""What ``run`` reads from Dynamo while training besides recompiles (``capture.recompiles``,
+which DeepSpeed scans use too): Dynamo's graph and break counters, its frame-compile time, and
+the kind of a failure (a Dynamo exception class).
 """
 
 from __future__ import annotations

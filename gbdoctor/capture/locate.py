@@ -9,6 +9,7 @@ every module's ``forward`` and of every hook found on the modules.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
 import linecache
 import os
@@ -30,6 +31,46 @@ _TP_CODE = (
     os.path.join(_TORCH_DIR, "distributed", "tensor", "_redistribute.py"),
 )
 """TP styles' hooks and DTensor redistribution: code the ``tp`` component put in the model."""
+
+
+def _package_dir(name: str) -> str | None:
+    """Directory of an installed package, found without importing it."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.abspath(list(spec.submodule_search_locations)[0]) + os.sep
+
+
+_DEEPSPEED_DIR = _package_dir("deepspeed")
+_NVTX_FILE = os.path.join(_DEEPSPEED_DIR, "utils", "nvtx.py") if _DEEPSPEED_DIR else None
+_LIBRARY_COMPONENTS: tuple[tuple[str, str], ...] = tuple(
+    (path, component)
+    for path, component in (
+        (_FSDP_DIR, "fsdp"),
+        *((path, "tp") for path in _TP_CODE),
+        # ZeRO's parameter gather/release and pre-backward hooks (stage 3) and its coordinator.
+        (
+            os.path.join(_DEEPSPEED_DIR, "runtime", "zero") + os.sep if _DEEPSPEED_DIR else "",
+            "zero",
+        ),
+    )
+    if path
+)
+"""Library directories whose code is a setup component of its own (the installer of its hooks)."""
+
+
+def library_component(path: str) -> str | None:
+    """``fsdp``, ``tp`` or ``zero`` for a file of those libraries' code, else None."""
+    full = os.path.abspath(path)
+    for prefix, component in _LIBRARY_COMPONENTS:
+        if full.startswith(prefix):
+            return component
+    return None
+
+
 _HOOK_DICTS = (
     ("forward_pre", "_forward_pre_hooks"),
     ("forward", "_forward_hooks"),
@@ -64,11 +105,15 @@ def portable_path(path: str, root: str | None = None) -> str:
 
 
 def innermost_user_location(
-    frames: tuple[Location, ...], root: str | None = None
+    frames: tuple[Location, ...], root: str | None = None, component: str = ""
 ) -> Location | None:
     """The innermost frame outside torch (where a human would look), else the innermost;
-    with a portable path."""
-    chosen = next(
+    with a portable path. For a library component (``zero``) the innermost frame of that
+    library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
+    chosen = None
+    if component == "zero":
+        chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
+    chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_path(f.file)), frames[-1] if frames else None
     )
     if chosen is None:
@@ -97,10 +142,28 @@ class CodeSpan:
         )
 
 
+def _undecorated(fn: Any) -> Any:
+    """The function inside a library decorator that does not use ``functools.wraps``:
+    DeepSpeed's ``instrument_w_nvtx`` (it wraps ZeRO's hooks) keeps it in the closure cell
+    ``func``, so the hook is ZeRO's, not a ``wrapped_fn`` of unknown origin."""
+    code = getattr(fn, "__code__", None)
+    closure = getattr(fn, "__closure__", None)
+    if (
+        _NVTX_FILE
+        and code is not None
+        and closure
+        and os.path.abspath(code.co_filename) == _NVTX_FILE
+    ):
+        cells = dict(zip(code.co_freevars, closure, strict=True))
+        if "func" in cells:
+            return cells["func"].cell_contents
+    return fn
+
+
 def code_span(fn: Any) -> CodeSpan | None:
     while isinstance(fn, functools.partial):
         fn = fn.func
-    fn = inspect.unwrap(getattr(fn, "__func__", fn))
+    fn = _undecorated(inspect.unwrap(getattr(fn, "__func__", fn)))
     code = getattr(fn, "__code__", None)
     if code is None:
         return None
@@ -129,15 +192,16 @@ def _hook_installer(fn: Any, known: dict[int, str]) -> str:
     module = getattr(target, "__module__", "") or ""
     if "fsdp" in module or (span is not None and span.file.startswith(_FSDP_DIR)):
         return "fsdp"
-    if "tensor.parallel" in module or (span is not None and span.file.startswith(_TP_CODE)):
+    if "tensor.parallel" in module:
         return "tp"
-    return "user"
+    return (library_component(span.file) if span is not None else None) or "user"
 
 
 def _hook_name(fn: Any) -> str:
     target = fn
     while isinstance(target, functools.partial):
         target = target.func
+    target = _undecorated(target)
     return getattr(target, "__qualname__", type(target).__name__)
 
 
@@ -208,14 +272,28 @@ class Locator:
             if span is not None:
                 self._hooks.append((span, rec.module, rec.installer))
         known = {id(r.fn): r.installer for r in installed}
+        self._library_hooks: dict[str, tuple[CodeSpan, str]] = {}
+        """Qualified name -> (code, installer) of hooks a library (ZeRO) installed."""
         for name, module in model.named_modules():
             for _, attr in _HOOK_DICTS:
                 for fn in getattr(module, attr, {}).values():
                     span = code_span(fn)
                     if span is None or is_torch_path(span.file) or id(fn) in known:
                         continue
+                    component = library_component(span.file)
+                    if component is not None:
+                        self._library_hooks.setdefault(_hook_name(fn), (span, component))
                     if not any(s == span for s, _, _ in self._hooks):
-                        self._hooks.append((span, clean_fqn(name), "user-hook"))
+                        self._hooks.append((span, clean_fqn(name), component or "user-hook"))
+
+    def library_hook(self, qualname: str) -> tuple[Location, str] | None:
+        """(definition, installer) of a library hook by its qualified name: a break that *calls*
+        a disabled hook (GB0098) has no frame inside it, only its name in Dynamo's context."""
+        found = self._library_hooks.get(qualname)
+        if found is None:
+            return None
+        span, component = found
+        return Location(file=span.file, line=span.first, function=span.name), component
 
     def routing_state(self, frames: tuple[Location, ...], module: str) -> bool:
         """Whether the innermost user frame keeps MoE routing statistics: ``module`` sits in an
@@ -239,10 +317,7 @@ class Locator:
         component = "model" if any(not is_torch_path(f.file) for f in frames) else "torch"
         module = root
         for frame in frames:  # outermost first: the last match is the innermost module
-            if os.path.abspath(frame.file).startswith(_FSDP_DIR):
-                component = "fsdp"
-            elif os.path.abspath(frame.file).startswith(_TP_CODE):
-                component = "tp"
+            component = library_component(frame.file) or component
             hooks = [
                 (owner, installer)
                 for span, owner, installer in self._hooks

@@ -55,8 +55,12 @@ class RecompileWatch(logging.Handler):
         except Exception:  # noqa: BLE001 - a malformed record never breaks training
             return
         if record.name == LIMIT_LOGGER:
-            if "recompile_limit" in text or "cache_size_limit" in text:
+            limit = parse_recompile_limit(
+                text, step=self.step, measured=self.measured, path_fn=self._path_fn
+            )
+            if limit is not None:  # the logger's other warnings are not ours
                 self.limit_hit = True
+                self.records.append(limit)
             return
         self.records.append(
             parse_recompile(text, step=self.step, measured=self.measured, path_fn=self._path_fn)
@@ -96,6 +100,16 @@ def watch_recompiles(path_fn: PathFn | None = None) -> Iterator[RecompileWatch]:
 _ENTRY = re.compile(r"^\d+/\d+: ")
 _FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
 _HEADER = re.compile(r"Recompiling function (\S+) in (.+):(\d+)$")
+_OBJECT_ID = re.compile(r"(___check_(?:type|obj)_id\([^,()]+(?:\([^()]*\))?[^,()]*), \d+\)")
+_LIMIT = re.compile(r"hit config\.(\w+) \((\d+)\)")
+_LIMIT_FUNCTION = re.compile(r"function: '([^']+)' \(([^)]+?)(?::(\d+))?\)")
+_LIMIT_REASON = re.compile(r"last reason: (.*)")
+
+
+def _stable(reason: str) -> str:
+    """A guard without the object ids Dynamo prints (``___check_type_id(x, 9393...)`` ->
+    ``___check_type_id(x)``): they differ from process to process."""
+    return _OBJECT_ID.sub(r"\1)", reason)
 
 
 def parse_recompile(
@@ -139,7 +153,7 @@ def parse_recompile(
     if "(HINT:" in head:
         head, _, hint = head.partition("(HINT:")
         hint = hint.strip().rstrip(")").strip()
-    reason = " ".join(head.split("#", 1)[0].split())
+    reason = _stable(" ".join(head.split("#", 1)[0].split()))
     location = None
     for item in first[1:]:
         fm = _FILE_LINE.search(item)
@@ -159,3 +173,39 @@ def parse_recompile(
 def _entry_index(entry: list[str]) -> int:
     m = re.match(r"^\d+/(\d+): ", entry[0])
     return int(m.group(1)) if m else -1
+
+
+def parse_recompile_limit(
+    text: str, *, step: int, measured: bool, path_fn: PathFn | None = None
+) -> Recompile | None:
+    """A ``limit_hit`` :class:`Recompile` from a ``convert_frame`` warning (torch 2.13)::
+
+        torch._dynamo hit config.recompile_limit (8)
+           function: '_pre_backward_module_hook' (/path/parameter_offload.py:410)
+           last reason: 28/7: tensor 'args[1]' size mismatch at index 0. expected 64, actual 256
+        To log all recompilation reasons, use TORCH_LOGS="recompiles".
+
+    None for the logger's other warnings. From then on Dynamo runs that code eagerly.
+    """
+    m = _LIMIT.search(text)
+    if m is None:
+        return None
+    fix = path_fn or (lambda p: p)
+    fm = _LIMIT_FUNCTION.search(text)
+    if fm is None:
+        function = "unknown"
+    else:
+        line = f":{fm.group(3)}" if fm.group(3) else ""
+        function = f"{fm.group(1)} at {fix(fm.group(2))}{line}"
+    rm = _LIMIT_REASON.search(text)
+    reason = _ENTRY.sub("", rm.group(1).strip()) if rm else ""
+    reason = _stable(" ".join(reason.split("#", 1)[0].split()))
+    return Recompile(
+        step=step,
+        measured=measured,
+        function=function,
+        reason=(reason or "unknown")[:400],
+        hint=f"hit config.{m.group(1)} ({m.group(2)})",
+        failed_entries=int(m.group(2)),
+        limit_hit=True,
+    )

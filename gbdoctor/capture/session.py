@@ -53,6 +53,8 @@ class RawCapture:
     """CUDA-graph readiness findings of every graph compiled during the capture."""
     aten_graphs: int = 0
     """AOTAutograd forward + backward graphs compiled during the capture."""
+    aten_graphs_by_region: dict[str, int] = field(default_factory=dict)
+    """The same per region FQN (a whole-model capture splits them per block: DeepSpeed)."""
     error: str | None = None
     error_traceback: str | None = None
 
@@ -84,6 +86,11 @@ class CaptureSession:
         self._log_records: _LogRecords | None = None
         self.root = ""
         """FQN of the block being captured (frames are attributed inside it)."""
+        self.module_names: dict[int, str] | None = None
+        """id(module) -> FQN. When set (whole-model captures: DeepSpeed), a break is attributed
+        to the module instance whose frame Dynamo was tracing (a real object in the frame's
+        locals), and breaks at the same code in different instances stay apart: every layer
+        shares its class's code, so frames alone cannot tell them apart."""
 
     # ------------------------------------------------------------------ compile side
     def recording_backend(self, fqn: str) -> Any:
@@ -193,7 +200,7 @@ class CaptureSession:
         def intercept(tracer: Any, code_options: Any, reason: str, exc: Any) -> None:
             if not getattr(exc, "logged", False) and not session._paused:
                 try:
-                    session._record(result, reason, exc)
+                    session._record(result, reason, exc, tracer)
                 except Exception:  # noqa: BLE001 - never let bookkeeping break the traced code
                     logging.getLogger(__name__).debug("could not record a break", exc_info=True)
             return original(tracer, code_options, reason, exc)
@@ -247,11 +254,26 @@ class CaptureSession:
         return self._region_stack[-1] if self._region_stack else ""
 
     def _raw(
-        self, reason: Any, message: str, frames: tuple[Location, ...], hop: str | None
+        self,
+        reason: Any,
+        message: str,
+        frames: tuple[Location, ...],
+        hop: str | None,
+        instance: str | None = None,
     ) -> RawBreak:
         module, component = (
             self.locator(frames, self.root) if self.locator else (self.root, "model")
         )
+        if instance is not None:
+            module = instance
+        called = causes.called_function(reason.context)
+        hook = self.locator.library_hook(called) if called and self.locator is not None else None
+        if hook is not None:
+            # The break is the call of a disabled library hook (ZeRO's parameter gather): the
+            # hook is where it happens and its installer is the component. The frames end at
+            # the call site in torch's module.py, so the hook's definition is appended.
+            definition, component = hook
+            frames = (*frames, definition)
         routing = self.locator.routing_state(frames, module) if self.locator else False
         hop = hop or reason.hop
         return RawBreak(
@@ -268,7 +290,7 @@ class CaptureSession:
             routing_state=routing,
         )
 
-    def _record(self, result: RawCapture, reason: str, exc: Any) -> None:
+    def _record(self, result: RawCapture, reason: str, exc: Any, tracer: Any = None) -> None:
         stack = getattr(exc, "real_stack", None) or []
         frames = tuple(
             Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack
@@ -281,7 +303,20 @@ class CaptureSession:
             underlying = _underlying_reason(exc)
             if underlying:
                 reason = causes.chain_reasons(underlying, reason)
-        self._add(result, reason, frames, getattr(exc, "_hop_name", None), self._region())
+        instance = self._instance(tracer) if self.module_names is not None else None
+        self._add(result, reason, frames, getattr(exc, "_hop_name", None), self._region(), instance)
+
+    def _instance(self, tracer: Any) -> str | None:
+        """FQN of the module whose frame Dynamo was tracing: the first module of the model among
+        the frame's real locals (``self`` of ``_call_impl``/``forward``, the ``module`` argument
+        of a hook), looking one level into tuples (a decorator's ``*args``)."""
+        names = self.module_names or {}
+        f_locals = getattr(tracer, "f_locals", None) or {}
+        for value in f_locals.values():
+            for item in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(item, nn.Module) and id(item) in names:
+                    return names[id(item)]
+        return None
 
     def _add(
         self,
@@ -290,9 +325,10 @@ class CaptureSession:
         frames: tuple[Location, ...],
         hop: str | None,
         region: str,
+        instance: str | None = None,
     ) -> None:
         parts = causes.parse_reasons(reason)
-        key = (parts[0].gb_type, hop, len(parts))
+        key = (parts[0].gb_type, hop, len(parts), instance)
         # Dynamo meets the same break again when it restarts analysis (same stack), and once
         # more when the inner function is traced as a frame of its own (a suffix of the stack).
         for seen_key, seen_frames in result.seen:
@@ -301,9 +337,9 @@ class CaptureSession:
         result.seen.append((key, frames))
         # "Failed to handle graph break gracefully ... another graph break occurred": the first
         # part is the real break, the last one says the whole frame was skipped (GB7000).
-        result.breaks.append((self._raw(parts[0], reason, frames, hop), region))
+        result.breaks.append((self._raw(parts[0], reason, frames, hop, instance), region))
         if len(parts) > 1 or causes.is_frame_skip(parts[0].gb_type):
-            result.frame_skips.append((self._raw(parts[-1], reason, frames, hop), region))
+            result.frame_skips.append((self._raw(parts[-1], reason, frames, hop, instance), region))
 
     def _record_from_log(self, result: RawCapture, message: str) -> None:
         parsed = causes.parse_graph_break_log(message)
@@ -351,6 +387,7 @@ def _recording_compiler(
                 input_names,
             )
             current.aten_graphs += 1
+            current.aten_graphs_by_region[fqn] = current.aten_graphs_by_region.get(fqn, 0) + 1
         except Exception:  # noqa: BLE001 - readiness is advisory; never fail the capture for it
             logging.getLogger(__name__).debug("could not analyse a %s graph", phase, exc_info=True)
         return make_boxed_func(gm.forward)

@@ -17,11 +17,13 @@ from gbdoctor.causes.gb_registry import (
 from gbdoctor.causes.known_issues import KNOWN_ISSUES, KnownIssue, known_issue, known_issue_note
 from gbdoctor.causes.parse import (
     Reason,
+    called_function,
     chain_reasons,
     is_frame_skip,
     parse_graph_break_log,
     parse_reason,
     parse_reasons,
+    stable_text,
 )
 from gbdoctor.causes.rules import RULE_ORDER, classify, recompile_cause
 from gbdoctor.causes.taxonomy import (
@@ -51,6 +53,7 @@ __all__ = [
     "Cause",
     "Reason",
     "RegistryEntry",
+    "called_function",
     "chain_reasons",
     "classify",
     "explain_cause",
@@ -66,4 +69,5 @@ __all__ = [
     "recompile_cause",
     "registry",
     "registry_path",
+    "stable_text",
 ]

@@ -158,11 +158,29 @@ def _parse_one(text: str) -> Reason:
             current.append(line.strip())
     return Reason(
         gb_type=gb_type,
-        explanation="\n".join(explanation),
-        hints=tuple("\n".join(h) for h in hints if h),
-        context="\n".join(context),
+        explanation=stable_text("\n".join(explanation)),
+        hints=tuple(stable_text("\n".join(h)) for h in hints if h),
+        context=stable_text("\n".join(context)),
         hop=hop,
     )
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_FUNCTION_REPR = re.compile(r"<function ([\w.<>]+)>")
+
+
+def stable_text(text: str) -> str:
+    """Message text without process-specific object addresses (``<function f at 0x7f...>``),
+    so that the same scan twice gives the same records."""
+    return _ADDRESS.sub("", text)
+
+
+def called_function(context: str) -> str:
+    """Qualified name of the function a "Skip calling torch.compiler.disable()d function" break
+    (GB0098) was about to call, from its context (``<function Cls.<locals>.hook at 0x..>``),
+    or "" when the context names none."""
+    m = _FUNCTION_REPR.search(stable_text(context))
+    return m.group(1) if m else ""
 
 
 def _parse_unstructured(lines: list[str], hop: str | None) -> Reason:

@@ -16,7 +16,9 @@ Three signals decide the cause (DESIGN.md section 6):
 
 The rules are ordered; the first that matches wins (:data:`RULE_ORDER`):
 
-1. ``fsdp-hook``: component ``fsdp``; an FSDP2/FSDP/ZeRO-3 file among the innermost
+0. ``zero-hook``: component ``zero`` (DeepSpeed ZeRO-3's parameter gather/release and
+   pre-backward hooks); or a ``deepspeed/runtime/zero/`` file among the innermost library frames.
+1. ``fsdp-hook``: component ``fsdp``; an FSDP2/FSDP file among the innermost
    library frames; a ``disable`` reason "skipping FSDP hooks"; an FSDP gb_type.
 2. ``ep-dispatch``: component ``ep``; or a data-dependent/collective break whose local
    frames (from the innermost ``forward`` on) name dispatch/combine/all_to_all code.
@@ -149,7 +151,8 @@ _HARD_ERROR = _group(
 
 # --------------------------------------------------------------------------- location signals
 
-_FSDP_FILE = re.compile(r"torch/distributed/(fsdp|_composable/fsdp)/|deepspeed/runtime/zero/")
+_FSDP_FILE = re.compile(r"torch/distributed/(fsdp|_composable/fsdp)/")
+_ZERO_FILE = re.compile(r"deepspeed/runtime/zero/")
 _C10D_FILE = re.compile(
     r"torch/distributed/(distributed_c10d|_functional_collectives|_symmetric_memory)"
 )
@@ -217,7 +220,7 @@ def _trailing_library_frames(raw: RawBreak) -> tuple[Location, ...]:
     for f in reversed(raw.frames):
         out.append(f)
         path = _norm(f.file)
-        if not (_is_torch_file(path) or _FSDP_FILE.search(path)):
+        if not (_is_torch_file(path) or _FSDP_FILE.search(path) or _ZERO_FILE.search(path)):
             break
     return tuple(out)
 
@@ -301,6 +304,12 @@ def recompile_cause(reason: str) -> str | None:
     input that was an AsyncCollectiveTensor on one call and a plain Tensor on another); None
     for other guards."""
     return "tensor-parallel" if any(word in reason for word in _TP_WORDS) else None
+
+
+def _zero_hook(raw: RawBreak) -> bool:
+    if raw.component == "zero":
+        return True
+    return any(_ZERO_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw))
 
 
 def _fsdp_hook(raw: RawBreak) -> bool:
@@ -408,6 +417,7 @@ def _error(raw: RawBreak) -> bool:
 
 
 RULE_ORDER: tuple[tuple[str, Callable[[RawBreak], bool]], ...] = (
+    ("zero-hook", _zero_hook),
     ("fsdp-hook", _fsdp_hook),
     ("ep-dispatch", _ep_dispatch),
     ("tensor-parallel", _tensor_parallel),

@@ -26,6 +26,7 @@ PLAN_ACTIONS = (
     "flag:skip_fwd_side_effects_in_bwd_under_checkpoint",
     "move-out-of-region",
     "model-change",
+    "compile-between-hooks",
 )
 """Fix kinds a planner can apply:
 
@@ -33,7 +34,9 @@ PLAN_ACTIONS = (
 - ``split-ac``: wrap AC/SAC per child so a break in one child does not send the others to eager;
 - ``flag:<name>``: set ``torch._dynamo.config.<name> = True``;
 - ``move-out-of-region``: move the offending code (hook, update) outside the compiled region;
-- ``model-change``: only the model author can fix it (edit the code).
+- ``model-change``: only the model author can fix it (edit the code);
+- ``compile-between-hooks``: compile each block's ``forward`` (not its ``__call__``) with the
+  block as a ZeRO-3 leaf module, so the sharding hooks run eagerly around the compiled region.
 """
 
 
@@ -76,11 +79,35 @@ _CAUSE_LIST = (
         plan_actions=("flag:compiled_autograd", "isolate-child", "move-out-of-region"),
     ),
     Cause(
-        id="fsdp-hook",
-        title="FSDP/ZeRO sharding hook inside the compiled region",
+        id="zero-hook",
+        title="DeepSpeed ZeRO-3 hook inside the compiled region",
         explanation=(
-            "Sharding hooks (FSDP2 fully_shard pre/post-forward, ZeRO-3 parameter gather) are "
-            "torch._dynamo.disable'd, so a compiled region that contains a sharded module breaks."
+            "ZeRO-3 installs parameter gather/release (pre/post-forward) and pre-backward hooks on "
+            "every sub-module; they are torch.compiler.disable'd or untraceable, so a region that "
+            "contains ZeRO-managed sub-modules (engine.compile(), block.compile()) runs in pieces "
+            "and recompiles as the hooks' guards change from module to module."
+        ),
+        fixes=(
+            "compile between the hooks: make each block a ZeRO-3 leaf module "
+            "(zero_optimization.leaf_module.classes, or deepspeed.utils.set_z3_leaf_modules) so "
+            "ZeRO hooks only the block, and compile the block's forward instead of its __call__",
+            "use ZeRO-1 or ZeRO-2 (no parameter partitioning, no hooks in forward) when the "
+            "parameters fit on every rank: engine.compile() then captures one graph",
+            'on CUDA, DeepCompile ("compile": {"deepcompile": true} + engine.compile()) puts '
+            "ZeRO-3's gather/release into the graph itself",
+            "engine.compile(compiled_autograd_enabled=True) traces the backward hooks with the "
+            "backward (the forward hooks still break)",
+        ),
+        owner="training-setup",
+        effort="easy",
+        plan_actions=("compile-between-hooks", "move-out-of-region"),
+    ),
+    Cause(
+        id="fsdp-hook",
+        title="FSDP sharding hook inside the compiled region",
+        explanation=(
+            "Sharding hooks (FSDP2 fully_shard pre/post-forward) are torch._dynamo.disable'd, so a "
+            "compiled region that contains a sharded module breaks."
         ),
         fixes=(
             "compile each block before fully_shard and never compile a module that contains "

@@ -25,7 +25,7 @@ from typing import Any
 
 from gbdoctor.capture import within
 from gbdoctor.causes import flags_removing
-from gbdoctor.errors import BaselineError
+from gbdoctor.errors import BaselineError, SpecError
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
@@ -33,6 +33,7 @@ from gbdoctor.records import (
     BlockReport,
     Break,
     Decision,
+    Framework,
     KindPlan,
     Plan,
     Readiness,
@@ -67,12 +68,29 @@ FLAG_COSTS = {
 # ------------------------------------------------------------------------------ strategy
 
 
-def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Strategy:
-    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification).
+def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Any:
+    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification):
+    a :class:`Strategy`, or a ``DeepSpeedStrategy`` for a DeepSpeed plan.
 
     With ``identity`` (a loaded plan file) the strategy applies the plan strictly: the model's
     block kinds and the plan's must be the same, and every module the plan leaves eager must
-    exist (``setup.apply`` refuses a stale or foreign plan), and reports record the identity."""
+    exist (``setup.apply`` refuses a stale or foreign plan), and reports record the identity.
+    A DeepSpeed plan applies to DeepSpeed specs only, and a torchtitan plan to torchtitan specs
+    (SpecError, exit 2)."""
+    if spec is not None and (plan.deepspeed is not None) != (
+        spec.gbdoctor.framework == "deepspeed"
+    ):
+        made = "a DeepSpeed" if plan.deepspeed is not None else "a torchtitan"
+        raise SpecError(
+            f"plan {identity or plan.spec} is {made} plan; spec {spec.path} has framework "
+            f"'{spec.gbdoctor.framework}'",
+            hint="make the plan for this spec with `gbdoctor plan SPEC --emit-config json -o FILE`",
+        )
+    if plan.deepspeed is not None:
+        from gbdoctor.plan.deepspeed import deepspeed_plan_strategy
+
+        ds_strategy = deepspeed_plan_strategy(plan)
+        return replace(ds_strategy, plan=identity) if identity else ds_strategy
     recipes = {
         k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
         for k in plan.kinds
@@ -100,6 +118,8 @@ def _plan_strategy(
 
 PLAN_MODES = ("block", "children")
 """``KindPlan.mode`` values a plan file may hold."""
+DEEPSPEED_PLAN_MODES = ("engine", "forward", "none")
+"""``KindPlan.mode`` values of a DeepSpeed plan (``plan.deepspeed``)."""
 
 
 def plan_identity(path: str | Path, text: str) -> str:
@@ -129,10 +149,28 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
             )
     if not plan.kinds:
         raise BaselineError(f"{name}: $.kinds: the plan has no block kinds", hint=hint)
-    for i, kind in enumerate(plan.kinds):
-        if kind.mode not in PLAN_MODES:
+    modes = PLAN_MODES
+    if plan.framework not in tuple(Framework):
+        raise BaselineError(
+            f"{name}: $.framework: {plan.framework!r} is not one of {', '.join(Framework)}",
+            hint=hint,
+        )
+    if (plan.framework == Framework.DEEPSPEED) != (plan.deepspeed is not None):
+        raise BaselineError(
+            f"{name}: $.deepspeed: a plan has it exactly when its framework is 'deepspeed'",
+            hint=hint,
+        )
+    if plan.deepspeed is not None:
+        modes = DEEPSPEED_PLAN_MODES
+        if plan.deepspeed.mode not in ("engine", "forward"):
             raise BaselineError(
-                f"{name}: $.kinds[{i}].mode: {kind.mode!r} is not one of {', '.join(PLAN_MODES)}",
+                f"{name}: $.deepspeed.mode: {plan.deepspeed.mode!r} is not one of engine, forward",
+                hint=hint,
+            )
+    for i, kind in enumerate(plan.kinds):
+        if kind.mode not in modes:
+            raise BaselineError(
+                f"{name}: $.kinds[{i}].mode: {kind.mode!r} is not one of {', '.join(modes)}",
                 hint=hint,
             )
     return plan, plan_identity(path, text)
@@ -263,6 +301,10 @@ def propose_plan(
     from gbdoctor.scan.estimate import decide, pin
     from gbdoctor.setup.compile import STRATEGIES
 
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.plan.deepspeed import propose_deepspeed_plan
+
+        return propose_deepspeed_plan(spec, scan_fn=scan_fn, progress=progress)
     if scan_fn is None:
         decision = decide(spec)
         spec = pin(spec, decision)

@@ -14,6 +14,7 @@ from gbdoctor.records.enums import (
     CompileMode,
     Component,
     EventKind,
+    Framework,
     ModeStatus,
     OutputFormat,
     Readiness,
@@ -30,10 +31,17 @@ from gbdoctor.records.gate import (
 from gbdoctor.records.plan import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
+    DeepSpeedPlan,
     KindPlan,
     Plan,
 )
-from gbdoctor.records.run import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, Recompile, RunReport
+from gbdoctor.records.run import (
+    LOSS_RTOL,
+    READABLE_RUN_SCHEMA_VERSIONS,
+    RUN_SCHEMA_VERSION,
+    ModeResult,
+    RunReport,
+)
 from gbdoctor.records.scan import (
     READABLE_SCHEMA_VERSIONS,
     SCHEMA_VERSION,
@@ -49,6 +57,7 @@ from gbdoctor.records.scan import (
     Location,
     MemoryEstimate,
     RawBreak,
+    Recompile,
     ScanReport,
     SetupInfo,
     SetupReport,
@@ -56,6 +65,7 @@ from gbdoctor.records.scan import (
 from gbdoctor.records.spec import (
     ACSpec,
     CompileSpec,
+    DeepSpeedSpec,
     ModelSpec,
     ParallelSpec,
     Spec,
@@ -82,9 +92,12 @@ __all__ = [
     "CudaGraphFinding",
     "CudaGraphReadiness",
     "Decision",
+    "DeepSpeedPlan",
+    "DeepSpeedSpec",
     "Event",
     "EventKind",
     "Finding",
+    "Framework",
     "GateResult",
     "HookInfo",
     "KindCounts",
@@ -101,6 +114,7 @@ __all__ = [
     "READABLE_PLAN_SCHEMA_VERSIONS",
     "ParallelSpec",
     "Plan",
+    "READABLE_RUN_SCHEMA_VERSIONS",
     "READABLE_SCHEMA_VERSIONS",
     "RUN_SCHEMA_VERSION",
     "RawBreak",

@@ -14,6 +14,7 @@ from enum import StrEnum
 class CauseId(StrEnum):
     """Cause ids of :data:`gbdoctor.causes.CAUSES` (``Break.cause``)."""
 
+    ZERO_HOOK = "zero-hook"
     FSDP_HOOK = "fsdp-hook"
     EP_DISPATCH = "ep-dispatch"
     BACKWARD_HOOK = "backward-hook"
@@ -40,6 +41,8 @@ class Component(StrEnum):
 
     MODEL = "model"
     FSDP = "fsdp"
+    ZERO = "zero"
+    """DeepSpeed ZeRO (its parameter gather/release and pre-backward hooks)."""
     EP = "ep"
     TP = "tp"
     LOAD_BALANCING = "load-balancing"
@@ -93,6 +96,15 @@ class EventKind(StrEnum):
     """A whole frame ran eager."""
     RANK_DIVERGENCE = "rank_divergence"
     """Ranks captured different graphs or breaks."""
+    RECOMPILE_LIMIT = "recompile_limit"
+    """Dynamo hit ``recompile_limit`` on some code, which runs eagerly from then on."""
+
+
+class Framework(StrEnum):
+    """``[gbdoctor] framework``: whose training setup a spec reproduces (``setup.recipe``)."""
+
+    TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
 
 
 class Severity(StrEnum):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from gbdoctor.records.base import record
 
-PLAN_SCHEMA_VERSION = 2
-"""2: kinds carry their CUDA-graph readiness (``cudagraphs``, ``cudagraph_ready``); 1 is read too."""
-READABLE_PLAN_SCHEMA_VERSIONS = (1, 2)
+PLAN_SCHEMA_VERSION = 3
+"""2: kinds carry their CUDA-graph readiness (``cudagraphs``, ``cudagraph_ready``); 3: the plan's
+``framework`` and, for DeepSpeed plans, ``deepspeed`` (the compile call and ZeRO-3 leaf modules).
+1 and 2 are read too (new fields take their defaults)."""
+READABLE_PLAN_SCHEMA_VERSIONS = (1, 2, 3)
 
 
 @record
@@ -39,6 +41,20 @@ class KindPlan:
 
 
 @record
+class DeepSpeedPlan:
+    """How a DeepSpeed training script applies the plan (``plan.deepspeed``)."""
+
+    mode: str
+    """``engine`` (``engine.compile()``) or ``forward`` (each block's forward compiled)."""
+    fullgraph: bool
+    zero_stage: int
+    leaf_modules: tuple[str, ...] = ()
+    """Class names for ``zero_optimization.leaf_module.classes`` (ZeRO-3)."""
+    remaining: tuple[str, ...] = ()
+    """Breaks the plan does not remove, each with why."""
+
+
+@record
 class Plan:
     spec: str
     model: str
@@ -56,3 +72,6 @@ class Plan:
     """The baseline scan's notes about the whole plan (simulation notice, resolved degrees,
     compile settings)."""
     schema_version: int = PLAN_SCHEMA_VERSION
+    framework: str = "torchtitan"
+    deepspeed: DeepSpeedPlan | None = None
+    """The DeepSpeed compile call and config changes (``framework = "deepspeed"`` plans)."""

@@ -5,9 +5,19 @@ from __future__ import annotations
 from gbdoctor.records.base import record
 from gbdoctor.records.scan import Recompile
 
+__all__ = [
+    "LOSS_RTOL",
+    "READABLE_RUN_SCHEMA_VERSIONS",
+    "RUN_SCHEMA_VERSION",
+    "ModeResult",
+    "Recompile",
+    "RunReport",
+]
+
 RUN_SCHEMA_VERSION = 2
-"""2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance
-(all new fields have defaults: version-1 reports are still read)."""
+"""2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance;
+recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own). All new
+fields have defaults: version-1 reports are still read."""
 READABLE_RUN_SCHEMA_VERSIONS = (1, 2)
 
 

@@ -9,10 +9,12 @@ from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 
 SCHEMA_VERSION = 3
 """Version of the scan and inspect JSON documents. 3: the setup carries ``dp_replicate`` (the
-resolved degrees) and ``probed_recompiles``, blocks carry ``recompiles`` (the scan's recompile
-probe), and scan/inspect reports carry ``notes`` (how the spec was read, simulated or not). 2:
-blocks carry ``cudagraphs`` (CUDA-graph readiness) and the setup its ``tp_degree``. Readers
-accept 1 and 2 (the new fields take their defaults: no recompiles recorded)."""
+resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_stage``/``steps``;
+blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
+capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
+spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
+setup its ``tp_degree``. Readers accept 1 and 2 (the new fields take their defaults: no
+recompiles recorded)."""
 READABLE_SCHEMA_VERSIONS = (1, 2, 3)
 
 
@@ -94,7 +96,8 @@ class Event:
 
     kind: str
     """``region_eager`` (an AC/SAC region fell back to eager), ``frame_skipped`` (a whole frame
-    ran eager) or ``rank_divergence`` (ranks captured different graphs/breaks)."""
+    ran eager), ``recompile_limit`` (Dynamo hit ``recompile_limit`` on some code, which runs
+    eagerly from then on) or ``rank_divergence`` (ranks captured different graphs/breaks)."""
     module: str
     detail: str = ""
     gb_type: str = ""
@@ -134,11 +137,13 @@ class CudaGraphReadiness:
 
 @record
 class Recompile:
-    """One recompile of a compiled region, from Dynamo's ``recompiles`` log stream."""
+    """One recompile of compiled code, from Dynamo's ``recompiles`` log stream, or a
+    ``recompile_limit`` hit from the ``torch._dynamo.convert_frame`` warning."""
 
     step: int
     """Step (0-based) during which it happened: a training step for ``run`` (warm-up steps
-    included), a probe step for ``scan`` (0 is the capture, 1 and 2 the changed inputs)."""
+    included) and DeepSpeed scans, a probe step for ``scan`` (0 is the capture, 1 and 2 the
+    changed inputs)."""
     measured: bool
     """It happened in steady state: a measured step (``run``) or the last probe step (``scan``),
     after any one-time recompile for a new shape was done. A finding."""
@@ -152,6 +157,8 @@ class Recompile:
     """Dynamo's HINT for this guard, if any."""
     failed_entries: int = 1
     """How many cache entries' guards failed (the cache size at that moment)."""
+    limit_hit: bool = False
+    """Dynamo hit ``recompile_limit`` here: from now on this code runs eagerly."""
 
 
 @record
@@ -178,7 +185,8 @@ class BlockReport:
     """CUDA-graph readiness of the block's compiled graphs (None: nothing was compiled)."""
     recompiles: tuple[Recompile, ...] = ()
     """Recompiles when the block ran again with changed inputs (the scan's probe steps 1 and 2:
-    new data, hence new routing under EP, and another sequence length where the model runs)."""
+    new data, hence new routing under EP, and another sequence length where the model runs);
+    DeepSpeed scans: the recompiles (and recompile-limit hits) of their capture steps."""
 
 
 @record
@@ -206,6 +214,12 @@ class SetupInfo:
     """The recompile probe ran (blocks' ``recompiles`` are measured); False for simulated and
     installed-torchtitan scans, scans run with ``--no-recompile-probe`` and documents older than
     schema 3, whose blocks then record no recompiles."""
+    framework: str = "torchtitan"
+    """``torchtitan`` or ``deepspeed`` (``records.Framework``)."""
+    zero_stage: int | None = None
+    """DeepSpeed ZeRO stage (``framework = "deepspeed"`` only)."""
+    steps: int = 1
+    """Training steps captured (DeepSpeed scans capture several, to see recompiles)."""
 
 
 @record

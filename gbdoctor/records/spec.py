@@ -94,6 +94,25 @@ class ToolSpec:
     world_size: int = 0
     """The launch size (ranks of the training job); resolves ``data_parallel_shard_degree = -1``
     as torchtitan does. 0: not stated (-1 then resolves to the smallest world that hosts EP)."""
+    framework: str = "torchtitan"
+    """Training framework whose setup is reproduced: ``torchtitan`` or ``deepspeed``."""
+    deepspeed_config: str = ""
+    """For ``framework = "deepspeed"``: path (relative to the spec file) of the user's DeepSpeed
+    JSON config, instead of a ``[deepspeed]`` table."""
+
+
+@record
+class DeepSpeedSpec:
+    """The DeepSpeed config of a ``framework = "deepspeed"`` spec, validated by DeepSpeed."""
+
+    config_json: str
+    """The config as DeepSpeed will receive it (canonical JSON, sorted keys), with gbdoctor's
+    fill-ins (micro-batch size, a torch AdamW optimizer) where the user's config has none."""
+    source: str
+    """``[deepspeed]`` or the JSON file's path."""
+    zero_stage: int = 0
+    filled: tuple[str, ...] = ()
+    """Keys gbdoctor filled in because the user's config left them out."""
 
 
 @record
@@ -106,6 +125,8 @@ class Spec:
     activation_checkpoint: ACSpec = field(default_factory=ACSpec)
     compile: CompileSpec = field(default_factory=CompileSpec)
     gbdoctor: ToolSpec = field(default_factory=ToolSpec)
+    deepspeed: DeepSpeedSpec | None = None
+    """Set for ``framework = "deepspeed"`` specs."""
     root: str = ""
     """Absolute directory that report paths are relative to: the repository holding the spec
     file (its nearest ancestor with ``.git``), else the spec file's directory. Never the working

@@ -58,6 +58,15 @@ def render_plan_table(plan: Plan) -> str:
             'mode="reduce-overhead"; `gbdoctor run --plan ... --modes plan,cudagraphs` checks it on CUDA',
             markup=False,
         )
+    ds = plan.deepspeed
+    if ds is not None:
+        leaf = f"; ZeRO-3 leaf modules: {', '.join(ds.leaf_modules)}" if ds.leaf_modules else ""
+        console.print(
+            f"DeepSpeed (ZeRO-{ds.zero_stage}): compile {ds.mode}, fullgraph={ds.fullgraph}{leaf}",
+            markup=False,
+        )
+        for item in ds.remaining:
+            console.print(f"  remains: {item}", markup=False)
     if plan.flags:
         console.print("Dynamo flags: " + ", ".join(f"{n}={v}" for n, v in plan.flags), markup=False)
         for cost in plan.flag_costs:

@@ -56,9 +56,15 @@ from typing import Any
 
 from gbdoctor.capture import torch_version
 from gbdoctor.errors import GbdoctorError, SpecError
-from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, ModeResult, RunReport, Spec
+from gbdoctor.records import (
+    LOSS_RTOL,
+    READABLE_RUN_SCHEMA_VERSIONS,
+    RUN_SCHEMA_VERSION,
+    ModeResult,
+    RunReport,
+    Spec,
+)
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
-from gbdoctor.records.run import READABLE_RUN_SCHEMA_VERSIONS
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.setup.compile import STRATEGIES, Strategy
 
@@ -79,6 +85,20 @@ MODES_NEEDING_PLAN = ("plan", "cudagraphs")
 the plan found CUDA-graph ready (CUDA only; reported ``unavailable`` elsewhere, never faked)."""
 BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 """Modes that compete for "best baseline"."""
+
+DEEPSPEED_MODE_STRATEGIES: dict[str, str] = {"eager": "none", "engine": "engine", "block": "block"}
+"""``framework = "deepspeed"``: mode -> ``setup.deepspeed.DS_STRATEGIES``, under the spec's ZeRO
+stage (``engine``: ``engine.compile()``; ``block``: ``block.compile()`` on every block)."""
+DEEPSPEED_MODES: tuple[str, ...] = (*DEEPSPEED_MODE_STRATEGIES, "plan")
+DEEPSPEED_BASELINES: tuple[str, ...] = ("engine", "block")
+
+
+def framework_modes(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+    """(mode -> strategy name, every mode, the baselines) of the spec's training framework."""
+    if spec.gbdoctor.framework == "deepspeed":
+        return DEEPSPEED_MODE_STRATEGIES, DEEPSPEED_MODES, DEEPSPEED_BASELINES
+    return MODE_STRATEGIES, MODES, BASELINES
+
 
 NOISY_SPREAD = 2.0
 """A mode whose slowest measured step took more than this many times its fastest gets a note."""
@@ -112,26 +132,29 @@ Raw = tuple[str, Strategy, list[list[RankRun]] | None, tuple[str, str] | None]
 # --------------------------------------------------------------------------- driver
 
 
-def resolve_modes(modes: list[str] | None, *, plan: bool) -> list[str]:
-    """The modes to run, in canonical order; SpecError for unknown names, or for ``plan`` or
-    ``cudagraphs`` (the plan with reduce-overhead) with --no-plan.
+def resolve_modes(
+    modes: list[str] | None, *, plan: bool, all_modes: tuple[str, ...] = MODES
+) -> list[str]:
+    """The modes to run, in canonical order (``all_modes``: the framework's); SpecError for
+    unknown names, or for ``plan`` or ``cudagraphs`` (the plan with reduce-overhead) with
+    --no-plan.
 
     ``plan``: a plan is available or will be made (not ``--no-plan``). ``cudagraphs`` runs only
     on request: it needs CUDA and says nothing new about breaks."""
     if not modes:
-        return [m for m in MODES if m != "cudagraphs" and (m != "plan" or plan)]
-    unknown = [m for m in modes if m not in MODES]
+        return [m for m in all_modes if m != "cudagraphs" and (m != "plan" or plan)]
+    unknown = [m for m in modes if m not in all_modes]
     if unknown:
         raise SpecError(
             f"unknown run mode(s) {', '.join(map(repr, unknown))}",
-            hint=f"valid modes: {', '.join(MODES)}",
+            hint=f"valid modes: {', '.join(all_modes)}",
         )
     for needs_plan in MODES_NEEDING_PLAN:
         if needs_plan in modes and not plan:
             raise SpecError(
                 f"mode '{needs_plan}' conflicts with --no-plan", hint="drop one of them"
             )
-    return [m for m in MODES if m in modes]
+    return [m for m in all_modes if m in modes]
 
 
 def _check_backend(backend: str) -> None:
@@ -220,7 +243,8 @@ def run_modes(
             hint="the world size follows from [parallelism] degrees; change them (or --set) "
             "instead, or drop --nproc",
         )
-    chosen = resolve_modes(modes, plan=make_plan or bool(plan_path))
+    mode_strategies, all_modes, _ = framework_modes(spec)
+    chosen = resolve_modes(modes, plan=make_plan or bool(plan_path), all_modes=all_modes)
     device = resolve_device(spec.gbdoctor.device)
     backend = backend or (spec.compile.backend if spec.compile.backend_set else DEFAULT_BACKEND)
     _check_backend(backend)
@@ -231,9 +255,13 @@ def run_modes(
     # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
     # (after the cheap option checks: this builds the model on meta).
     require_real(run_spec)
+    table: dict[str, Any] = STRATEGIES
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.setup.deepspeed import DS_STRATEGIES
 
-    strategies: dict[str, Strategy] = {
-        m: STRATEGIES[MODE_STRATEGIES[m]] for m in chosen if m not in MODES_NEEDING_PLAN
+        table = DS_STRATEGIES
+    strategies: dict[str, Any] = {
+        m: table[mode_strategies[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }
     plan_info: dict[str, Any] = {}
     cudagraph_layers: tuple[str, ...] = ()
@@ -258,6 +286,10 @@ def run_modes(
     elif "cudagraphs" in chosen:
         strategies["cudagraphs"] = _NOT_MADE
 
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.setup.deepspeed import check_jit_lock
+
+        check_jit_lock(device)  # a stale JIT-build lock hangs every rank: exit 3 first
     raw = _run_rounds(
         run_spec,
         chosen,
@@ -483,7 +515,7 @@ def _mode_from_rounds(
     first = rounds[0]
     worst = max(
         (r for ranks in rounds for r in ranks),
-        key=lambda r: (sum(e.measured for e in r.recompiles), -r.rank),
+        key=lambda r: (sum(e.measured and not e.limit_hit for e in r.recompiles), -r.rank),
     )
     rank0 = first[0]
     layout = rank0.layout
@@ -511,7 +543,7 @@ def _mode_from_rounds(
         graph_breaks=rank0.graph_breaks,
         regions=sum(len(regions) for _, regions, _ in layout),
         fullgraph_regions=sum(len(fg) for _, _, fg in layout),
-        recompiles=sum(e.measured for e in worst.recompiles),
+        recompiles=sum(e.measured and not e.limit_hit for e in worst.recompiles),
         recompile_events=tuple(worst.recompiles),
         recompile_limit_hit=any(r.recompile_limit_hit for ranks in rounds for r in ranks),
         cudagraph_skips=tuple(rank0.cudagraph_skips),
@@ -584,9 +616,10 @@ def build_report(
 
     ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
     eager = ok.get("eager")
-    baselines = {m: r for m, r in ok.items() if m in BASELINES}
+    order = framework_modes(spec)[2]
+    baselines = {m: r for m, r in ok.items() if m in order}
     best = (
-        min(baselines, key=lambda m: (baselines[m].step_time_median_s, BASELINES.index(m)))
+        min(baselines, key=lambda m: (baselines[m].step_time_median_s, order.index(m)))
         if baselines
         else None
     )
@@ -631,7 +664,7 @@ def build_report(
                     "(recompiles in the measured steps)"
                 )
             if res.recompiles:
-                first = next(e for e in res.recompile_events if e.measured)
+                first = next(e for e in res.recompile_events if e.measured and not e.limit_hit)
                 findings.append(
                     f"{mode}: {res.recompiles} recompile(s) during the measured steps "
                     f"(first: {first.reason}"

@@ -190,6 +190,10 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
             if measured:
                 phase_times.append(phases)
             losses.append(loss)
+    if setup.engine is not None:
+        from gbdoctor.setup.deepspeed import cleanup_shared_memory
+
+        cleanup_shared_memory()
     graphs, breaks = counter_totals()
     peak, metric = _peak_memory(job.device)
     return RankRun(

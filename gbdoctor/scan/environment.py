@@ -32,21 +32,27 @@ from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
 def scan(
     spec: Spec,
     *,
-    strategy: Strategy | str | None = None,
+    strategy: Any = None,
     dedupe: bool = True,
     progress: Progress | None = None,
     strict: bool = False,
     recompiles: bool | None = None,
 ) -> ScanReport:
-    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged.
+    """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged. DeepSpeed
+    specs are captured whole over several steps (``scan.deepspeed``), which record their
+    recompiles themselves.
 
     ``recompiles``: probe every captured block with changed inputs (``probe.py``; about two
     eager training steps and two block replays per block kind); None: on unless
     ``GBDOCTOR_RECOMPILE_PROBE=0`` (``job.probe_by_default``)."""
     if recompiles is None:
         recompiles = probe_by_default()
-    if not isinstance(strategy, Strategy):
+    if strategy is None or isinstance(strategy, str):
         strategy = strategy_for(spec, strategy)
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.scan.deepspeed import scan_deepspeed
+
+        return scan_deepspeed(spec, strategy=strategy, progress=progress, strict=strict)
     # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
     decision = decide(spec)
     spec = pin(spec, decision)

@@ -23,16 +23,25 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     The rule every command that builds a model follows (``scan.estimate.decide``) picks real
     local ranks or a simulation: a simulated inspect builds on meta and sets up rank 0 on a fake
     process group."""
-    decision = decide(spec)
-    if decision.simulate:
-        return simulate_inspect(spec, strategy=strategy, reason=decision.reason)
+    deepspeed = spec.gbdoctor.framework == "deepspeed"
+    if deepspeed:
+        from gbdoctor.scan.estimate import require_real
+        from gbdoctor.setup.deepspeed import check_jit_lock
+
+        # DeepSpeed sets up on real local ranks only (no simulation), always in fresh processes.
+        require_real(spec, command="inspect")
+        check_jit_lock(resolve_device(spec.gbdoctor.device))
+    else:
+        decision = decide(spec)
+        if decision.simulate:
+            return simulate_inspect(spec, strategy=strategy, reason=decision.reason)
     job = ScanJob(
         spec=spec,
         strategy=strategy_for(spec, strategy),
         device=resolve_device(spec.gbdoctor.device),
     )
     world = spec.parallelism.world_size
-    if world == 1:
+    if world == 1 and not deepspeed:
         with single_process_group(job.device):
             report = inspect_rank(job)
     else:
@@ -65,10 +74,22 @@ def simulate_inspect(
     )
 
 
-def _is_fsdp(module: nn.Module) -> bool:
+def _is_sharded(module: nn.Module) -> bool:
+    """FSDP2-managed, or holding ZeRO-3-partitioned parameters of its own."""
     from torch.distributed.fsdp import FSDPModule
 
-    return isinstance(module, FSDPModule)
+    return isinstance(module, FSDPModule) or any(
+        hasattr(p, "ds_tensor") for p in module.parameters(recurse=False)
+    )
+
+
+def _local_numel(p: Any) -> int:
+    """Elements of a parameter held on this rank (a DTensor's shard, a ZeRO-3 partition)."""
+    if hasattr(p, "to_local"):
+        return p.to_local().numel()
+    if hasattr(p, "ds_tensor"):
+        return p.ds_tensor.numel()
+    return p.numel()
 
 
 def inspect_rank(job: ScanJob, fake_mode: Any = None) -> SetupReport:
@@ -88,14 +109,11 @@ def inspect_rank(job: ScanJob, fake_mode: Any = None) -> SetupReport:
         for h in setup.hooks
         if h.kind == "optimizer_pre_step"
     ]
-    sharded = sorted({clean_fqn(n) or "<root>" for n, m in model.named_modules() if _is_fsdp(m)})
+    sharded = sorted({clean_fqn(n) or "<root>" for n, m in model.named_modules() if _is_sharded(m)})
     blocks = []
     for slot in setup.blocks:
         ac = tuple(slot.fqn if s == "" else f"{slot.fqn}.{s}" for s in slot.ac_wrapped)
-        params = sum(
-            p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-            for p in slot.block.parameters()
-        )
+        params = sum(_local_numel(p) for p in slot.block.parameters())
         blocks.append(
             BlockSetup(
                 fqn=slot.fqn,
@@ -112,6 +130,10 @@ def inspect_rank(job: ScanJob, fake_mode: Any = None) -> SetupReport:
             )
         )
     in_block = lambda fqn: any(within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
+    if setup.engine is not None:
+        from gbdoctor.setup.deepspeed import cleanup_shared_memory
+
+        cleanup_shared_memory()
     return SetupReport(
         spec=job.spec.key,
         model=f"{job.spec.model.name}/{job.spec.model.flavor}",

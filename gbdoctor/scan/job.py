@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gbdoctor.records import BlockReport, SetupInfo, Spec
-from gbdoctor.setup.compile import STRATEGIES, Strategy
+from gbdoctor.setup.compile import STRATEGIES
 
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
@@ -18,7 +19,8 @@ class ScanJob:
     """Everything a rank needs (picklable: sent to spawned ranks)."""
 
     spec: Spec
-    strategy: Strategy
+    strategy: Any
+    """A ``setup.compile.Strategy`` (torchtitan) or ``setup.deepspeed.DeepSpeedStrategy``."""
     device: str
     dedupe: bool = True
     strict: bool = False
@@ -39,7 +41,12 @@ def probe_by_default() -> bool:
     return os.environ.get(PROBE_ENV, "1").strip() != "0"
 
 
-def strategy_for(spec: Spec, name: str | None) -> Strategy:
+def strategy_for(spec: Spec, name: str | None) -> Any:
+    """The spec's compile strategy (or ``name``), from its framework's table."""
+    if spec.gbdoctor.framework == "deepspeed":
+        from gbdoctor.setup.deepspeed import DS_STRATEGIES
+
+        return DS_STRATEGIES[name or spec.gbdoctor.strategy]
     return STRATEGIES[name or spec.gbdoctor.strategy]
 
 

@@ -75,6 +75,7 @@ def build_and_setup(
                 strategy=job.strategy,
                 build_optimizer=True if fake_mode is not None else None,
                 compile_fn=session.compile_fn if session else None,
+                backend_for=session.recording_backend if session else None,
             )
     except (ValueError, AssertionError, RuntimeError) as exc:
         raise SetupError(
@@ -291,7 +292,10 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
     flags = tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags))
     if setup.ac_enabled:
         flags = tuple(sorted(flags + (("lru_cache", "False"),)))
+    ds = spec.deepspeed
     return SetupInfo(
+        framework=spec.gbdoctor.framework,
+        zero_stage=ds.zero_stage if ds else None,
         strategy=job.strategy.name,
         device=job.device,
         world_size=spec.parallelism.world_size,
@@ -395,7 +399,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
     merged: dict[tuple[Any, ...], Break] = {}
     events: dict[tuple[Any, ...], Event] = {}
     for rb, region in raw.breaks:
-        location = innermost_user_location(rb.frames, root)
+        location = innermost_user_location(rb.frames, root, component=rb.component)
         brk = Break(
             cause=causes.classify(rb),
             gb_type=rb.gb_type,

@@ -77,6 +77,8 @@ class Setup:
     fsdp: bool = True
     loss_parallel: bool = False
     """TP keeps the logits vocabulary-sharded DTensors: the loss runs under ``loss_parallel()``."""
+    engine: Any = None
+    """The DeepSpeed engine (``setup.deepspeed``): it runs forward, backward and step."""
 
     @property
     def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:

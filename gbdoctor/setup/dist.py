@@ -290,7 +290,8 @@ def _rank_main(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
         try:
-            with exits_guarded():
+            # stdout is the report: whatever a rank prints (the model, DeepSpeed) goes to stderr.
+            with exits_guarded(), contextlib.redirect_stdout(sys.stderr):
                 out = target(payload)
         finally:
             dist.destroy_process_group()

@@ -12,6 +12,7 @@ order) is the first implementation; other frameworks add theirs to :data:`RECIPE
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -46,9 +47,12 @@ class Recipe(Protocol):
         compile_fn: CompileFn | None = None,
         backend: str | None = None,
         build_optimizer: bool | None = None,
+        backend_for: Callable[[str], Any] | None = None,
     ) -> Setup:
         """Apply the framework's setup: compile regions with ``compile_fn`` (scans pass a
-        recording backend) or ``torch.compile(backend=backend)`` (``None``: the spec's backend)."""
+        recording backend) or ``torch.compile(backend=backend)`` (``None``: the spec's backend).
+        Frameworks that compile in place (DeepSpeed's ``engine.compile()``) take the backend of a
+        region from ``backend_for(region_fqn)`` instead (scans pass a recording backend)."""
         ...
 
     def step_context(self, setup: Setup) -> contextlib.AbstractContextManager[None]:
@@ -94,6 +98,7 @@ class TorchtitanRecipe:
         compile_fn: CompileFn | None = None,
         backend: str | None = None,
         build_optimizer: bool | None = None,
+        backend_for: Callable[[str], Any] | None = None,
     ) -> Setup:
         return apply_setup(
             model,
@@ -117,11 +122,16 @@ class TorchtitanRecipe:
         return timed_train_step(setup, tokens, labels, sync)
 
 
-RECIPES: dict[str, Any] = {TorchtitanRecipe.name: TorchtitanRecipe()}
-"""Recipe name -> recipe. Specs are torchtitan TOML train configs, so every spec uses
-``torchtitan`` today; a framework that reads other configs registers its recipe here."""
+def _recipes() -> dict[str, Any]:
+    from gbdoctor.setup.deepspeed import DeepSpeedRecipe
+
+    return {TorchtitanRecipe.name: TorchtitanRecipe(), DeepSpeedRecipe.name: DeepSpeedRecipe()}
+
+
+RECIPES: dict[str, Any] = _recipes()
+"""Recipe name (``[gbdoctor] framework``) -> recipe."""
 
 
 def recipe_for(spec: Spec) -> Recipe:
-    """The recipe that sets ``spec`` up."""
-    return RECIPES[TorchtitanRecipe.name]
+    """The recipe that sets ``spec`` up (``[gbdoctor] framework``)."""
+    return RECIPES[spec.gbdoctor.framework]

@@ -122,14 +122,16 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
 @pytest.mark.parametrize("version", [1, 2])
 def test_older_schema_versions_are_still_read(fixture_name: str, version: int) -> None:
     """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, version 3
-    ``recompiles`` per block, ``probed_recompiles`` and ``dp_replicate`` to the setup, all with defaults: an older
+    ``recompiles`` per block, ``probed_recompiles``, ``dp_replicate`` and DeepSpeed's
+    ``framework``/``zero_stage``/``steps`` to the setup, all with defaults: an older
     document (as stored baselines and scans have them) reads as the same report, with no
     recompiles recorded."""
     report = SCAN_FIXTURES[fixture_name]()
     data = json.loads(render_json(report))
     data["schema_version"] = version
     del data["setup"]["probed_recompiles"]
-    del data["setup"]["dp_replicate"]
+    for key in ("dp_replicate", "framework", "zero_stage", "steps"):
+        del data["setup"][key]
     for block in data["blocks"]:
         del block["recompiles"]
     if version == 1:
