@@ -52,3 +52,21 @@ class CaptureError(GbdoctorError):
     """The capture itself could not run (not a block that failed to trace: that is data)."""
 
     exit_code = ExitCode.ENVIRONMENT
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of ``exc``'s message; a line that ends with ``:`` (wrapped
+    backend errors: "backend='inductor' raised:") gets the next line appended."""
+    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    first = text[0] if text else ""
+    if first.endswith(":") and len(text) > 1:
+        first = f"{first} {text[1]}"
+    return first
+
+
+def exception_line(exc: BaseException, limit: int = 400) -> str:
+    """``Type: first line`` of ``exc``, at most ``limit`` characters: how one-line errors and
+    failure records quote an exception."""
+    line = first_line(exc)
+    text = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -24,7 +24,6 @@ from gbdoctor.capture.locate import (
     clean_fqn,
     find_hooks,
     innermost_user_location,
-    is_torch_path,
     within,
 )
 from gbdoctor.capture.recompiles import RecompileWatch, parse_recompile, watch_recompiles
@@ -50,7 +49,6 @@ __all__ = [
     "find_hooks",
     "fresh_inputs",
     "innermost_user_location",
-    "is_torch_path",
     "parse_recompile",
     "reset_fsdp_state",
     "run_block",

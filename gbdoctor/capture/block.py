@@ -17,7 +17,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gbdoctor.capture.locate import is_torch_path, portable_path
+from gbdoctor.capture.locate import portable_path
+from gbdoctor.causes import is_torch_file
+from gbdoctor.errors import first_line
 
 
 def run_block(outer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -50,7 +52,7 @@ def describe_error(exc: BaseException, root: str | None = None) -> str:
     ``root`` (the spec's repository), as every other location.
     """
     inner = _innermost(exc)
-    message = _first_line(inner)
+    message = first_line(inner)
     where = _user_site(exc, root) or _user_site(inner, root)
     owner = "raised inside PyTorch" if _raised_in_torch(inner) else "raised by the model's code"
     site = f" at {where}" if where else ""
@@ -73,11 +75,6 @@ def _innermost(exc: BaseException) -> BaseException:
     return exc
 
 
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0].strip() if lines else ""
-
-
 # Dynamo appends 'from user code:' and the user frames, outermost first, to errors it re-raises.
 _USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -88,7 +85,7 @@ def _user_site(exc: BaseException, root: str | None) -> str | None:
     if "from user code:" not in text:
         return None
     frames = _USER_FRAME.findall(text.split("from user code:", 1)[1])
-    user = [(file, line) for file, line in frames if not is_torch_path(file)]
+    user = [(file, line) for file, line in frames if not is_torch_file(file)]
     if not user:
         return None
     file, line = user[-1]
@@ -97,7 +94,7 @@ def _user_site(exc: BaseException, root: str | None) -> str | None:
 
 def _raised_in_torch(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
-    return bool(frames) and is_torch_path(frames[-1].filename)
+    return bool(frames) and is_torch_file(frames[-1].filename)
 
 
 def error_traceback(exc: BaseException) -> str:

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from gbdoctor.causes import is_torch_file
 from gbdoctor.models.structure import find_moe_layers, hidden_size
-from gbdoctor.records import Location
+from gbdoctor.records import Component, Location
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
@@ -71,7 +72,7 @@ def library_component(path: str) -> str | None:
     return None
 
 
-_HOOK_DICTS = (
+HOOK_DICTS = (
     ("forward_pre", "_forward_pre_hooks"),
     ("forward", "_forward_hooks"),
     ("backward", "_backward_hooks"),
@@ -83,10 +84,6 @@ _WRAPPER_ATTRS = ("_orig_mod", "_checkpoint_wrapped_module")
 def clean_fqn(name: str) -> str:
     """Drop wrapper attributes (compile, checkpoint) from a module path."""
     return ".".join(p for p in name.split(".") if p and p not in _WRAPPER_ATTRS)
-
-
-def is_torch_path(path: str) -> bool:
-    return os.path.abspath(path).startswith(_TORCH_DIR)
 
 
 def portable_path(path: str, root: str | None = None) -> str:
@@ -114,7 +111,7 @@ def innermost_user_location(
     if component == "zero":
         chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
     chosen = chosen or next(
-        (f for f in reversed(frames) if not is_torch_path(f.file)), frames[-1] if frames else None
+        (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None
     )
     if chosen is None:
         return None
@@ -191,10 +188,10 @@ def _hook_installer(fn: Any, known: dict[int, str]) -> str:
     span = code_span(fn)
     module = getattr(target, "__module__", "") or ""
     if "fsdp" in module or (span is not None and span.file.startswith(_FSDP_DIR)):
-        return "fsdp"
+        return Component.FSDP
     if "tensor.parallel" in module:
-        return "tp"
-    return (library_component(span.file) if span is not None else None) or "user"
+        return Component.TP
+    return (library_component(span.file) if span is not None else None) or Component.USER
 
 
 def _hook_name(fn: Any) -> str:
@@ -216,7 +213,7 @@ def find_hooks(model: nn.Module, installed: Iterable[Any]) -> list[FoundHook]:
             known[id(rec.fn.__func__)] = rec.installer
     found = []
     for name, module in model.named_modules():
-        for kind, attr in _HOOK_DICTS:
+        for kind, attr in HOOK_DICTS:
             for fn in getattr(module, attr, {}).values():
                 installer = _hook_installer(fn, known)
                 found.append(
@@ -262,7 +259,7 @@ class Locator:
         for name, module in model.named_modules():
             fqn = clean_fqn(name)
             span = code_span(type(module).forward)
-            if span is not None and not is_torch_path(span.file) and (id(module), fqn) not in seen:
+            if span is not None and not is_torch_file(span.file) and (id(module), fqn) not in seen:
                 seen.add((id(module), fqn))
                 self._spans.append((span, fqn))
         self._hooks: list[tuple[CodeSpan, str, str]] = []
@@ -275,16 +272,18 @@ class Locator:
         self._library_hooks: dict[str, tuple[CodeSpan, str]] = {}
         """Qualified name -> (code, installer) of hooks a library (ZeRO) installed."""
         for name, module in model.named_modules():
-            for _, attr in _HOOK_DICTS:
+            for _, attr in HOOK_DICTS:
                 for fn in getattr(module, attr, {}).values():
                     span = code_span(fn)
-                    if span is None or is_torch_path(span.file) or id(fn) in known:
+                    if span is None or is_torch_file(span.file) or id(fn) in known:
                         continue
                     component = library_component(span.file)
                     if component is not None:
                         self._library_hooks.setdefault(_hook_name(fn), (span, component))
                     if not any(s == span for s, _, _ in self._hooks):
-                        self._hooks.append((span, clean_fqn(name), component or "user-hook"))
+                        self._hooks.append(
+                            (span, clean_fqn(name), component or Component.USER_HOOK)
+                        )
 
     def library_hook(self, qualname: str) -> tuple[Location, str] | None:
         """(definition, installer) of a library hook by its qualified name: a break that *calls*
@@ -300,7 +299,7 @@ class Locator:
         MoE layer and the source line counts tokens per expert (bincount, histc, scatter_add,
         index_add) or updates one of that layer's buffers in place."""
         layers = [path for path in self._moe_buffers if within(module, path)]
-        user = [f for f in frames if not is_torch_path(f.file)]
+        user = [f for f in frames if not is_torch_file(f.file)]
         if not layers or not user:
             return False
         line = source_line(user[-1])
@@ -314,7 +313,9 @@ class Locator:
     def __call__(self, frames: tuple[Location, ...], root: str = "") -> tuple[str, str]:
         """``root``: the FQN of the block being captured; frames are matched inside it only
         (every layer shares its class's code, so code alone cannot tell layers apart)."""
-        component = "model" if any(not is_torch_path(f.file) for f in frames) else "torch"
+        component = (
+            Component.MODEL if any(not is_torch_file(f.file) for f in frames) else Component.TORCH
+        )
         module = root
         for frame in frames:  # outermost first: the last match is the innermost module
             component = library_component(frame.file) or component

@@ -10,6 +10,7 @@ from gbdoctor.causes.gb_registry import (
     RegistryEntry,
     gb_id_for,
     gb_id_from_text,
+    is_torch_file,
     load_registry,
     registry,
     registry_path,
@@ -40,6 +41,7 @@ from gbdoctor.causes.taxonomy import (
 
 __all__ = [
     "KNOWN_ISSUES",
+    "is_torch_file",
     "KnownIssue",
     "known_issue",
     "known_issue_note",

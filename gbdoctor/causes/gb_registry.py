@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,3 +113,26 @@ def gb_id_for(gb_type: str, message: str = "") -> str | None:
     if entry is not None:
         return entry.gb_id
     return gb_id_from_text(message) if message else None
+
+
+@functools.cache
+def _torch_dir() -> str | None:
+    path = registry_path()
+    return _posix(str(path.parent.parent)) + "/" if path else None
+
+
+def _posix(path: str) -> str:
+    return (path or "").replace("\\", "/")
+
+
+_INSTALLED_TORCH = re.compile(r"(^|/)(site|dist)-packages/torch/")
+
+
+def is_torch_file(path: str) -> bool:
+    """``path`` is PyTorch's own code: under the installed torch package (absolute or relative to
+    the working directory), or a report path from ``site-packages/torch/`` on."""
+    root = _torch_dir()
+    posix = _posix(path)
+    if root and (posix.startswith(root) or _posix(os.path.abspath(path)).startswith(root)):
+        return True
+    return bool(_INSTALLED_TORCH.search(posix))

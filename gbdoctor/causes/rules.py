@@ -47,20 +47,19 @@ No torch import here: the registry is read as a JSON file next to the installed 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gbdoctor.causes.gb_registry import gb_id_for, registry_path
+from gbdoctor.causes.gb_registry import gb_id_for, is_torch_file
 from gbdoctor.causes.parse import (
     DATA_DEPENDENT_BRANCHING,
     DATA_DEPENDENT_SPECIALIZATION,
     GUARD_DATA_DEPENDENT,
     parse_reason,
 )
-from gbdoctor.records import Location, RawBreak
+from gbdoctor.records import Component, Location, RawBreak
 
 # --------------------------------------------------------------------------- gb_type groups
 
@@ -184,22 +183,8 @@ def _norm(path: str) -> str:
     return (path or "").replace("\\", "/")
 
 
-@functools.cache
-def _torch_dir() -> str | None:
-    path = registry_path()
-    return _norm(str(path.parent.parent)) + "/" if path else None
-
-
-def _is_torch_file(path: str) -> bool:
-    path = _norm(path)
-    root = _torch_dir()
-    if root and path.startswith(root):
-        return True
-    return bool(re.search(r"(site|dist)-packages/torch/", path))
-
-
 def _user_frames(frames: tuple[Location, ...]) -> tuple[Location, ...]:
-    return tuple(f for f in frames if not _is_torch_file(f.file))
+    return tuple(f for f in frames if not is_torch_file(f.file))
 
 
 def _local_frames(raw: RawBreak) -> tuple[Location, ...]:
@@ -220,7 +205,7 @@ def _trailing_library_frames(raw: RawBreak) -> tuple[Location, ...]:
     for f in reversed(raw.frames):
         out.append(f)
         path = _norm(f.file)
-        if not (_is_torch_file(path) or _FSDP_FILE.search(path) or _ZERO_FILE.search(path)):
+        if not (is_torch_file(path) or _FSDP_FILE.search(path) or _ZERO_FILE.search(path)):
             break
     return tuple(out)
 
@@ -336,7 +321,7 @@ def _ep_dispatch(raw: RawBreak) -> bool:
 def _backward_hook(raw: RawBreak) -> bool:
     if raw.gb_type in _BACKWARD_HOOK:
         return True
-    if raw.component != "user-hook":
+    if raw.component != Component.USER_HOOK:
         return False
     if any("backward" in f.function.lower() for f in _local_frames(raw)):
         return True

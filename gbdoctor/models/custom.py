@@ -19,7 +19,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..errors import SpecError
+from ..errors import SpecError, exception_line
 from ..usercode import defined_in, stdlib_file, stdlib_target
 from .structure import find_blocks
 
@@ -27,13 +27,6 @@ _FORMAT_HINT = "write the factory as 'path/to/file.py:build' or 'package.module:
 _OWN_CODE_HINT = (
     "point the factory at your own file or package, which defines build(flavor) -> nn.Module"
 )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else ""
-    line = line if len(line) <= 200 else line[:197] + "..."
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
 def _split(ref: str) -> tuple[str, str]:
@@ -80,7 +73,7 @@ def _import_file(target: str, ref: str):
     except Exception as exc:
         sys.modules.pop(name, None)
         raise SpecError(
-            f"model factory {ref!r}: importing {path.name} failed with {_first_line(exc)}",
+            f"model factory {ref!r}: importing {path.name} failed with {exception_line(exc, 240)}",
             hint=f"run 'python {path}' to see the full traceback",
         ) from exc
     finally:
@@ -107,12 +100,12 @@ def _import_module(target: str, ref: str):
                 hint="install the package, add it to PYTHONPATH, or give a path ending in .py",
             ) from exc
         raise SpecError(
-            f"model factory {ref!r}: importing {target} failed with {_first_line(exc)}",
+            f"model factory {ref!r}: importing {target} failed with {exception_line(exc, 240)}",
             hint=f"run 'python -c \"import {target}\"' to see the full traceback",
         ) from exc
     except Exception as exc:
         raise SpecError(
-            f"model factory {ref!r}: importing {target} failed with {_first_line(exc)}",
+            f"model factory {ref!r}: importing {target} failed with {exception_line(exc, 240)}",
             hint=f"run 'python -c \"import {target}\"' to see the full traceback",
         ) from exc
 
@@ -175,7 +168,7 @@ def load_factory(ref: str, flavor: str) -> nn.Module:
         model = factory(flavor)
     except Exception as exc:
         raise SpecError(
-            f"model factory {ref!r} raised {_first_line(exc)} for flavor {flavor!r}",
+            f"model factory {ref!r} raised {exception_line(exc, 240)} for flavor {flavor!r}",
             hint="run the factory by hand to see the full traceback",
         ) from exc
     return validate_model(model, ref)

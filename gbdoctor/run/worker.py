@@ -19,7 +19,7 @@ from gbdoctor.capture.counters import (
     record_cudagraph_skips,
 )
 from gbdoctor.capture.recompiles import watch_recompiles
-from gbdoctor.errors import GbdoctorError, SetupError
+from gbdoctor.errors import GbdoctorError, SetupError, exception_line
 from gbdoctor.records import Recompile, Spec
 from gbdoctor.setup.compile import Strategy
 
@@ -70,16 +70,6 @@ class ModeFailure(SetupError):
     """A mode failed on a rank. Raised (not returned) so ``run_ranks`` stops every rank at once;
     the failure kind travels in ``hint`` because ``run_ranks`` re-raises GbdoctorErrors with
     message and hint only. ``run_modes`` turns it into a failed :class:`ModeResult`."""
-
-
-def _first_line(exc: BaseException) -> str:
-    """One line for an exception; wrapped backend errors ("backend='x' raised:") get the
-    wrapped error's line appended."""
-    text = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    first = text[0] if text else ""
-    if first.endswith(":") and len(text) > 1:
-        first = f"{first} {text[1]}"
-    return (f"{type(exc).__name__}: {first}" if first else type(exc).__name__)[:400]
 
 
 def _peak_memory(device_type: str) -> tuple[float, str]:
@@ -140,7 +130,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     except GbdoctorError:
         raise
     except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
-        raise ModeFailure(f"setup: {_first_line(exc)}", "setup") from exc
+        raise ModeFailure(f"setup: {exception_line(exc)}", "setup") from exc
     layout = tuple((s.fqn, s.regions, s.fullgraph_regions) for s in setup.blocks)
 
     warmup_times: list[float] = []
@@ -184,7 +174,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 loss, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
             except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
                 phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
-                raise ModeFailure(f"{phase}: {_first_line(exc)}", failure_kind(exc)) from exc
+                raise ModeFailure(f"{phase}: {exception_line(exc)}", failure_kind(exc)) from exc
             elapsed = time.perf_counter() - start
             (step_times if measured else warmup_times).append(elapsed)
             if measured:

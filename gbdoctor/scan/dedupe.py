@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from gbdoctor.capture import within
+from gbdoctor.capture.locate import HOOK_DICTS
 from gbdoctor.records import BlockKind, BlockReport
 from gbdoctor.setup.apply import Setup
 
@@ -74,15 +75,7 @@ def structure_signature(slot: Any, inputs: Any) -> str:
         buffers = tuple(
             (n, tuple(b.shape), str(b.dtype)) for n, b in module.named_buffers(recurse=False)
         )
-        hooks = tuple(
-            len(getattr(module, a, {}))
-            for a in (
-                "_forward_pre_hooks",
-                "_forward_hooks",
-                "_backward_hooks",
-                "_backward_pre_hooks",
-            )
-        )
+        hooks = tuple(len(getattr(module, attr, {})) for _, attr in HOOK_DICTS)
         items.append((name, type(module).__qualname__, params, buffers, hooks))
     return hashlib.sha256(repr(items).encode()).hexdigest()[:16]
 
