@@ -85,6 +85,16 @@ StrategyOpt = Annotated[
 ]
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors")]
+
+
+def format_opt(command: str) -> Any:
+    """``--format/-f`` for ``command``, its help listing the values ``report.COMMAND_FORMATS``
+    registers for it."""
+    from gbdoctor.report import COMMAND_FORMATS
+
+    return Annotated[str, typer.Option("--format", "-f", help="|".join(COMMAND_FORMATS[command]))]
+
+
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Exit 1 when any break, event or error is found")
 ]
@@ -228,12 +238,14 @@ def _emit(text: str, output: Path | None) -> None:
         err_console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _preflight(format: str | None, formats: tuple[str, ...], *outputs: Path | None) -> None:
+def _preflight(format: str | None, command: str, *outputs: Path | None) -> None:
     """Check the options that need no model before any work: the format name and every output
     location (a bad one is exit 2 in a second, instead of a lost scan)."""
     from gbdoctor.errors import SpecError
     from gbdoctor.records.io import check_writable
+    from gbdoctor.report import COMMAND_FORMATS
 
+    formats = COMMAND_FORMATS.get(command, ())
     if format is not None and format not in formats:
         raise SpecError(f"unknown --format {format!r}", hint=f"valid formats: {', '.join(formats)}")
     for path in outputs:
@@ -340,9 +352,7 @@ def scan(
     plan: Annotated[
         Path | None, typer.Option("--plan", help="Scan with a gbdoctor plan.json applied")
     ] = None,
-    format: Annotated[
-        str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
-    ] = "table",
+    format: format_opt("scan") = "table",
     output: OutputOpt = None,
     strict: StrictOpt = False,
     simulate: SimulateOpt = False,
@@ -362,10 +372,10 @@ def scan(
     debug: DebugOpt = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
-    from gbdoctor.report import FORMAT_NAMES, render
+    from gbdoctor.report import render
     from gbdoctor.summary import has_findings
 
-    _preflight(format, FORMAT_NAMES, output)
+    _preflight(format, "scan", output)
     args = spec_args or []
     if torchtitan is not None:
         if strategy is not None or plan is not None or simulate or world_size is not None:
@@ -425,7 +435,7 @@ def inspect(
     spec: SpecArg,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    format: format_opt("inspect") = "table",
     output: OutputOpt = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
@@ -435,7 +445,7 @@ def inspect(
     from gbdoctor.report.inspect import render_inspect
     from gbdoctor.scan.inspect import inspect_spec
 
-    _preflight(format, ("table", "json"), output)
+    _preflight(format, "inspect", output)
     loaded = _load(spec, set_, simulate=simulate, world_size=world_size)
     with contextlib.redirect_stdout(sys.stderr):
         report = inspect_spec(loaded, strategy=_strategy(loaded, strategy, None))
@@ -447,7 +457,7 @@ def inspect(
 @handle_errors
 def causes(
     cause_id: Annotated[str | None, typer.Argument(help="Explain one cause id")] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    format: format_opt("causes") = "table",
     cudagraphs: Annotated[
         bool, typer.Option("--cudagraphs", help="List the CUDA-graph blocker kinds and their fixes")
     ] = False,
@@ -456,6 +466,7 @@ def causes(
     """List the cause ids gbdoctor classifies breaks into, or explain one."""
     from gbdoctor.report.causes_table import render_causes, render_cudagraph_blockers
 
+    _preflight(format, "causes")
     _emit(
         render_cudagraph_blockers(format) if cudagraphs else render_causes(cause_id, format), None
     )
@@ -483,7 +494,7 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    _preflight(None, (), output)
+    _preflight(None, "plan", output)
     loaded = _load(spec, set_, simulate=simulate, world_size=world_size)
     with _ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
@@ -548,7 +559,7 @@ def run(
     nproc: Annotated[
         int | None, typer.Option("--nproc", help="Ranks (must match the spec's world size)")
     ] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json|markdown")] = "table",
+    format: format_opt("run") = "table",
     csv: Annotated[
         Path | None, typer.Option("--csv", help="Also write one CSV row per mode")
     ] = None,
@@ -563,10 +574,10 @@ def run(
     It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
     memory estimate and how to shrink it."""
     from gbdoctor.report.plan_table import render_plan_table
-    from gbdoctor.report.run_formats import RUN_FORMAT_NAMES, render_run, write_csv
+    from gbdoctor.report.run_formats import render_run, write_csv
     from gbdoctor.run import run_modes
 
-    _preflight(format, RUN_FORMAT_NAMES, output, csv)
+    _preflight(format, "run", output, csv)
     loaded = _load(spec, set_, world_size=world_size)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
@@ -633,9 +644,7 @@ def gate(
     ] = False,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
-    format: Annotated[
-        str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
-    ] = "table",
+    format: format_opt("gate") = "table",
     output: OutputOpt = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
@@ -652,12 +661,12 @@ def gate(
         pinned_dynamo,
     )
     from gbdoctor.records.io import check_writable, locked, write_atomic
-    from gbdoctor.report import GATE_FORMAT_NAMES, render_gate
+    from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
     if not specs and not scan_json:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    _preflight(format, GATE_FORMAT_NAMES, output)
+    _preflight(format, "gate", output)
     # Everything that can be wrong with the inputs is found before the first scan starts.
     if update_baseline:
         check_writable(baseline, "baseline")
@@ -713,18 +722,16 @@ def diff(
     old: Annotated[Path, typer.Argument(help="Earlier `scan --format json` output")],
     new: Annotated[Path, typer.Argument(help="Later `scan --format json` output")],
     strict_improvements: Annotated[bool, typer.Option("--strict-improvements")] = False,
-    format: Annotated[
-        str, typer.Option("--format", "-f", help="table|json|markdown|junit|github")
-    ] = "table",
+    format: format_opt("diff") = "table",
     output: OutputOpt = None,
     debug: DebugOpt = False,
 ) -> None:
     """Compare two saved scans (e.g. before/after a torch upgrade) with the gate's rules."""
     from gbdoctor.gate import diff_reports
-    from gbdoctor.report import GATE_FORMAT_NAMES, render_gate
+    from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
-    _preflight(format, GATE_FORMAT_NAMES, output)
+    _preflight(format, "diff", output)
     result = diff_reports(
         load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements
     )

@@ -9,6 +9,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from gbdoctor.records.enums import OutputFormat
+
+_SCAN = (
+    OutputFormat.TABLE,
+    OutputFormat.JSON,
+    OutputFormat.MARKDOWN,
+    OutputFormat.JUNIT,
+    OutputFormat.GITHUB,
+)
+COMMAND_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
+    "scan": _SCAN,
+    "inspect": (OutputFormat.TABLE, OutputFormat.JSON),
+    "causes": (OutputFormat.TABLE, OutputFormat.JSON),
+    "plan": (),
+    "run": (OutputFormat.TABLE, OutputFormat.JSON, OutputFormat.MARKDOWN),
+    "gate": _SCAN,
+    "diff": _SCAN,
+}
+"""The one registry of ``--format`` values per command (the CLI's option and its check read
+it without importing a formatter; a test checks it against the formatter registries)."""
+
 _LAZY = {
     "FORMATS": "base",
     "FORMAT_NAMES": "base",

@@ -214,3 +214,12 @@ def test_events_without_location() -> None:
     report = make_report((make_block("layers.0", "dense", events=(event,), graph_count=0),))
     assert "frame_skipped" in render(report, "table")
     assert "::error title=gbdoctor%3A frame_skipped::" in render(report, "github")
+
+
+def test_the_command_format_registry_matches_the_formatters():
+    from gbdoctor.report import COMMAND_FORMATS, FORMAT_NAMES, GATE_FORMAT_NAMES
+    from gbdoctor.report.run_formats import RUN_FORMAT_NAMES
+
+    assert COMMAND_FORMATS["scan"] == FORMAT_NAMES
+    assert COMMAND_FORMATS["gate"] == COMMAND_FORMATS["diff"] == GATE_FORMAT_NAMES
+    assert COMMAND_FORMATS["run"] == RUN_FORMAT_NAMES
