@@ -145,3 +145,33 @@ def test_every_planted_break_is_removed_or_isolated_and_proven(flavor, tmp_path)
     assert kind.breaks_before >= 1 and kind.breaks_after == 0 and kind.verified, kind
     # either a flag removed it (block stays whole) or the breaking code stays eager
     assert plan.flags or kind.mode == "children"
+
+
+@pytest.mark.parametrize(
+    "cause, flags",
+    [
+        # data-dependent lists both shape flags among its plan actions: both are set
+        ("data-dependent", {"capture_scalar_outputs", "capture_dynamic_output_shape_ops"}),
+        # ep-dispatch lists only capture_scalar_outputs: the other flag is not the planner's to set
+        ("ep-dispatch", {"capture_scalar_outputs"}),
+        # explicit (torch._dynamo.graph_break()) allows no flag: the same gb_type is isolated
+        ("explicit", set()),
+    ],
+)
+def test_the_planner_applies_only_the_flags_the_cause_allows(cause, flags):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "report"))
+    from scan_factory import make_block, make_break
+
+    from gbdoctor.plan.planner import _absorb, _Candidate
+
+    brk = make_break(
+        cause, gb_type="Dynamic shape operator", module="layers.1.moe.router", component="model"
+    )
+    cand = _Candidate(kind="moe", layers=("layers.1",), ac_wrapped=False, is_moe=True)
+    chosen: set[str] = set()
+    _absorb(cand, make_block("layers.1", "moe", breaks=(brk,)), chosen)
+    assert chosen == flags
+    assert ("isolate-child" in cand.actions) == (not flags)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gbdoctor.capture import within
-from gbdoctor.causes import flags_removing
+from gbdoctor.causes import flags_removing, plan_actions_for
 from gbdoctor.errors import BaselineError, SpecError
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
@@ -234,7 +234,14 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
     cand.reasons = cand.reasons or []
     cand.actions = cand.actions or []
     for brk in block.breaks:
-        wanted = flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
+        # The gb_type says which flag removes the break; the cause's taxonomy entry says which
+        # fixes the planner may apply for it (``Cause.plan_actions``).
+        allowed = plan_actions_for(brk.cause)
+        wanted = tuple(
+            flag
+            for flag in flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
+            if f"flag:{flag}" in allowed
+        )
         if wanted and not set(wanted) <= flags:
             flags.update(wanted)
             cand.actions.append("flag:" + "+".join(wanted))
