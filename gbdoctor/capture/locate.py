@@ -50,12 +50,12 @@ _NVTX_FILE = os.path.join(_DEEPSPEED_DIR, "utils", "nvtx.py") if _DEEPSPEED_DIR 
 _LIBRARY_COMPONENTS: tuple[tuple[str, str], ...] = tuple(
     (path, component)
     for path, component in (
-        (_FSDP_DIR, "fsdp"),
-        *((path, "tp") for path in _TP_CODE),
+        (_FSDP_DIR, Component.FSDP),
+        *((path, Component.TP) for path in _TP_CODE),
         # ZeRO's parameter gather/release and pre-backward hooks (stage 3) and its coordinator.
         (
             os.path.join(_DEEPSPEED_DIR, "runtime", "zero") + os.sep if _DEEPSPEED_DIR else "",
-            "zero",
+            Component.ZERO,
         ),
     )
     if path
@@ -108,7 +108,7 @@ def innermost_user_location(
     with a portable path. For a library component (``zero``) the innermost frame of that
     library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
     chosen = None
-    if component == "zero":
+    if component == Component.ZERO:
         chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
     chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None

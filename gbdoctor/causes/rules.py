@@ -292,7 +292,7 @@ def recompile_cause(reason: str) -> str | None:
 
 
 def _zero_hook(raw: RawBreak) -> bool:
-    if raw.component == "zero":
+    if raw.component == Component.ZERO:
         return True
     return any(_ZERO_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw))
 
