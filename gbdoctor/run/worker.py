@@ -19,6 +19,7 @@ from gbdoctor.capture.counters import (
     record_cudagraph_skips,
 )
 from gbdoctor.capture.recompiles import watch_recompiles
+from gbdoctor.causes import known_issue_note
 from gbdoctor.errors import GbdoctorError, SetupError, exception_line
 from gbdoctor.records import Recompile, Spec
 from gbdoctor.setup.compile import Strategy
@@ -174,7 +175,10 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 loss, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
             except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
                 phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
-                raise ModeFailure(f"{phase}: {exception_line(exc)}", failure_kind(exc)) from exc
+                line = exception_line(exc)
+                raise ModeFailure(
+                    f"{phase}: {line}{known_issue_note(line)}", failure_kind(exc)
+                ) from exc
             elapsed = time.perf_counter() - start
             (step_times if measured else warmup_times).append(elapsed)
             if measured:
