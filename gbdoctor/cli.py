@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
-from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError
+from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError, exception_line
 
 # typer vendors click (``typer._click``) in recent releases and uses the real package in older
 # ones: find click's base exception through a public class instead of importing either.
@@ -47,6 +47,8 @@ class _OneLineErrors(TyperGroup):
             if not standalone_mode:
                 raise
             exc.show()
+            if getattr(exc, "option_name", None) == "--debug":
+                _say("Hint: --debug is an option of gbdoctor itself: gbdoctor --debug COMMAND ...")
             sys.exit(exc.exit_code)
         except typer.Abort:
             if not standalone_mode:
@@ -84,7 +86,6 @@ StrategyOpt = Annotated[
     ),
 ]
 OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report to FILE")]
-DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors")]
 
 
 def format_opt(command: str) -> Any:
@@ -117,8 +118,15 @@ WorldSizeOpt = Annotated[
 ]
 
 
-def _debug_enabled(debug: bool) -> bool:
-    return debug or os.environ.get(DEBUG_ENV) == "1"
+def _debug_enabled() -> bool:
+    """``gbdoctor --debug COMMAND`` (the app option, recorded by the app callback on every
+    invocation) or ``GBDOCTOR_DEBUG=1``."""
+    return _APP_DEBUG[0] or os.environ.get(DEBUG_ENV) == "1"
+
+
+_APP_DEBUG = [False]
+"""The app's ``--debug``, set by ``_root`` each time the CLI runs (typer gives the command no
+click context to read it from)."""
 
 
 @contextlib.contextmanager
@@ -166,7 +174,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from gbdoctor.usercode import exits_guarded
 
-        debug = _debug_enabled(bool(kwargs.get("debug")))
+        debug = _debug_enabled()
         try:
             with _debug_env(debug), exits_guarded():
                 return fn(*args, **kwargs)
@@ -196,9 +204,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:  # noqa: BLE001 - last line of defence: no raw traceback
             if debug:
                 err_console.print(traceback.format_exc(), markup=False, highlight=False)
-            first = (str(exc).strip().splitlines() or [""])[0]
-            _say(f"Error: internal error: {type(exc).__name__}: {first}")
-            _say("Hint: rerun with --debug and report the traceback")
+            _say(f"Error: internal error: {exception_line(exc)}")
+            _say("Hint: rerun with `gbdoctor --debug ...` and report the traceback")
             raise typer.Exit(int(ExitCode.ENVIRONMENT)) from None
 
     return wrapper
@@ -323,8 +330,16 @@ def _root(
             help="Show gbdoctor, torch and torchtitan versions, and those tested",
         ),
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show tracebacks on errors (every command; before it: gbdoctor --debug scan ...)",
+        ),
+    ] = False,
 ) -> None:
     """Find, explain, fix and gate torch.compile graph breaks under real training setups."""
+    _APP_DEBUG[0] = debug
 
 
 @app.command(context_settings={"ignore_unknown_options": True})
@@ -369,7 +384,6 @@ def scan(
             show_default=False,
         ),
     ] = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
     from gbdoctor.report import render
@@ -439,7 +453,6 @@ def inspect(
     output: OutputOpt = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
     from gbdoctor.report.inspect import render_inspect
@@ -461,7 +474,6 @@ def causes(
     cudagraphs: Annotated[
         bool, typer.Option("--cudagraphs", help="List the CUDA-graph blocker kinds and their fixes")
     ] = False,
-    debug: DebugOpt = False,
 ) -> None:
     """List the cause ids gbdoctor classifies breaks into, or explain one."""
     from gbdoctor.report.causes_table import render_causes, render_cudagraph_blockers
@@ -483,7 +495,6 @@ def plan(
     output: OutputOpt = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Propose a per-block compile/wrapping plan, verify it by re-scanning, emit it.
 
@@ -566,7 +577,6 @@ def run(
     output: OutputOpt = None,
     strict: StrictOpt = False,
     world_size: WorldSizeOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Make and verify the plan, then train for real under eager, the torchtitan baselines and
     the plan; compare throughput, each ratio with its spread over rounds.
@@ -648,7 +658,6 @@ def gate(
     output: OutputOpt = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
     from gbdoctor.gate import (
@@ -724,7 +733,6 @@ def diff(
     strict_improvements: Annotated[bool, typer.Option("--strict-improvements")] = False,
     format: format_opt("diff") = "table",
     output: OutputOpt = None,
-    debug: DebugOpt = False,
 ) -> None:
     """Compare two saved scans (e.g. before/after a torch upgrade) with the gate's rules."""
     from gbdoctor.gate import diff_reports

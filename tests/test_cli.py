@@ -162,7 +162,13 @@ def test_debug_shows_the_traceback_of_a_block_that_does_not_trace():
     """The report keeps a block's error to one line; --debug adds its traceback on stderr."""
     spec = ("fixtures/llama3_debug.toml", "--set", "model.flavor=debugmodel_flex_attn")
     quiet = _run("scan", *spec, "--format", "json")
-    loud = _run("scan", *spec, "--format", "json", "--debug")
+    loud = _run("--debug", "scan", *spec, "--format", "json")
     assert "does not trace" not in quiet.stderr
     assert "does not trace:" in loud.stderr and "Traceback (most recent call last)" in loud.stderr
     assert json.loads(loud.stdout)["blocks"] == json.loads(quiet.stdout)["blocks"]
+
+
+def test_debug_after_the_command_says_where_it_goes():
+    result = _run("causes", "--debug")
+    assert result.exit_code == 2
+    assert "gbdoctor --debug COMMAND" in result.stderr

@@ -80,7 +80,7 @@ def build_and_setup(
     except (ValueError, AssertionError, RuntimeError) as exc:
         raise SetupError(
             f"could not apply the training setup: {exc}",
-            hint="check the parallel degrees and the model's structure (--debug for details)",
+            hint="check the parallel degrees and the model's structure (`gbdoctor --debug ...` for details)",
         ) from exc
     return setup, meshes
 
@@ -269,7 +269,7 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
         if failures:
             notes.append("; ".join(failures) + f"; blocks were captured after {name}")
         return
-    hint = "fix the model or the setup first (run with --debug for the traceback)"
+    hint = "fix the model or the setup first (run `gbdoctor --debug ...` for the traceback)"
     issue = known_issue(failures[-1])
     if issue is not None:
         hint = f"a known upstream bug ({issue.link}); {issue.workaround}"

@@ -284,7 +284,7 @@ def apply_deepspeed(
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise SetupError(
                 f"deepspeed.initialize failed: {type(exc).__name__}: {first}",
-                hint="check the DeepSpeed config (--debug for the traceback)",
+                hint="check the DeepSpeed config (`gbdoctor --debug ...` for the traceback)",
             ) from exc
     module = engine.module
     slots = []

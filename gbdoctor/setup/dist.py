@@ -402,7 +402,7 @@ class _Job:
             return SetupError(
                 f"rank {r} {_how_it_ended(code)} before reporting a result",
                 hint="the rank was killed (out of memory?), crashed in native code, or user code "
-                "ended the process; run with --debug",
+                "ended the process; run `gbdoctor --debug ...`",
             )
         failed = sorted(
             ((m[-1], r, m) for r, m in self.messages.items() if m[0] != "ok"), key=lambda t: t[:2]
@@ -415,7 +415,9 @@ class _Job:
                 cls = SetupError
             return cls(f"rank {rank}: {message}", hint)
         detail, tb = msg[2], msg[3]
-        err = SetupError(f"rank {rank} failed: {detail}", hint="run with --debug for the traceback")
+        err = SetupError(
+            f"rank {rank} failed: {detail}", hint="run `gbdoctor --debug ...` for the traceback"
+        )
         err.remote_traceback = tb  # type: ignore[attr-defined]
         return err
 
@@ -473,7 +475,7 @@ def run_ranks(
                 missing = job.pending()
                 raise SetupError(
                     f"rank(s) {missing} did not finish within {timeout_s:g} s",
-                    hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use --debug",
+                    hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use `gbdoctor --debug ...`",
                 )
             job.poll(min(1.0, remaining))
         if job.failures():
