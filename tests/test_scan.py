@@ -163,3 +163,14 @@ def test_op_sac_around_a_breaking_moe_block_falls_back_to_eager():
             assert all(b.in_checkpoint for b in block.breaks) and block.breaks
         else:
             assert block.kind == "dense+sac" and not block.breaks and not block.events
+
+
+def test_library_paths_are_portable_even_with_the_venv_inside_the_repository(tmp_path):
+    """CI creates ``.venv`` inside the checkout: an installed library's file is still reported
+    from ``site-packages/`` on, never as a path into the repository's virtual environment."""
+    from gbdoctor.capture.locate import portable_path
+
+    lib = tmp_path / ".venv/lib/python3.11/site-packages/deepspeed/runtime/zero/hook.py"
+    assert portable_path(str(lib), str(tmp_path)) == "deepspeed/runtime/zero/hook.py"
+    own = tmp_path / "models" / "m.py"
+    assert portable_path(str(own), str(tmp_path)) == "models/m.py"

@@ -87,17 +87,18 @@ def clean_fqn(name: str) -> str:
 
 
 def portable_path(path: str, root: str | None = None) -> str:
-    """Report paths that depend neither on the machine nor on the working directory: relative to
-    ``root`` (the spec's repository, ``Spec.root``) when under it, so CI annotations land on the
-    diff; else from ``site-packages/`` on; else absolute. Without a root, the working directory
-    stands in (library callers that have no spec)."""
+    """Report paths that depend neither on the machine nor on the working directory: an
+    installed library's file from ``site-packages/`` on (also when the virtual environment lives
+    inside the repository, as CI's ``.venv`` does); else relative to ``root`` (the spec's
+    repository, ``Spec.root``) when under it, so CI annotations land on the diff; else absolute.
+    Without a root, the working directory stands in (library callers that have no spec)."""
     full = os.path.abspath(path)
-    base = os.path.abspath(root if root else os.getcwd()) + os.sep
-    if full.startswith(base):
-        return os.path.relpath(full, base).replace(os.sep, "/")
     marker = os.sep + "site-packages" + os.sep
     if marker in full:
         return full.split(marker, 1)[1].replace(os.sep, "/")
+    base = os.path.abspath(root if root else os.getcwd()) + os.sep
+    if full.startswith(base):
+        return os.path.relpath(full, base).replace(os.sep, "/")
     return full
 
 
