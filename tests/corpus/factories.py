@@ -3,7 +3,9 @@
 ``build(flavor)`` picks the misbehaviour from the flavor. ``<what>-rank<N>`` misbehaves on rank N
 only (the others build the clean tiny model); ``<what>`` misbehaves everywhere. The fault tests
 set ``GBDOCTOR_FAULT_DIR``: every rank then writes ``rank<N>.ready`` there once it is building,
-so a test knows when to send its signal.
+so a test knows when to send its signal. The faults under test are the ranks': the main process
+also builds the model once, on the meta device, for the memory estimate that decides between real
+ranks and a simulation (``scan.estimate``); there it builds the clean tiny model.
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def _misbehave(what: str) -> object:
 
 
 def build(flavor: str) -> object:
+    if os.environ.get("GBDOCTOR_FAULT_DIR") and "RANK" not in os.environ:
+        return tiny_custom.build("tiny")  # the main process's meta build for the estimate
     _mark_ready()
     what, _, rank = flavor.partition("-rank")
     if rank and int(rank) != _rank():
