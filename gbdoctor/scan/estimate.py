@@ -372,6 +372,7 @@ def step_flops(spec: Spec, model: Any, batch: int, seq: int) -> float:
     from gbdoctor.models.structure import hidden_size
 
     tokens = batch * seq
+    top_k = _top_k(spec)
     per_token = 0.0
     for module in model.modules():
         if isinstance(module, nn.Embedding):
@@ -380,7 +381,7 @@ def step_flops(spec: Spec, model: Any, batch: int, seq: int) -> float:
             if param.dim() == 2:
                 per_token += 2 * param.numel()
             elif param.dim() == 3:  # (experts, in, out): each token visits top_k experts
-                per_token += 2 * param.numel() * _top_k(spec) / param.shape[0]
+                per_token += 2 * param.numel() * top_k / param.shape[0]
     try:
         layers = len(block_container(model))
     except Exception:  # noqa: BLE001 - no repeated-block container found: no attention term
