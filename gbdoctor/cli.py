@@ -65,6 +65,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts name TOML tables ("[training]"): plain text, not Rich markup, which would eat them.
+    rich_markup_mode=None,
     help="Find, explain, fix and gate torch.compile graph breaks under real training setups.",
 )
 err_console = Console(stderr=True)

@@ -101,6 +101,8 @@ def test_llama4_ep2_plan_beats_titan_v020_coverage():
     assert kinds["dense"].mode == "block" and kinds["dense"].breaks_after == 0
     moe = kinds["moe"]
     assert moe.mode == "children" and moe.eager == ("moe.experts",)
+    # The experts' FSDP/EP hooks stay eager; their own forward is compiled between them.
+    assert moe.compiled_forward == ("moe.experts",)
     assert moe.breaks_before > 0 and moe.breaks_after == 0
     # v0.2.0 compiled MoE blocks with fullgraph=False: no op was in a fullgraph region.
     assert moe.fullgraph_share_before == 0.0 and moe.fullgraph_share_after > 0.5
@@ -120,6 +122,10 @@ def test_sac_scenario_splits_the_wrapping_and_keeps_attention_compiled():
         and not block.breaks
         and not block.events
     )
+    # The experts' grouped matmuls are captured too: their forward is a fullgraph region of its
+    # own, with FSDP's all-gather and EP's dispatch running eagerly around it.
+    experts = f"{block.fqn}.moe.experts.forward"
+    assert experts in block.fullgraph_regions and dict(block.region_ops)[experts] > 0
 
 
 def _planted_flavors():
@@ -175,3 +181,38 @@ def test_the_planner_applies_only_the_flags_the_cause_allows(cause, flags):
     _absorb(cand, make_block("layers.1", "moe", breaks=(brk,)), chosen)
     assert chosen == flags
     assert ("isolate-child" in cand.actions) == (not flags)
+
+
+def test_a_hook_break_compiles_the_module_forward_until_the_forward_itself_breaks():
+    """FSDP's hook on the expert store is the break, not the experts' computation: the planner
+    isolates the module but compiles its own forward between the hooks. When the verification
+    re-scan finds a break inside that forward region, the planner leaves the module eager."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "report"))
+    from scan_factory import make_block, make_break
+
+    from gbdoctor.plan.planner import _absorb, _Candidate
+
+    cand = _Candidate(kind="moe", layers=("layers.1",), ac_wrapped=False, is_moe=True)
+    hook = make_break("fsdp-hook", module="layers.1.moe", region="layers.1")
+    _absorb(cand, make_block("layers.1", "moe", breaks=(hook,)), set())
+    recipe = cand.recipe()
+    assert recipe.mode == "children" and recipe.eager == ("moe.experts",)
+    assert recipe.compiled_forward == ("moe.experts",)
+    assert "compile-between-hooks" in cand.actions
+
+    inside = make_break(
+        "unsupported",
+        gb_type="Unsupported context manager",
+        module="layers.1.moe.experts",
+        component="model",
+        region="layers.1.moe.experts.forward",
+    )
+    _absorb(cand, make_block("layers.1", "moe", breaks=(inside,)), set())
+    recipe = cand.recipe()
+    assert recipe.eager == ("moe.experts",) and recipe.compiled_forward == ()
+    # A second hook break on the same module does not compile the forward again.
+    _absorb(cand, make_block("layers.1", "moe", breaks=(hook,)), set())
+    assert cand.recipe().compiled_forward == ()

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from repo_paths import REPO
 
 from gbdoctor.capture.recompiles import parse_recompile
 from gbdoctor.errors import SpecError
@@ -157,6 +159,44 @@ def test_a_failing_mode_is_recorded_and_the_others_run(tmp_path):
     assert report.best_baseline is None
     assert any(f.startswith("block-fullgraph failed (graph-break)") for f in report.findings)
     assert "FAILED" in render_run(report, "table")
+
+
+def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
+    """The spec's per-op SAC with FSDP + EP fails eager's first step with pytorch/torchtitan#3427
+    (real torch, real SAC replay): the run retries the baseline with the issue's config workaround
+    and says so, instead of leaving every baseline FAILED."""
+    spec = load_spec(REPO / "fixtures" / "llama4_debug_ep2.toml")
+    assert spec.activation_checkpoint.mode == "selective"
+    report = run_modes(
+        spec,
+        modes=["eager"],
+        make_plan=False,
+        steps=1,
+        warmup=1,
+        rounds=1,
+        backend="aot_eager",
+        batch_size=1,
+        seq_len=32,
+    )
+    (eager,) = report.modes
+    assert eager.status == "ok" and eager.tokens_per_s > 0
+    assert "activation_checkpoint.mode=full" in eager.workaround
+    assert "pytorch/torchtitan/issues/3427" in eager.workaround
+    text = render_run(report, "table")
+    assert "eager (workaround)" in text and "3427" in text
+    # A plan is keyed by the spec's own block kinds (their AC labels): it is never retried
+    # under another AC mode, and an error that is no known bug is never retried at all.
+    from gbdoctor.run.driver import _retry_with_workaround
+
+    error = eager.workaround.split("(", 1)[0]
+    plan_like = replace(STRATEGIES["titan-v0.2.2"], per_kind=(("moe+sac", STRATEGIES["none"].moe),))
+    bug = (
+        "profiler._record_function_enter_new.default invocation index 3 encountered during "
+        "backward but not found in storage"
+    )
+    assert _retry_with_workaround(bug, STRATEGIES["none"]) is not None
+    assert _retry_with_workaround(bug, plan_like) is None
+    assert _retry_with_workaround(error, STRATEGIES["none"]) is None
 
 
 def test_a_timeout_is_a_failed_mode(tmp_path):
@@ -347,20 +387,28 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
     losses = [5.0, 4.9, 4.8]
     raw = [
-        ("eager", STRATEGIES["none"], [[_rank([1.0, 1.2, 0.8], losses)]], None),
+        ("eager", STRATEGIES["none"], [[_rank([1.0, 1.2, 0.8], losses)]], None, ""),
         (
             "titan-v0.2.0",
             STRATEGIES["titan-v0.2.0"],
             [[_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))]],
             None,
+            "",
         ),
         (
             "block-fullgraph",
             STRATEGIES["block"],
             [[_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))]],
             None,
+            "",
         ),
-        ("titan-v0.2.2", STRATEGIES["titan-v0.2.2"], None, ("warm-up step 0: boom", "runtime")),
+        (
+            "titan-v0.2.2",
+            STRATEGIES["titan-v0.2.2"],
+            None,
+            ("warm-up step 0: boom", "runtime"),
+            "",
+        ),
     ]
     report = build_report(
         spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x"
@@ -387,7 +435,7 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     assert by["block-fullgraph"].forward_s == pytest.approx(0.4 * 0.3)
     nan = build_report(
         spec,
-        [("eager", STRATEGIES["none"], [[_rank([1.0], [math.nan])]], None)],
+        [("eager", STRATEGIES["none"], [[_rank([1.0], [math.nan])]], None, "")],
         device="cpu",
         backend="aot_eager",
         warmup=1,
@@ -407,7 +455,7 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         report, "json"
     )  # byte-stable for one report
     data = json.loads(text)
-    assert data["schema_version"] == 2 and [m["mode"] for m in data["modes"]] == [
+    assert data["schema_version"] == 3 and [m["mode"] for m in data["modes"]] == [
         "eager",
         "block-fullgraph",
     ]
@@ -428,8 +476,13 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         "backward_s",
         "optimizer_s",
         "mfu",
+        "workaround",
     } <= set(data["modes"][0])
     assert report_from_json(text) == report
+    # A version-2 report (before ``workaround``) still reads.
+    v2 = dict(data, schema_version=2)
+    v2["modes"] = [{k: v for k, v in m.items() if k != "workaround"} for m in data["modes"]]
+    assert report_from_json(json.dumps(v2)).modes[0].workaround == ""
     # A version-1 report (before rounds, spreads and the phase split) still reads.
     old = {k: v for k, v in data.items() if k not in {"rounds", "shape_note", "plan_kinds"}}
     old["schema_version"] = 1
@@ -508,6 +561,7 @@ def _rounds_mode(mode, strategy, round_times):
         STRATEGIES[strategy],
         [[_rank(times, [5.0] * len(times))] for times in round_times],
         None,
+        "",
     )
 
 
@@ -558,7 +612,7 @@ def test_ratios_carry_their_round_spread_and_noise_is_never_a_speedup(tmp_path):
 
 def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
-    raw = [("eager", STRATEGIES["none"], [[_rank([1.0, 3.5, 1.1], [5.0, 4.9, 4.8])]], None)]
+    raw = [("eager", STRATEGIES["none"], [[_rank([1.0, 3.5, 1.1], [5.0, 4.9, 4.8])]], None, "")]
     report = build_report(
         spec,
         raw,

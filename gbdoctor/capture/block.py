@@ -206,13 +206,14 @@ def reset_fsdp_state(model: nn.Module) -> None:
                 module.reshard()
 
 
-def tokens_dynamic(compiled: Any) -> Any:
-    """``compiled(w1, w2, w3, x, counts)`` with ``x``'s token dimension marked dynamic first
-    (torchtitan v0.2.2's ``_run_experts_grouped_mm_dynamic`` wrapper under EP)."""
+def tokens_dynamic(compiled: Any, *, arg: int) -> Any:
+    """``compiled`` with dimension 0 (the tokens) of positional argument ``arg`` marked dynamic
+    before each call (torchtitan v0.2.2's ``_run_experts_grouped_mm_dynamic`` wrapper under EP),
+    so that a new token count does not recompile."""
     import torch._dynamo
 
-    def call(w1: Any, w2: Any, w3: Any, x: Any, num_tokens_per_expert: Any) -> Any:
-        torch._dynamo.mark_dynamic(x, 0)
-        return compiled(w1, w2, w3, x, num_tokens_per_expert)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        torch._dynamo.mark_dynamic(args[arg], 0)
+        return compiled(*args, **kwargs)
 
     return call

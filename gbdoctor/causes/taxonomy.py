@@ -35,8 +35,9 @@ PLAN_ACTIONS = (
 - ``flag:<name>``: set ``torch._dynamo.config.<name> = True``;
 - ``move-out-of-region``: move the offending code (hook, update) outside the compiled region;
 - ``model-change``: only the model author can fix it (edit the code);
-- ``compile-between-hooks``: compile each block's ``forward`` (not its ``__call__``) with the
-  block as a ZeRO-3 leaf module, so the sharding hooks run eagerly around the compiled region.
+- ``compile-between-hooks``: compile a hooked module's ``forward`` (not its ``__call__``), so its
+  hooks run eagerly around the compiled region: a ZeRO-3 leaf block's forward, or the forward of
+  an expert store that FSDP (its own ``fully_shard``) and EP (dispatch/combine) hook into.
 """
 
 
@@ -120,7 +121,7 @@ _CAUSE_LIST = (
         ),
         owner="training-setup",
         effort="easy",
-        plan_actions=("isolate-child", "move-out-of-region"),
+        plan_actions=("isolate-child", "compile-between-hooks", "move-out-of-region"),
     ),
     Cause(
         id="ep-dispatch",
@@ -137,7 +138,7 @@ _CAUSE_LIST = (
         ),
         owner="training-setup",
         effort="easy",
-        plan_actions=("flag:capture_scalar_outputs", "isolate-child"),
+        plan_actions=("flag:capture_scalar_outputs", "isolate-child", "compile-between-hooks"),
     ),
     Cause(
         id="moe-load-balancing",

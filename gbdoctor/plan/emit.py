@@ -25,6 +25,7 @@ def _layer_recipes(plan: Plan) -> dict[str, dict[str, object]]:
                 "mode": kind.mode,
                 "fullgraph": kind.fullgraph,
                 "eager": list(kind.eager),
+                "compiled_forward": list(kind.compiled_forward),
                 "split_ac": kind.split_ac,
                 "cudagraphs": kind.cudagraph_ready,
             }
@@ -70,6 +71,17 @@ def _compile_children(parent, prefix, eager, fullgraph, backend, mode=None):
         setattr(parent, name, torch.compile(child, backend=backend, fullgraph=fullgraph, mode=mode))
 
 
+def _compile_forwards(block, paths, fullgraph, backend, mode=None):
+    """Compile each listed eager module's own forward: nn.Module.__call__ still runs its hooks
+    (FSDP all-gather, EP dispatch/combine) eagerly around the compiled computation."""
+    for path in paths:
+        module = block
+        for part in path.split("."):
+            module = getattr(module, part)
+            module = getattr(module, "_checkpoint_wrapped_module", module)
+        module.forward = torch.compile(module.forward, backend=backend, fullgraph=fullgraph, mode=mode)
+
+
 def apply_split_ac(model, wrap, wrap_plain=None):
     """For blocks the plan splits: wrap each child with ``wrap`` (e.g. your SAC wrapper) instead
     of the whole block; children holding an eager module get ``wrap_plain`` (full AC)."""
@@ -102,6 +114,7 @@ def apply_gbdoctor_plan(model, backend="inductor", cudagraphs=False):
         else:
             inner = getattr(block, "_checkpoint_wrapped_module", block)
             _compile_children(inner, "", set(recipe["eager"]), recipe["fullgraph"], backend, mode)
+            _compile_forwards(inner, recipe.get("compiled_forward", ()), recipe["fullgraph"], backend, mode)
     return model
 '''
 
@@ -115,7 +128,7 @@ def _header(plan: Plan, what: str) -> str:
     for kind in plan.kinds:
         lines.append(
             f"- {kind.kind} ({len(kind.layers)} layer(s)): {kind.mode}"
-            f"{' eager=' + ','.join(kind.eager) if kind.eager else ''}"
+            f"{' eager=' + kind.eager_summary() if kind.eager else ''}"
             f"{' split-AC' if kind.split_ac else ''}; breaks {kind.breaks_before} -> {kind.breaks_after}; "
             f"{'verified' if kind.verified else 'NOT verified: ' + kind.detail}"
         )

@@ -92,7 +92,13 @@ def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None 
         ds_strategy = deepspeed_plan_strategy(plan)
         return replace(ds_strategy, plan=identity) if identity else ds_strategy
     recipes = {
-        k.kind: BlockRecipe(mode=k.mode, fullgraph=k.fullgraph, eager=k.eager, split_ac=k.split_ac)
+        k.kind: BlockRecipe(
+            mode=k.mode,
+            fullgraph=k.fullgraph,
+            eager=k.eager,
+            compiled_forward=k.compiled_forward,
+            split_ac=k.split_ac,
+        )
         for k in plan.kinds
     }
     strategy = _plan_strategy(recipes, plan.flags, summary=f"gbdoctor plan for {plan.spec}")
@@ -198,6 +204,8 @@ class _Candidate:
     is_moe: bool
     mode: str = "block"
     eager: set[str] | None = None
+    compiled_forward: set[str] | None = None
+    """Eager modules isolated for their hooks only: their own forward is compiled."""
     reasons: list[str] | None = None
     actions: list[str] | None = None
 
@@ -206,6 +214,7 @@ class _Candidate:
             mode=self.mode,
             fullgraph=True,
             eager=tuple(sorted(self.eager or ())),
+            compiled_forward=tuple(sorted(self.compiled_forward or ())),
             split_ac=self.ac_wrapped and self.mode == "children",
         )
 
@@ -227,6 +236,14 @@ def _hooked_module(brk: Break, block_fqn: str) -> str:
     if target.rsplit(".", 1)[-1] == "experts":
         return target
     return f"{target}.experts" if target else "experts"
+
+
+def _compiled_forward_hit(brk: Break, block_fqn: str, cand: _Candidate) -> str:
+    """The module (relative to the block) whose compiled own forward ``brk`` happened in, or ""."""
+    for sub in cand.compiled_forward or ():
+        if brk.region == f"{block_fqn}.{sub}.forward":
+            return sub
+    return ""
 
 
 def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
@@ -251,17 +268,38 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
             continue
         if wanted:
             continue  # a flag already set should remove it; verification will tell
+        inside = _compiled_forward_hit(brk, block.fqn, cand)
+        if inside:
+            # The module's own computation breaks too: it stays eager, hooks and all.
+            cand.compiled_forward = (cand.compiled_forward or set()) - {inside}
+            cand.actions.append("isolate-child")
+            cand.reasons.append(
+                f"{brk.cause}: {brk.gb_type} at {brk.location} is inside {inside}'s own forward; "
+                f"{inside} runs eager"
+            )
+            continue
         if brk.component in ("fsdp", "ep") and cand.is_moe:
             isolated = {_hooked_module(brk, block.fqn)}
+            # The break is in the hooks FSDP/EP install around the module, not in its forward:
+            # the forward is compiled on its own, with the hooks running eagerly around it
+            # (verification drops it again if the forward itself breaks).
+            if "compile-between-hooks" in allowed and not isolated <= (cand.eager or set()):
+                cand.compiled_forward = (cand.compiled_forward or set()) | isolated
+                cand.actions.append("compile-between-hooks")
         else:
             target = _relative(brk.module, block.fqn)
             isolated = {target} if target else set()
         cand.mode = "children"
         cand.eager = (cand.eager or set()) | isolated
         where = ", ".join(sorted(isolated)) or "the block's own forward (its children are compiled)"
+        stays = (
+            "'s hooks stay eager, its own forward is compiled"
+            if isolated and isolated <= (cand.compiled_forward or set())
+            else " stays eager"
+        )
         cand.actions.append("isolate-child")
         cand.reasons.append(
-            f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where} stays eager"
+            f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where}{stays}"
         )
     if block.error and not block.breaks:
         cand.mode = "children"
@@ -399,6 +437,7 @@ def _assemble(
                 mode=recipe.mode,
                 fullgraph=True,
                 eager=recipe.eager,
+                compiled_forward=recipe.compiled_forward,
                 split_ac=recipe.split_ac,
                 actions=tuple(dict.fromkeys(cand.actions or ("fullgraph-block",))),
                 reasons=reasons,

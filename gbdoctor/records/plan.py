@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from gbdoctor.records.base import record
 
-PLAN_SCHEMA_VERSION = 3
+PLAN_SCHEMA_VERSION = 4
 """2: kinds carry their CUDA-graph readiness (``cudagraphs``, ``cudagraph_ready``); 3: the plan's
-``framework`` and, for DeepSpeed plans, ``deepspeed`` (the compile call and ZeRO-3 leaf modules).
-1 and 2 are read too (new fields take their defaults)."""
-READABLE_PLAN_SCHEMA_VERSIONS = (1, 2, 3)
+``framework`` and, for DeepSpeed plans, ``deepspeed`` (the compile call and ZeRO-3 leaf modules);
+4: kinds carry ``compiled_forward``. 1 to 3 are read too (new fields take their defaults)."""
+READABLE_PLAN_SCHEMA_VERSIONS = (1, 2, 3, 4)
 
 
 @record
@@ -19,6 +19,8 @@ class KindPlan:
     """``block`` (whole block) or ``children`` (children compiled, ``eager`` left eager)."""
     fullgraph: bool
     eager: tuple[str, ...] = ()
+    compiled_forward: tuple[str, ...] = ()
+    """Eager modules whose own ``forward`` is compiled (fullgraph) while their hooks run eagerly."""
     split_ac: bool = False
     actions: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
@@ -38,6 +40,13 @@ class KindPlan:
     ``ready``, ``ready with N static copies`` or ``blocked by ...``)."""
     cudagraph_ready: bool = False
     """The kind's compiled regions can be CUDA graphs: emitters offer ``mode="reduce-overhead"``."""
+
+    def eager_summary(self) -> str:
+        """``moe.experts (hooks only; forward compiled)``: what stays eager, for reports."""
+        return ", ".join(
+            f"{sub} (hooks only; forward compiled)" if sub in self.compiled_forward else sub
+            for sub in self.eager
+        )
 
 
 @record

@@ -14,11 +14,11 @@ __all__ = [
     "RunReport",
 ]
 
-RUN_SCHEMA_VERSION = 2
+RUN_SCHEMA_VERSION = 3
 """2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance;
-recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own). All new
-fields have defaults: version-1 reports are still read."""
-READABLE_RUN_SCHEMA_VERSIONS = (1, 2)
+recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own); 3: a mode's
+``workaround``. All new fields have defaults: version-1 and -2 reports are still read."""
+READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3)
 
 
 LOSS_RTOL = 2e-2
@@ -114,6 +114,9 @@ class ModeResult:
     """The strategy's Dynamo settings, as (name, repr(value))."""
     same_regions_as: str | None = None
     """An earlier mode that compiled exactly the same regions with the same fullgraph settings."""
+    workaround: str = ""
+    """Set when the mode ran with a known upstream bug's config workaround because the spec's own
+    setting fails with it (``causes/known_issues.py``): the overrides and the issue."""
     notes: tuple[str, ...] = ()
 
 

@@ -37,7 +37,7 @@ def render_plan_table(plan: Plan) -> str:
             k.kind,
             str(len(k.layers)),
             f"{k.mode} fullgraph" if k.fullgraph else k.mode,
-            ", ".join(k.eager) or "-",
+            k.eager_summary() or "-",
             "yes" if k.split_ac else "-",
             f"{k.breaks_before} -> {k.breaks_after}",
             f"{k.fullgraph_share_before:.0%} -> {k.fullgraph_share_after:.0%}",

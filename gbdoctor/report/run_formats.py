@@ -144,6 +144,8 @@ def _mode_details(mode: ModeResult) -> list[str]:
     lines = []
     if mode.error:
         lines.append(f"error: {mode.error}")
+    if mode.workaround:
+        lines.append(mode.workaround)
     measured = [e for e in mode.recompile_events if e.measured]
     if measured:
         lines.append(f"{len(measured)} recompile(s) during the measured steps:")
@@ -337,6 +339,7 @@ def render_table(report: RunReport) -> str:
 
 def _mode_name(mode: ModeResult, report: RunReport) -> str:
     name = mode.mode + (" *" if mode.mode == report.best_baseline else "")
+    name += " (workaround)" if mode.workaround else ""
     return name + (" (unverified)" if mode.plan_verified is False else "")
 
 
@@ -494,6 +497,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "loss_rel_diff",
     "diverged",
     "same_regions_as",
+    "workaround",
 )
 
 

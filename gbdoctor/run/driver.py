@@ -55,6 +55,7 @@ from dataclasses import replace
 from typing import Any
 
 from gbdoctor.capture import torch_version
+from gbdoctor.causes import KnownIssue, known_issue
 from gbdoctor.errors import GbdoctorError, SpecError
 from gbdoctor.records import (
     LOSS_RTOL,
@@ -67,6 +68,7 @@ from gbdoctor.records import (
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.setup.compile import STRATEGIES, Strategy
+from gbdoctor.spec import with_overrides
 
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
@@ -125,7 +127,8 @@ _NOT_MADE = Strategy(
     summary="no plan was made: the mode that needed it could not run on this device",
 )
 
-Raw = tuple[str, Strategy, list[list[RankRun]] | None, tuple[str, str] | None]
+Raw = tuple[str, Strategy, list[list[RankRun]] | None, tuple[str, str] | None, str]
+"""(mode, strategy, per-round rank runs or None when it failed, (error, kind), workaround note)."""
 """(mode, strategy, per round the per-rank runs, or None with (error, kind))."""
 
 
@@ -343,7 +346,7 @@ def _plan_lines(plan: Any) -> tuple[str, ...]:
     for k in plan.kinds:
         what = "block fullgraph" if k.mode == "block" else "children fullgraph"
         if k.eager:
-            what += f", eager {', '.join(k.eager)}"
+            what += f", eager {k.eager_summary()}"
         if k.split_ac:
             what += ", AC per child"
         lines.append(f"{k.kind}: {what}" + ("" if k.verified else f" (NOT verified: {k.detail})"))
@@ -380,6 +383,8 @@ def _run_rounds(
             "(the static prediction is in the plan and in `gbdoctor scan`)",
             "unavailable",
         )
+    mode_specs: dict[str, Spec] = {}
+    workarounds: dict[str, KnownIssue] = {}
     loads: list[float] = []
     total = rounds * len(chosen)
     done = 0
@@ -397,35 +402,52 @@ def _run_rounds(
                         done,
                         total,
                     )
-                job = ModeJob(
-                    spec=spec,
-                    mode=mode,
-                    strategy=strategies[mode],
-                    device=device,
-                    backend=backend,
-                    warmup=warmup,
-                    steps=steps,
-                    cache_dir=caches[mode],
-                    # reduce-overhead is inductor's: this mode compiles with it whatever --backend
-                    cudagraph_layers=cudagraph_layers if mode == "cudagraphs" else (),
-                )
-                try:
-                    runs[mode].append(
-                        run_ranks(
-                            run_mode_rank,
-                            job,
-                            world_size=world,
-                            device_type=device,
-                            timeout_s=spec.gbdoctor.timeout_s,
-                        )
+                while True:
+                    job = ModeJob(
+                        spec=mode_specs.get(mode, spec),
+                        mode=mode,
+                        strategy=strategies[mode],
+                        device=device,
+                        backend=backend,
+                        warmup=warmup,
+                        steps=steps,
+                        cache_dir=caches[mode],
+                        # reduce-overhead is inductor's: this mode compiles with it whatever --backend
+                        cudagraph_layers=cudagraph_layers if mode == "cudagraphs" else (),
                     )
-                except ModeFailure as exc:
-                    failures[mode] = (_strip_rank(exc.message, world), exc.hint or "runtime")
-                except SpecError:
-                    raise  # bad input (e.g. a broken model factory) fails every mode alike: exit 2
-                except GbdoctorError as exc:
-                    kind = "timeout" if "did not finish" in exc.message else "crash"
-                    failures[mode] = (_strip_rank(exc.message, world), kind)
+                    try:
+                        runs[mode].append(
+                            run_ranks(
+                                run_mode_rank,
+                                job,
+                                world_size=world,
+                                device_type=device,
+                                timeout_s=spec.gbdoctor.timeout_s,
+                            )
+                        )
+                    except ModeFailure as exc:
+                        issue = _retry_with_workaround(exc.message, strategies[mode])
+                        if issue is not None and mode not in workarounds:
+                            # The spec's own setting hits a known upstream bug: what a user runs
+                            # today is the workaround, so the baseline is measured under it.
+                            workarounds[mode] = issue
+                            mode_specs[mode] = with_overrides(spec, issue.overrides)
+                            if progress:
+                                progress(
+                                    f"round {r + 1}/{rounds}: {mode}: known upstream bug "
+                                    f"({issue.link.split()[0]}); retrying with "
+                                    + " ".join(f"--set {o}" for o in issue.overrides),
+                                    done,
+                                    total,
+                                )
+                            continue
+                        failures[mode] = (_strip_rank(exc.message, world), exc.hint or "runtime")
+                    except SpecError:
+                        raise  # bad input (e.g. a broken model factory) fails every mode alike: exit 2
+                    except GbdoctorError as exc:
+                        kind = "timeout" if "did not finish" in exc.message else "crash"
+                        failures[mode] = (_strip_rank(exc.message, world), kind)
+                    break
                 done += 1
     finally:
         for cache in caches.values():
@@ -433,10 +455,34 @@ def _run_rounds(
     if progress:
         progress("done", total, total)
     raw: list[Any] = [
-        (m, strategies[m], None if m in failures else runs[m], failures.get(m)) for m in chosen
+        (
+            m,
+            strategies[m],
+            None if m in failures else runs[m],
+            failures.get(m),
+            _workaround_note(workarounds[m]) if m in workarounds else "",
+        )
+        for m in chosen
     ]
     raw.append(loads)
     return raw
+
+
+def _retry_with_workaround(error: str, strategy: Any) -> KnownIssue | None:
+    """The known upstream bug behind a failed mode, when its workaround is a config change that
+    the mode can run under. A plan is made for the spec's own block kinds (their AC labels), so
+    only strategies that do not depend on the kinds are retried."""
+    issue = known_issue(error)
+    if issue is None or not issue.overrides or getattr(strategy, "per_kind", ()):
+        return None
+    return issue
+
+
+def _workaround_note(issue: KnownIssue) -> str:
+    return (
+        f"ran with {', '.join(issue.overrides)}: with the spec's own setting it fails in "
+        f"the first step with a known upstream bug ({issue.link})"
+    )
 
 
 def _flops(spec: Spec, seq_len: int) -> int | None:
@@ -597,7 +643,7 @@ def build_report(
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
     results: dict[str, ModeResult] = {}
     layouts: dict[str, Any] = {}
-    for mode, strategy, runs, failure in raw:
+    for mode, strategy, runs, failure, workaround in raw:
         if runs is None:
             error, kind = failure or ("unknown failure", "crash")
             results[mode] = ModeResult(
@@ -613,6 +659,8 @@ def build_report(
             layouts[mode] = _relative_layout(runs[0][0].layout)
         if mode == "plan":
             results[mode] = replace(results[mode], plan_verified=plan_verified)
+        if workaround:
+            results[mode] = replace(results[mode], workaround=workaround)
 
     ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
     eager = ok.get("eager")

@@ -45,6 +45,11 @@ class BlockRecipe:
     """``children`` mode: also compile, as regions of their own, the kernel functions that an
     eager sub-module names in ``compiled_kernels`` (torchtitan v0.2.1-0.2.2 compiles the
     experts' grouped-mm function separately, ``mark_dynamic`` on its tokens under EP)."""
+    compiled_forward: tuple[str, ...] = ()
+    """``children`` mode: sub-FQNs among the eager ones whose own ``forward`` is compiled, while
+    the hooks they carry (FSDP all-gather, EP dispatch/combine) keep running eagerly around it:
+    the module is eager only as far as its hooks go, and its computation (the experts' grouped
+    matmuls, most of an MoE block's FLOPs) is compiled like the rest of the block."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,19 +149,55 @@ def compile_kernels(
     (``moe.experts.run_grouped_mm``, relative to the block)."""
     regions = []
     for sub in eager:
-        module = block.get_submodule(sub)
+        module = submodule_through_ac(block, sub)
         for attr in getattr(module, KERNELS_ATTR, ()):
             fn = getattr(module, attr)
             compiled = compile_fn(fn, f"{region_prefix}.{sub}.{attr}", fullgraph)
             if dynamic_tokens:
                 # Under EP the tokens an expert group receives change every step: torchtitan
-                # v0.2.2 marks them dynamic before calling its compiled grouped mm.
+                # v0.2.2 marks them dynamic before calling its compiled grouped mm
+                # (w1, w2, w3, x, counts).
                 from gbdoctor.capture import tokens_dynamic
 
-                compiled = tokens_dynamic(compiled)
+                compiled = tokens_dynamic(compiled, arg=3)
             setattr(module, attr, compiled)
             regions.append(f"{sub}.{attr}")
     return regions
+
+
+def compile_forwards(
+    block: nn.Module,
+    subs: tuple[str, ...],
+    fullgraph: bool,
+    compile_fn: CompileFn,
+    region_prefix: str,
+    *,
+    dynamic_tokens: bool,
+) -> list[str]:
+    """Compile the own ``forward`` of each sub-module in ``subs``, as an instance attribute, so
+    that ``nn.Module.__call__`` still runs the module's hooks eagerly before and after the
+    compiled forward. Returns the regions (``moe.experts.forward``, relative to the block)."""
+    regions = []
+    stores = {id(block.get_submodule(path)) for path in expert_paths(block)}
+    for sub in subs:
+        module = submodule_through_ac(block, sub)
+        compiled = compile_fn(module.forward, f"{region_prefix}.{sub}.forward", fullgraph)
+        if dynamic_tokens and id(module) in stores:
+            # EP's dispatch hook hands the expert store a different number of tokens every step.
+            from gbdoctor.capture import tokens_dynamic
+
+            compiled = tokens_dynamic(compiled, arg=0)
+        module.forward = compiled
+        regions.append(f"{sub}.forward")
+    return regions
+
+
+def submodule_through_ac(block: nn.Module, path: str) -> nn.Module:
+    """``block.get_submodule(path)``, looking through AC wrappers (split AC wraps children)."""
+    module = unwrap_checkpoint(block)
+    for part in path.split("."):
+        module = unwrap_checkpoint(getattr(module, part))
+    return module
 
 
 def compile_children(
@@ -233,5 +274,13 @@ def apply_compile(
         rel += compile_kernels(
             inner, eager, recipe.fullgraph, compile_fn, block_fqn, dynamic_tokens=dynamic_tokens
         )
+    rel += compile_forwards(
+        inner,
+        recipe.compiled_forward,
+        recipe.fullgraph,
+        compile_fn,
+        block_fqn,
+        dynamic_tokens=dynamic_tokens,
+    )
     regions = tuple(f"{block_fqn}.{r}" for r in rel)
     return outer, regions, regions if recipe.fullgraph else ()

@@ -105,3 +105,43 @@ def test_ep2_installs_dispatch_combine_hooks_and_shards_experts():
     # Half the experts live on each rank: the MoE block holds fewer local params than 8 experts.
     assert moe.params < 3 * 8 * 256 * 512 + 10 * 256 * 256
     assert not any(h.installer == "ep" for h in dense.hooks)
+
+
+def test_compiled_forward_runs_between_the_modules_hooks():
+    """A plan's ``compiled_forward`` compiles the expert store's own forward: the hooks EP and
+    FSDP install run eagerly before it, and the grouped matmuls land in a graph of their own."""
+    from torch._dynamo.testing import CompileCounter
+
+    from gbdoctor.setup.compile import BlockRecipe, Strategy
+
+    spec = load_spec(REPO / "fixtures" / "llama4_debug.toml", ["activation_checkpoint.mode=none"])
+    moe = BlockRecipe(mode="children", eager=("moe.experts",), compiled_forward=("moe.experts",))
+    strategy = Strategy(name="test", dense=BlockRecipe(mode="none"), moe=moe)
+    counter = CompileCounter()
+    experts_counter = CompileCounter()
+
+    def compile_fn(target, fqn, fullgraph):
+        backend = experts_counter if fqn.endswith(".experts.forward") else counter
+        return torch.compile(target, backend=backend, fullgraph=fullgraph)
+
+    torch._dynamo.reset()
+    setup = apply_setup(
+        build_model(spec.model),
+        spec,
+        build_meshes(spec.parallelism, "cpu"),
+        strategy=strategy,
+        compile_fn=compile_fn,
+    )
+    slot = next(s for s in setup.blocks if s.is_moe)
+    assert f"{slot.fqn}.moe.experts.forward" in slot.fullgraph_regions
+    experts = slot.block.moe.experts
+    assert "forward" in vars(experts)  # the instance's forward, not the module, is compiled
+    hook_compiling = []
+    experts.register_forward_pre_hook(
+        lambda *_: hook_compiling.append(torch.compiler.is_compiling())
+    )
+    with recipe_context(setup.dynamo_flags, ac_enabled=False):
+        setup.model(torch.randint(0, 256, (2, 16))).sum().backward()
+    assert hook_compiling and not any(hook_compiling)
+    assert experts_counter.frame_count >= 1 and experts_counter.op_count > 0
+    torch._dynamo.reset()
