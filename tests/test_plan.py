@@ -216,3 +216,50 @@ def test_a_hook_break_compiles_the_module_forward_until_the_forward_itself_break
     # A second hook break on the same module does not compile the forward again.
     _absorb(cand, make_block("layers.1", "moe", breaks=(hook,)), set())
     assert cand.recipe().compiled_forward == ()
+
+
+def test_emitted_python_compiles_an_expert_store_forward_between_its_hooks():
+    """The emitted ``apply_gbdoctor_plan`` does what ``compiled_forward`` does in gbdoctor's own
+    setup: the expert store's hooks stay eager and its forward is a fullgraph region."""
+    from gbdoctor.records import KindPlan, Plan
+
+    spec = load_spec(FIXTURES / "llama4_debug.toml", ["activation_checkpoint.mode=none"])
+    model = build_model(spec.model)
+    moe_layers = tuple(
+        f"layers.{key}" for key, block in model.layers.named_children() if hasattr(block, "moe")
+    )
+    assert moe_layers
+    kind = KindPlan(
+        kind="moe",
+        layers=moe_layers,
+        mode="children",
+        fullgraph=True,
+        eager=("moe.experts",),
+        compiled_forward=("moe.experts",),
+        verified=True,
+    )
+    plan = Plan(
+        spec="llama4_debug.toml",
+        model="llama4/debugmodel",
+        torch_version=torch.__version__,
+        baseline_strategy="titan-v0.2.0",
+        flags=(),
+        flag_costs=(),
+        kinds=(kind,),
+        verified=True,
+        rounds=1,
+    )
+    namespace: dict = {}
+    exec(compile(emit(plan, "python"), "<plan>", "exec"), namespace)
+    torch._dynamo.reset()
+    namespace["apply_gbdoctor_plan"](model, backend="eager")
+    experts = model.get_submodule(moe_layers[0]).moe.experts
+    assert "forward" in vars(experts) and type(experts).__name__ == "GroupedExperts"
+    hook_compiling = []
+    experts.register_forward_pre_hook(
+        lambda *_: hook_compiling.append(torch.compiler.is_compiling())
+    )
+    with torch._dynamo.error_on_graph_break(True):
+        model(torch.randint(0, 256, (2, 16))).sum().backward()
+    assert hook_compiling and not any(hook_compiling)
+    torch._dynamo.reset()
