@@ -25,6 +25,7 @@ from gbdoctor.run import (
     RankRun,
     benchmark_shape,
     build_report,
+    cpu_param_dtype,
     ratio_with_spread,
     report_from_json,
     resolve_modes,
@@ -349,6 +350,16 @@ RECOMPILE_LOG = """Recompiling function forward in /src/model.py:86
     - User stack trace:
     -   File "/src/model.py", line 89, in forward
     -     h = h * len(self.tag)"""
+
+
+def test_cpu_without_bf16_matmuls_trains_in_float32():
+    spec = load_spec(REPO / "fixtures" / "llama4_debug_ep2.toml")
+    assert spec.training.mixed_precision_param == "bfloat16"
+    cpu, note = cpu_param_dtype(spec, "cpu", cpu_has_bf16=False)
+    assert cpu.training.mixed_precision_param == "float32" and "bf16 matmul" in note
+    for device, has_bf16 in (("cpu", True), ("cuda", False)):
+        same, note = cpu_param_dtype(spec, device, cpu_has_bf16=has_bf16)
+        assert same is spec and note == ""
 
 
 def test_parse_recompile_takes_the_newest_entry():

@@ -195,6 +195,29 @@ def benchmark_shape(
     return b, s, why
 
 
+def cpu_param_dtype(
+    spec: Spec, device: str, *, cpu_has_bf16: bool | None = None
+) -> tuple[Spec, str]:
+    """(spec to train, note): FSDP's bf16 parameters become float32 on a CPU without bf16 matmul
+    instructions. There every bf16 GEMM takes a generic kernel (this 2-core AVX2 machine: 0.37 vs
+    34 GFLOP/s fp32, and 87% of a llama4 debug step under titan-v0.2.0 in a py-spy profile),
+    which no compile mode can change, so a comparison of compile modes would measure that
+    kernel. GPUs and CPUs with bf16 instructions train in the spec's dtype."""
+    if device != "cpu" or spec.training.mixed_precision_param != "bfloat16":
+        return spec, ""
+    if cpu_has_bf16 is None:
+        import torch
+
+        cpu_has_bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if cpu_has_bf16:
+        return spec, ""
+    note = (
+        "parameters in float32, not the spec's bfloat16: this CPU has no bf16 matmul "
+        "instructions, and emulated bf16 GEMMs would dominate every mode's step alike"
+    )
+    return with_overrides(spec, ("training.mixed_precision_param=float32",)), note
+
+
 def run_modes(
     spec: Spec,
     *,
@@ -255,6 +278,9 @@ def run_modes(
     if b < 1 or s < 1:
         raise SpecError(f"--batch-size and --seq-len must be positive (got {b} x {s})")
     run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
+    run_spec, dtype_note = cpu_param_dtype(run_spec, device)
+    if dtype_note:
+        shape_note = f"{shape_note}; {dtype_note}"
     # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
     # (after the cheap option checks: this builds the model on meta).
     require_real(run_spec)
