@@ -29,9 +29,11 @@ from gbdoctor.errors import BaselineError, SpecError
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
+    ACMode,
     BlockKind,
     BlockReport,
     Break,
+    CompileMode,
     Decision,
     Framework,
     KindPlan,
@@ -115,16 +117,16 @@ def _plan_strategy(
     return Strategy(
         name="plan",
         dense=BlockRecipe(),
-        moe=BlockRecipe(mode="children"),
+        moe=BlockRecipe(mode=CompileMode.CHILDREN),
         flags=flags,
         per_kind=per_kind,
         summary=summary,
     )
 
 
-PLAN_MODES = ("block", "children")
+PLAN_MODES = (CompileMode.BLOCK, CompileMode.CHILDREN)
 """``KindPlan.mode`` values a plan file may hold."""
-DEEPSPEED_PLAN_MODES = ("engine", "forward", "none")
+DEEPSPEED_PLAN_MODES = ("engine", "forward", CompileMode.NONE)
 """``KindPlan.mode`` values of a DeepSpeed plan (``plan.deepspeed``)."""
 
 
@@ -202,7 +204,7 @@ class _Candidate:
     layers: tuple[str, ...]
     ac_wrapped: bool
     is_moe: bool
-    mode: str = "block"
+    mode: str = CompileMode.BLOCK
     eager: set[str] | None = None
     compiled_forward: set[str] | None = None
     """Eager modules isolated for their hooks only: their own forward is compiled."""
@@ -215,7 +217,7 @@ class _Candidate:
             fullgraph=True,
             eager=tuple(sorted(self.eager or ())),
             compiled_forward=tuple(sorted(self.compiled_forward or ())),
-            split_ac=self.ac_wrapped and self.mode == "children",
+            split_ac=self.ac_wrapped and self.mode == CompileMode.CHILDREN,
         )
 
 
@@ -289,7 +291,7 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
         else:
             target = _relative(brk.module, block.fqn)
             isolated = {target} if target else set()
-        cand.mode = "children"
+        cand.mode = CompileMode.CHILDREN
         cand.eager = (cand.eager or set()) | isolated
         where = ", ".join(sorted(isolated)) or "the block's own forward (its children are compiled)"
         stays = (
@@ -302,12 +304,12 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
             f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where}{stays}"
         )
     if block.error and not block.breaks:
-        cand.mode = "children"
+        cand.mode = CompileMode.CHILDREN
         cand.actions.append("isolate-child")
         cand.reasons.append(
             f"error: the block does not trace ({block.error[:120]}); children compiled around it"
         )
-    if cand.mode == "children" and cand.ac_wrapped and "split-ac" not in cand.actions:
+    if cand.mode == CompileMode.CHILDREN and cand.ac_wrapped and "split-ac" not in cand.actions:
         cand.actions.append("split-ac")
         cand.reasons.append(
             "region_eager: AC is wrapped per child so a break (or an eager module) in one child "
@@ -359,7 +361,7 @@ def propose_plan(
     before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY], recompiles=False)
     reps = _representatives(before)
     totals = {b.kind: b.op_count for b in reps}
-    if any(b.events or b.error for b in reps) and spec.activation_checkpoint.mode != "none":
+    if any(b.events or b.error for b in reps) and spec.activation_checkpoint.mode != ACMode.NONE:
         # AC hid ops (a region that fell back to eager captures none): count the block's ops
         # once without AC, as the denominator of the fullgraph-coverage share.
         reference = scan_fn(
@@ -401,7 +403,9 @@ def propose_plan(
 
 
 def _without_ac(spec: Spec) -> Spec:
-    return replace(spec, activation_checkpoint=replace(spec.activation_checkpoint, mode="none"))
+    return replace(
+        spec, activation_checkpoint=replace(spec.activation_checkpoint, mode=ACMode.NONE)
+    )
 
 
 def _strategy(cands: dict[str, _Candidate], flags: set[str]) -> Strategy:

@@ -19,6 +19,7 @@ from gbdoctor.records.enums import (
     OutputFormat,
     Readiness,
     Severity,
+    Verdict,
 )
 from gbdoctor.records.gate import (
     BASELINE_SCHEMA_VERSION,
@@ -131,5 +132,6 @@ __all__ = [
     "Spec",
     "ToolSpec",
     "TrainingSpec",
+    "Verdict",
     "record",
 ]

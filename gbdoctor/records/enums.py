@@ -125,6 +125,19 @@ class ModeStatus(StrEnum):
     """The mode cannot run here (``cudagraphs`` without a CUDA device): not run, not faked."""
 
 
+class Verdict(StrEnum):
+    """``ModeResult.verdict_vs_*``: a ratio judged by its per-round spread."""
+
+    FASTER = "faster"
+    """Every round's ratio is above 1."""
+    SLOWER = "slower"
+    """Every round's ratio is below 1."""
+    WITHIN_NOISE = "within noise"
+    """The spread contains 1: not a speedup."""
+    NO_SPREAD = "no spread"
+    """A single round: no spread, so no verdict."""
+
+
 class CompileMode(StrEnum):
     """How a block kind is compiled (``BlockRecipe.mode``, ``KindPlan.mode``)."""
 

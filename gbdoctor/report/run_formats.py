@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gbdoctor.errors import SpecError
-from gbdoctor.records import ModeResult, RunReport
+from gbdoctor.records import ModeResult, ModeStatus, RunReport, Verdict
 from gbdoctor.records.io import dumps
 
 __all__ = ["RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
@@ -72,9 +72,9 @@ def _losses(mode: ModeResult, n: int) -> str:
 
 
 def _status(mode: ModeResult) -> str:
-    if mode.status == "unavailable":
+    if mode.status == ModeStatus.UNAVAILABLE:
         return "UNAVAILABLE"
-    if mode.status != "ok":
+    if mode.status != ModeStatus.OK:
         return f"FAILED ({mode.error_kind})" if mode.error_kind else "FAILED"
     flags = []
     if mode.recompiles:
@@ -215,7 +215,11 @@ def render_table(report: RunReport) -> str:
     ]:
         table.add_column(name, justify=justify, no_wrap=True)
     for m in report.modes:
-        style = "red" if m.status != "ok" else ("yellow" if m.recompiles or m.diverged else "green")
+        style = (
+            "red"
+            if m.status != ModeStatus.OK
+            else ("yellow" if m.recompiles or m.diverged else "green")
+        )
         table.add_row(
             Text(_mode_name(m, report), style=style),
             Text(_short_status(m)),
@@ -256,7 +260,7 @@ def render_table(report: RunReport) -> str:
     ):
         split.add_column(name, justify="left" if name == "mode" else "right", no_wrap=True)
     for m in report.modes:
-        ok = m.status == "ok"
+        ok = m.status == ModeStatus.OK
         split.add_row(
             m.mode,
             _num(m.forward_s),
@@ -287,7 +291,7 @@ def render_table(report: RunReport) -> str:
                 if m.tokens_per_s
                 else (
                     f"({'unavailable' if m.status == 'unavailable' else 'failed'})"
-                    if m.status != "ok"
+                    if m.status != ModeStatus.OK
                     else ""
                 )
             )
@@ -350,7 +354,7 @@ def _ratio_range(ratio: float | None, spread: tuple[float, float] | None) -> str
 
 
 def _verdict(verdict: str) -> str:
-    return {"within noise": "~ noise", "no spread": "(1 round)"}.get(verdict, verdict)
+    return {Verdict.WITHIN_NOISE: "~ noise", Verdict.NO_SPREAD: "(1 round)"}.get(verdict, verdict)
 
 
 def _opt_share(mode: ModeResult) -> str:
@@ -361,9 +365,9 @@ def _opt_share(mode: ModeResult) -> str:
 
 
 def _short_status(mode: ModeResult) -> str:
-    if mode.status == "unavailable":
+    if mode.status == ModeStatus.UNAVAILABLE:
         return "UNAVAILABLE"
-    if mode.status != "ok":
+    if mode.status != ModeStatus.OK:
         return "FAILED"
     if mode.recompiles:
         return "RECOMPILES"
@@ -403,7 +407,7 @@ def render_markdown(report: RunReport) -> str:
     lines.append("|" + "|".join("---" for _ in head) + "|")
     for m in report.modes:
         name = _mode_name(m, report).replace(" *", " (best)")
-        ok = m.status == "ok"
+        ok = m.status == ModeStatus.OK
         phases = (
             " / ".join(_num(x) for x in (m.forward_s, m.backward_s, m.optimizer_s)) if ok else "-"
         )

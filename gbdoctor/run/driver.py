@@ -61,9 +61,12 @@ from gbdoctor.records import (
     LOSS_RTOL,
     READABLE_RUN_SCHEMA_VERSIONS,
     RUN_SCHEMA_VERSION,
+    CompileMode,
     ModeResult,
+    ModeStatus,
     RunReport,
     Spec,
+    Verdict,
 )
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
@@ -370,7 +373,7 @@ def _get_plan(
 def _plan_lines(plan: Any) -> tuple[str, ...]:
     lines = []
     for k in plan.kinds:
-        what = "block fullgraph" if k.mode == "block" else "children fullgraph"
+        what = "block fullgraph" if k.mode == CompileMode.BLOCK else "children fullgraph"
         if k.eager:
             what += f", eager {k.eager_summary()}"
         if k.split_ac:
@@ -407,7 +410,7 @@ def _run_rounds(
         failures["cudagraphs"] = (
             f"CUDA graphs need a CUDA device; this run is on {device}, so the mode did not run "
             "(the static prediction is in the plan and in `gbdoctor scan`)",
-            "unavailable",
+            ModeStatus.UNAVAILABLE,
         )
     mode_specs: dict[str, Spec] = {}
     workarounds: dict[str, KnownIssue] = {}
@@ -594,7 +597,7 @@ def _mode_from_rounds(
     return ModeResult(
         mode=mode,
         strategy=strategy.name,
-        status="ok",
+        status=ModeStatus.OK,
         step_times_s=tuple(steps),
         warmup_times_s=tuple(warm[0]),
         round_medians_s=tuple(statistics.median(t) for t in per_round),
@@ -636,10 +639,10 @@ def ratio_with_spread(
     if res is reference:
         return 1.0, ((1.0, 1.0) if len(pairs) > 1 else None), ""
     if len(pairs) < 2:
-        return ratio, None, "no spread"
+        return ratio, None, Verdict.NO_SPREAD
     per_round = [a / b for a, b in pairs]
     lo, hi = min(per_round), max(per_round)
-    verdict = "faster" if lo > 1 else "slower" if hi < 1 else "within noise"
+    verdict = Verdict.FASTER if lo > 1 else Verdict.SLOWER if hi < 1 else Verdict.WITHIN_NOISE
     return ratio, (lo, hi), verdict
 
 
@@ -675,7 +678,9 @@ def build_report(
             results[mode] = ModeResult(
                 mode=mode,
                 strategy=strategy.name,
-                status="unavailable" if kind == "unavailable" else "failed",
+                status=ModeStatus.UNAVAILABLE
+                if kind == ModeStatus.UNAVAILABLE
+                else ModeStatus.FAILED,
                 error=error,
                 error_kind=kind,
                 dynamo_config=_flags(strategy),
@@ -688,7 +693,7 @@ def build_report(
         if workaround:
             results[mode] = replace(results[mode], workaround=workaround)
 
-    ok = {m: r for m, r in results.items() if r.status == "ok" and r.step_time_median_s}
+    ok = {m: r for m, r in results.items() if r.status == ModeStatus.OK and r.step_time_median_s}
     eager = ok.get("eager")
     order = framework_modes(spec)[2]
     baselines = {m: r for m, r in ok.items() if m in order}
@@ -703,7 +708,7 @@ def build_report(
     for mode, res in results.items():
         notes = list(res.notes)
         updates: dict[str, Any] = {}
-        if res.status == "ok":
+        if res.status == ModeStatus.OK:
             median = res.step_time_median_s
             if eager is not None and median:
                 ratio, spread, verdict = ratio_with_spread(eager, res)
@@ -758,7 +763,7 @@ def build_report(
                 findings.append(
                     f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})"
                 )
-        elif res.status == "unavailable":
+        elif res.status == ModeStatus.UNAVAILABLE:
             pass  # not a finding: nothing failed (the reason is the mode's ``error``)
         else:
             findings.append(f"{mode} failed ({res.error_kind}): {res.error}")
@@ -845,7 +850,7 @@ def _plan_verdict(plan: ModeResult | None, best: str | None, by_mode: dict[str, 
     """The plan against the best baseline, in one sentence that never calls noise a speedup."""
     if plan is None:
         return ""
-    if plan.status != "ok":
+    if plan.status != ModeStatus.OK:
         return f"the plan failed ({plan.error_kind}): {plan.error}"
     if best is None:
         return "no baseline ran successfully: nothing to compare the plan with"
@@ -853,11 +858,11 @@ def _plan_verdict(plan: ModeResult | None, best: str | None, by_mode: dict[str, 
         return f"the plan compiles exactly what {best} compiles, with the same Dynamo settings: it is that baseline"
     ratio = _fmt_ratio(plan.speedup_vs_best_baseline, plan.speedup_vs_best_baseline_range)
     verdict = plan.verdict_vs_best_baseline
-    if verdict == "faster":
+    if verdict == Verdict.FASTER:
         return f"the plan is faster than the best baseline ({best}): {ratio}, every round above 1"
-    if verdict == "slower":
+    if verdict == Verdict.SLOWER:
         return f"the plan is slower than the best baseline ({best}): {ratio}, every round below 1"
-    if verdict == "within noise":
+    if verdict == Verdict.WITHIN_NOISE:
         return f"the plan and the best baseline ({best}) are within noise: {ratio}; the spread contains 1, no speedup"
     return f"the plan vs the best baseline ({best}): {ratio} from a single round, no spread: no speedup claimed"
 

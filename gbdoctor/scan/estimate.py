@@ -46,6 +46,7 @@ and calls ``require_real`` instead, which refuses (exit 2) where ``decide`` woul
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -293,13 +294,14 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
                 model = _meta_model(spec)
             # Memory is estimated at the shape a real scan would capture (rule 5); a simulation
             # computes nothing and keeps the training shape.
-            shaped = capture_shape(spec, model, Decision(simulate=False))
-            decision = _memory_decision(pin(spec, shaped), model, available)
+            shaped = capture_shape(spec, model)
+            shape, notice = shaped if shaped else (None, "")
+            decision = _memory_decision(
+                pin(spec, Decision(simulate=False, capture_shape=shape)), model, available
+            )
             if not decision.simulate:
-                decision = replace(
-                    decision, capture_shape=shaped.capture_shape, notice=shaped.notice
-                )
-            elif shaped.capture_shape is not None:
+                decision = replace(decision, capture_shape=shape, notice=notice)
+            elif shape is not None:
                 # Too large even at the smaller shape: the notice gives the estimate at the
                 # training shape, which the simulation keeps.
                 decision = _memory_decision(spec, model, available)
@@ -366,12 +368,16 @@ def step_flops(spec: Spec, model: Any, batch: int, seq: int) -> float:
     per rank, from parameter shapes: 2 per weight element and token for matmul-like weights
     (stacked expert weights see ``top_k / experts`` of the tokens each), plus attention's two
     ``seq x seq`` products per layer at the embedding width. Embeddings are lookups (free)."""
+    return _flops_model(spec, model)(batch, seq)
+
+
+def _flops_model(spec: Spec, model: Any) -> Callable[[int, int], float]:
+    """:func:`step_flops` as a function of ``(batch, seq)``, the walk over the model done once."""
     import torch.nn as nn
 
     from gbdoctor.models import block_container
     from gbdoctor.models.structure import hidden_size
 
-    tokens = batch * seq
     top_k = _top_k(spec)
     per_token = 0.0
     for module in model.modules():
@@ -386,8 +392,13 @@ def step_flops(spec: Spec, model: Any, batch: int, seq: int) -> float:
         layers = len(block_container(model))
     except Exception:  # noqa: BLE001 - no repeated-block container found: no attention term
         layers = 0
-    attention = 4 * batch * seq * seq * (hidden_size(model) or 0) * layers
-    return 3 * (tokens * per_token + attention)
+    width = hidden_size(model) or 0
+
+    def flops(batch: int, seq: int) -> float:
+        attention = 4 * batch * seq * seq * width * layers
+        return 3 * (batch * seq * per_token + attention)
+
+    return flops
 
 
 CPU_FLOPS = {"float32": 20e9, "bfloat16": 0.5e9}
@@ -398,24 +409,26 @@ matmul runs at 34 GFLOP/s in fp32 and 0.4 GFLOP/s in bf16. A CPU with native bf1
 it then captures at a smaller shape than it needed to, never a slower one."""
 
 
-def capture_shape(spec: Spec, model: Any, decision: Decision) -> Decision:
-    """Rule 5: ``decision`` with a smaller CPU capture shape when the training shape is too slow."""
+def capture_shape(spec: Spec, model: Any) -> tuple[tuple[int, int], str] | None:
+    """Rule 5: a smaller CPU capture shape and the notice saying so, when the training shape
+    would be too slow to capture; None keeps the training shape."""
     from gbdoctor.setup.dist import resolve_device
 
     g = spec.gbdoctor
     if g.batch_size or g.seq_len or resolve_device(g.device) != "cpu":
-        return decision  # the user chose the shape, or accelerators: the training shape
+        return None  # the user chose the shape, or accelerators: the training shape
     dtype = "bfloat16" if spec.training.mixed_precision_param == "bfloat16" else "float32"
     # Local ranks share the cores: the machine does world x the per-rank work.
     seconds_per_flop = spec.parallelism.world_size * SCAN_STEP_EQUIVALENTS / CPU_FLOPS[dtype]
     batch, seq = spec.capture_batch_size, spec.capture_seq_len
     tp = spec.parallelism.tensor_parallel_degree
+    flops = _flops_model(spec, model)
 
     def too_slow(b: int, s: int) -> bool:
-        return step_flops(spec, model, b, s) * seconds_per_flop > CAPTURE_TIME_BUDGET_S
+        return flops(b, s) * seconds_per_flop > CAPTURE_TIME_BUDGET_S
 
     if not too_slow(batch, seq):
-        return decision
+        return None
     while too_slow(batch, seq) and (
         batch > 1 or (seq // 2 >= MIN_CAPTURE_SEQ and (seq // 2) % tp == 0 and seq % 2 == 0)
     ):
@@ -432,7 +445,7 @@ def capture_shape(spec: Spec, model: Any, decision: Decision) -> Decision:
         f"{spec.capture_batch_size} --set gbdoctor.seq_len={spec.capture_seq_len} to capture at "
         "the training shape"
     )
-    return replace(decision, capture_shape=(batch, seq), notice=notice)
+    return (batch, seq), notice
 
 
 def require_real(

@@ -17,6 +17,7 @@ from typing import Any
 import torch.nn as nn
 
 from gbdoctor.models.structure import expert_paths
+from gbdoctor.records import CompileMode
 from gbdoctor.setup.ac import unwrap_checkpoint
 
 HEAD_FLAGS = (
@@ -30,8 +31,8 @@ V022_FLAGS = (("capture_scalar_outputs", True),)
 class BlockRecipe:
     """How one block kind is compiled and wrapped."""
 
-    mode: str = "block"
-    """``none``, ``block`` or ``children``."""
+    mode: str = CompileMode.BLOCK
+    """A :class:`CompileMode`: ``none``, ``block`` or ``children``."""
     fullgraph: bool = True
     eager: tuple[str, ...] = ()
     """Sub-FQNs (relative to the block) left eager in ``children`` mode; empty means the
@@ -77,8 +78,8 @@ STRATEGIES: dict[str, Strategy] = {
     for s in (
         Strategy(
             name="none",
-            dense=BlockRecipe(mode="none"),
-            moe=BlockRecipe(mode="none"),
+            dense=BlockRecipe(mode=CompileMode.NONE),
+            moe=BlockRecipe(mode=CompileMode.NONE),
             summary="no compile (eager)",
         ),
         Strategy(
@@ -104,15 +105,17 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy(
             name="titan-v0.2.2",
             dense=BlockRecipe(),
-            moe=BlockRecipe(mode="children", skip_parameterless=False, compile_kernels=True),
+            moe=BlockRecipe(
+                mode=CompileMode.CHILDREN, skip_parameterless=False, compile_kernels=True
+            ),
             flags=V022_FLAGS,
             summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph (7 regions per MoE "
             "block), experts eager, their grouped-mm kernel compiled on its own",
         ),
         Strategy(
             name="children",
-            dense=BlockRecipe(mode="children"),
-            moe=BlockRecipe(mode="children"),
+            dense=BlockRecipe(mode=CompileMode.CHILDREN),
+            moe=BlockRecipe(mode=CompileMode.CHILDREN),
             flags=V022_FLAGS,
             summary="every block's children compiled fullgraph, experts eager",
         ),
@@ -255,13 +258,13 @@ def apply_compile(
     ``outer`` is the block as AC left it (maybe a CheckpointWrapper): ``block`` mode compiles
     that, as torchtitan does (compile after AC, before FSDP).
     """
-    if recipe.mode == "none":
+    if recipe.mode == CompileMode.NONE:
         return outer, (), ()
-    if recipe.mode == "block":
+    if recipe.mode == CompileMode.BLOCK:
         compiled = compile_fn(outer, block_fqn, recipe.fullgraph)
         regions = (block_fqn,)
         return compiled, regions, regions if recipe.fullgraph else ()
-    if recipe.mode != "children":
+    if recipe.mode != CompileMode.CHILDREN:
         raise ValueError(f"unknown compile mode {recipe.mode!r}")
     inner = unwrap_checkpoint(outer)
     eager = recipe.eager or default_eager(inner)
