@@ -196,7 +196,7 @@ def render_table(report: RunReport) -> str:
     table = Table(
         title=escape(
             "Throughput (step s: median [min-max] of every round's measured steps; ratios: "
-            "pooled-median ratio [min-max of the per-round ratios])"
+            "median [min-max] of the per-round ratios)"
         ),
         title_justify="left",
         box=box.SIMPLE_HEAD,
@@ -386,7 +386,10 @@ def _md_cell(text: str) -> str:
 def render_markdown(report: RunReport) -> str:
 
     lines = [f"### gbdoctor run: `{report.model}`", ""]
-    lines += [f"- {label}: {_md_cell(value)}" for label, value in _header_fields(report)]
+    lines += [
+        f"- {label}: {_md_cell(value)}" if label else f"  - {_md_cell(value)}"
+        for label, value in _header_fields(report)
+    ]
     lines.append("")
     head = (
         "mode",

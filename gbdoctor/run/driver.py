@@ -34,8 +34,8 @@ Definitions (also in the README):
   during the measured steps.
 * recompiles: records of Dynamo's ``recompiles`` log stream. Those during the measured steps are
   findings.
-* ratios: eager's (or the best baseline's) median step time over the mode's, from the pooled
-  measured steps; the range is the min and max of the same ratio computed round by round.
+* ratios: eager's (or the best baseline's) median step time over the mode's, computed round by
+  round; the ratio is the median of the per-round ratios and the range their min and max.
 * MFU (GPU): tokens/s x FLOPs per token (``run.flops``, from the model config) over ranks x the
   device's dense bf16 peak.
 * divergence: a mode's first-step loss differs from eager's by more than ``LOSS_RTOL``
@@ -630,17 +630,21 @@ def _mode_from_rounds(
 def ratio_with_spread(
     reference: ModeResult, res: ModeResult
 ) -> tuple[float, tuple[float, float] | None, str]:
-    """(reference median / res median over pooled steps, (min, max) of the per-round ratios, verdict).
+    """(ratio, (min, max) of the per-round ratios, verdict), ratios as reference step time / res's.
 
-    The verdict calls ``res`` ``faster`` only when every round's ratio is above 1 (``slower`` when
-    every one is below), ``within noise`` otherwise, and ``no spread`` with a single round."""
-    ratio = reference.step_time_median_s / res.step_time_median_s
+    With 2+ rounds the ratio is the median of the per-round ratios (each round's median step
+    times), so it always lies inside its own spread; a ratio of step medians pooled over rounds
+    can fall outside it when the machine's speed drifts between rounds. With one round it is the
+    ratio of the step medians. The verdict calls ``res`` ``faster`` only when every round's ratio
+    is above 1 (``slower`` when every one is below), ``within noise`` otherwise, and ``no
+    spread`` with a single round."""
     pairs = list(zip(reference.round_medians_s, res.round_medians_s))
     if res is reference:
         return 1.0, ((1.0, 1.0) if len(pairs) > 1 else None), ""
     if len(pairs) < 2:
-        return ratio, None, Verdict.NO_SPREAD
+        return reference.step_time_median_s / res.step_time_median_s, None, Verdict.NO_SPREAD
     per_round = [a / b for a, b in pairs]
+    ratio = statistics.median(per_round)
     lo, hi = min(per_round), max(per_round)
     verdict = Verdict.FASTER if lo > 1 else Verdict.SLOWER if hi < 1 else Verdict.WITHIN_NOISE
     return ratio, (lo, hi), verdict
