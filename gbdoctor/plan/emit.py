@@ -22,7 +22,7 @@ def _layer_recipes(plan: Plan) -> dict[str, dict[str, object]]:
             continue
         for fqn in kind.layers:
             recipes[fqn.rsplit(".", 1)[-1]] = {
-                "mode": kind.mode,
+                "mode": str(kind.mode),  # a plain string: pprint writes an enum's repr
                 "fullgraph": kind.fullgraph,
                 "eager": list(kind.eager),
                 "compiled_forward": list(kind.compiled_forward),
