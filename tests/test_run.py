@@ -108,9 +108,11 @@ def test_runner_measures_eager_and_block_fullgraph(clean_run):
         and block.regions == block.fullgraph_regions == 2
     )
     assert report.best_baseline == "block-fullgraph" and block.speedup_vs_best_baseline == 1.0
-    assert block.speedup_vs_eager == pytest.approx(
-        eager.step_time_median_s / block.step_time_median_s
-    )
+    # The ratio is the median of the per-round ratios (here 2 rounds: their mean), so it lies
+    # inside its own spread.
+    per_round = [e / b for e, b in zip(eager.round_medians_s, block.round_medians_s)]
+    assert block.speedup_vs_eager == pytest.approx(sum(per_round) / 2)
+    assert lo <= block.speedup_vs_eager <= hi
     # Same seed, same data: compiled and eager losses agree within the documented tolerance.
     assert block.loss_rel_diff is not None and block.loss_rel_diff <= LOSS_RTOL
     assert block.losses == pytest.approx(eager.losses, rel=LOSS_RTOL)

@@ -131,8 +131,8 @@ _NOT_MADE = Strategy(
 )
 
 Raw = tuple[str, Strategy, list[list[RankRun]] | None, tuple[str, str] | None, str]
-"""(mode, strategy, per-round rank runs or None when it failed, (error, kind), workaround note)."""
-"""(mode, strategy, per round the per-rank runs, or None with (error, kind))."""
+"""(mode, strategy, per round the per-rank runs or None when it failed, (error, kind) when it
+failed, the note of the known-bug workaround it ran under or "")."""
 
 
 # --------------------------------------------------------------------------- driver
@@ -509,8 +509,8 @@ def _retry_with_workaround(error: str, strategy: Any) -> KnownIssue | None:
 
 def _workaround_note(issue: KnownIssue) -> str:
     return (
-        f"ran with {', '.join(issue.overrides)}: with the spec's own setting it fails in "
-        f"the first step with a known upstream bug ({issue.link})"
+        f"ran with {', '.join(issue.overrides)}: with the spec's own setting it fails with a "
+        f"known upstream bug ({issue.link})"
     )
 
 
