@@ -295,7 +295,7 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
             # Memory is estimated at the shape a real scan would capture (rule 5); a simulation
             # computes nothing and keeps the training shape.
             shaped = capture_shape(spec, model)
-            shape, notice = shaped if shaped else (None, "")
+            shape, notice = shaped if shaped else (None, None)
             decision = _memory_decision(
                 pin(spec, Decision(simulate=False, capture_shape=shape)), model, available
             )
