@@ -57,6 +57,8 @@ _LIBRARY_COMPONENTS: tuple[tuple[str, str], ...] = tuple(
             os.path.join(_DEEPSPEED_DIR, "runtime", "zero") + os.sep if _DEEPSPEED_DIR else "",
             Component.ZERO,
         ),
+        # After ZeRO's directory (first match wins): the engine's own forward hooks.
+        (_DEEPSPEED_DIR or "", Component.DEEPSPEED),
     )
     if path
 )
@@ -64,7 +66,7 @@ _LIBRARY_COMPONENTS: tuple[tuple[str, str], ...] = tuple(
 
 
 def library_component(path: str) -> str | None:
-    """``fsdp``, ``tp`` or ``zero`` for a file of those libraries' code, else None."""
+    """``fsdp``, ``tp``, ``zero`` or ``deepspeed`` for a file of those libraries' code, else None."""
     full = os.path.abspath(path)
     for prefix, component in _LIBRARY_COMPONENTS:
         if full.startswith(prefix):
@@ -109,7 +111,7 @@ def innermost_user_location(
     with a portable path. For a library component (``zero``) the innermost frame of that
     library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
     chosen = None
-    if component == Component.ZERO:
+    if component in (Component.ZERO, Component.DEEPSPEED):
         chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
     chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None

@@ -17,7 +17,8 @@ Three signals decide the cause (DESIGN.md section 6):
 The rules are ordered; the first that matches wins (:data:`RULE_ORDER`):
 
 0. ``zero-hook``: component ``zero`` (DeepSpeed ZeRO-3's parameter gather/release and
-   pre-backward hooks); or a ``deepspeed/runtime/zero/`` file among the innermost library frames.
+   pre-backward hooks) or ``deepspeed`` (the engine's own module hooks); or a
+   ``deepspeed/runtime/zero/`` file among the innermost library frames.
 1. ``fsdp-hook``: component ``fsdp``; an FSDP2/FSDP file among the innermost
    library frames; a ``disable`` reason "skipping FSDP hooks"; an FSDP gb_type.
 2. ``ep-dispatch``: component ``ep``; or a data-dependent/collective break whose local
@@ -292,7 +293,7 @@ def recompile_cause(reason: str) -> str | None:
 
 
 def _zero_hook(raw: RawBreak) -> bool:
-    if raw.component == Component.ZERO:
+    if raw.component in (Component.ZERO, Component.DEEPSPEED):
         return True
     return any(_ZERO_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw))
 

@@ -43,6 +43,8 @@ class Component(StrEnum):
     FSDP = "fsdp"
     ZERO = "zero"
     """DeepSpeed ZeRO (its parameter gather/release and pre-backward hooks)."""
+    DEEPSPEED = "deepspeed"
+    """The rest of DeepSpeed: the engine's own module hooks (``runtime/engine.py``)."""
     EP = "ep"
     TP = "tp"
     LOAD_BALANCING = "load-balancing"

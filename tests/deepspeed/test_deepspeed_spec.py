@@ -179,6 +179,37 @@ def test_zero_hook_cause_and_rules():
     )
 
 
+def test_deepspeed_engine_hooks_are_the_deepspeed_component_and_zero_hooks_stay_zero():
+    """``inspect`` names the installer of every hook by the file its code lives in: the engine's
+    own forward hooks (``runtime/engine.py``) are ``deepspeed``, ZeRO's (``runtime/zero/``)
+    ``zero``, and code outside DeepSpeed is the user's."""
+    import importlib.util
+
+    import torch.nn as nn
+
+    from gbdoctor.capture import find_hooks
+
+    root = Path(importlib.util.find_spec("deepspeed").submodule_search_locations[0])
+
+    def hook_from(path: Path):
+        namespace: dict = {}
+        exec(compile("def hook(module, args):\n    return None\n", str(path), "exec"), namespace)
+        return namespace["hook"]
+
+    model = nn.Sequential(nn.Linear(2, 2))
+    model.register_forward_pre_hook(hook_from(root / "runtime" / "engine.py"))
+    model[0].register_forward_pre_hook(
+        hook_from(root / "runtime" / "zero" / "parameter_offload.py")
+    )
+    model[0].register_forward_hook(hook_from(REPO / "fixtures" / "models" / "planted.py"))
+    installers = {(h.module, h.kind): h.installer for h in find_hooks(model, ())}
+    assert installers == {
+        ("", "forward_pre"): "deepspeed",
+        ("0", "forward_pre"): "zero",
+        ("0", "forward"): "user",
+    }
+
+
 # --------------------------------------------------------------------------- recompiles
 
 
