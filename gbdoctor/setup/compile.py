@@ -154,17 +154,19 @@ def compile_kernels(
     for sub in eager:
         module = submodule_through_ac(block, sub)
         for attr in getattr(module, KERNELS_ATTR, ()):
-            fn = getattr(module, attr)
-            compiled = compile_fn(fn, f"{region_prefix}.{sub}.{attr}", fullgraph)
-            if dynamic_tokens:
-                # Under EP the tokens an expert group receives change every step: torchtitan
-                # v0.2.2 marks them dynamic before calling its compiled grouped mm
-                # (w1, w2, w3, x, counts).
-                from gbdoctor.capture import tokens_dynamic
-
-                compiled = tokens_dynamic(compiled, arg=3)
-            setattr(module, attr, compiled)
-            regions.append(f"{sub}.{attr}")
+            # Under EP the tokens an expert group receives change every step: torchtitan v0.2.2
+            # marks them dynamic before calling its compiled grouped mm (w1, w2, w3, x, counts).
+            regions.append(
+                _compile_attribute(
+                    module,
+                    sub,
+                    attr,
+                    fullgraph,
+                    compile_fn,
+                    region_prefix,
+                    tokens_arg=3 if dynamic_tokens else None,
+                )
+            )
     return regions
 
 
@@ -180,19 +182,46 @@ def compile_forwards(
     """Compile the own ``forward`` of each sub-module in ``subs``, as an instance attribute, so
     that ``nn.Module.__call__`` still runs the module's hooks eagerly before and after the
     compiled forward. Returns the regions (``moe.experts.forward``, relative to the block)."""
-    regions = []
     stores = {id(block.get_submodule(path)) for path in expert_paths(block)}
+    regions = []
     for sub in subs:
         module = submodule_through_ac(block, sub)
-        compiled = compile_fn(module.forward, f"{region_prefix}.{sub}.forward", fullgraph)
-        if dynamic_tokens and id(module) in stores:
-            # EP's dispatch hook hands the expert store a different number of tokens every step.
-            from gbdoctor.capture import tokens_dynamic
-
-            compiled = tokens_dynamic(compiled, arg=0)
-        module.forward = compiled
-        regions.append(f"{sub}.forward")
+        # EP's dispatch hook hands the expert store a different number of tokens every step.
+        dynamic = dynamic_tokens and id(module) in stores
+        regions.append(
+            _compile_attribute(
+                module,
+                sub,
+                "forward",
+                fullgraph,
+                compile_fn,
+                region_prefix,
+                tokens_arg=0 if dynamic else None,
+            )
+        )
     return regions
+
+
+def _compile_attribute(
+    module: nn.Module,
+    sub: str,
+    attr: str,
+    fullgraph: bool,
+    compile_fn: CompileFn,
+    region_prefix: str,
+    *,
+    tokens_arg: int | None,
+) -> str:
+    """Replace the callable ``module.<attr>`` by its compiled stand-in, a region of its own
+    (``<region_prefix>.<sub>.<attr>``), with dimension 0 of positional argument ``tokens_arg``
+    marked dynamic when given. Returns the region relative to the block (``<sub>.<attr>``)."""
+    compiled = compile_fn(getattr(module, attr), f"{region_prefix}.{sub}.{attr}", fullgraph)
+    if tokens_arg is not None:
+        from gbdoctor.capture import tokens_dynamic
+
+        compiled = tokens_dynamic(compiled, arg=tokens_arg)
+    setattr(module, attr, compiled)
+    return f"{sub}.{attr}"
 
 
 def submodule_through_ac(block: nn.Module, path: str) -> nn.Module:
