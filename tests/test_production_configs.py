@@ -325,6 +325,22 @@ def test_full_size_scan_cli():
     assert data["notes"][0].startswith("notice: a real scan needs about")
 
 
+def test_full_size_plan_cli_is_verified_by_simulated_rescans():
+    """``plan`` on the unmodified llama3 8B config, no flags: every verification re-scan keeps
+    the first decision (simulated, with its notice), and a simulation is never asked to probe
+    recompiles (it runs no step)."""
+    result = runner.invoke(
+        app,
+        ["plan", str(CONFIGS / "llama3_8b.toml"), "--emit-config", "json"],
+        env={estimate.AVAILABLE_ENV: "16"},
+    )
+    assert result.exit_code == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["simulated"] is True and plan["verified"] is True
+    assert plan["notes"][0].startswith("notice: a real scan needs about")
+    assert [k["kind"] for k in plan["kinds"]] == ["dense+sac"]
+
+
 # --------------------------------------------------------------------------- capture shape
 
 

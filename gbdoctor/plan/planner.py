@@ -34,7 +34,6 @@ from gbdoctor.records import (
     BlockReport,
     Break,
     CompileMode,
-    Decision,
     Framework,
     KindPlan,
     Plan,
@@ -355,7 +354,8 @@ def propose_plan(
     if scan_fn is None:
         decision = decide(spec)
         spec = pin(spec, decision)
-        scan_fn = functools.partial(_scan_as_decided, scan, decision)
+        # Re-scans keep the first decision (and its reason, for the notice).
+        scan_fn = functools.partial(scan, decision=decision)
     say = progress or (lambda *_: None)
     say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
     before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY], recompiles=False)
@@ -479,19 +479,6 @@ def _assemble(
         simulated=before.setup.simulated,
         notes=_plan_notes(before),
     )
-
-
-def _scan_as_decided(
-    scan: Callable[..., ScanReport], decision: Decision, spec: Spec, **kw: Any
-) -> ScanReport:
-    """A re-scan that keeps the first decision (and its reason, for the notice)."""
-    if decision.simulate:
-        from gbdoctor.scan import simulate_scan
-
-        return simulate_scan(spec, reason=decision.reason, **kw)
-    from gbdoctor.scan.environment import with_notice
-
-    return with_notice(scan(spec, **kw), decision)
 
 
 def _plan_notes(before: ScanReport) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ def scan(
     progress: Progress | None = None,
     strict: bool = False,
     recompiles: bool | None = None,
+    decision: Decision | None = None,
 ) -> ScanReport:
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged. DeepSpeed
     specs are captured whole over several steps (``scan.deepspeed``), which record their
@@ -44,7 +45,9 @@ def scan(
 
     ``recompiles``: probe every captured block with changed inputs (``probe.py``; about two
     eager training steps and two block replays per block kind); None: on unless
-    ``GBDOCTOR_RECOMPILE_PROBE=0`` (``job.probe_by_default``)."""
+    ``GBDOCTOR_RECOMPILE_PROBE=0`` (``job.probe_by_default``). A simulation runs no step, so it
+    never probes. ``decision``: an earlier ``decide(spec)`` to keep (plan re-scans keep the
+    first one, its reason and notice included); None decides now."""
     if recompiles is None:
         recompiles = probe_by_default()
     if strategy is None or isinstance(strategy, str):
@@ -54,7 +57,8 @@ def scan(
 
         return scan_deepspeed(spec, strategy=strategy, progress=progress, strict=strict)
     # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
-    decision = decide(spec)
+    if decision is None:
+        decision = decide(spec)
     spec = pin(spec, decision)
     if decision.simulate:
         return simulate_scan(
