@@ -6,13 +6,27 @@ import os
 from pathlib import Path
 
 import pytest
-from repo_paths import FIXTURES
+from repo_paths import EXTRA_INSTALL, FIXTURES, extra_installed
 
 # The scan's recompile probe (about two eager steps and two block replays per block kind) runs
 # only in the tests that check recompiles: they ask for it (``scan(..., recompiles=True)``,
 # ``--recompile-probe``). Every other scan records that it ran without it. Spawned ranks and
 # CLI subprocesses inherit this.
 os.environ.setdefault("GBDOCTOR_RECOMPILE_PROBE", "0")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Skip tests marked ``extra("NAME")`` when that extra is not installed, naming the install
+    command; ``python -m pytest -m extra`` runs exactly them (stage 2 of ``.ci/run``)."""
+    for item in items:
+        for marker in item.iter_markers("extra"):
+            (extra,) = marker.args
+            if extra not in EXTRA_INSTALL:
+                raise pytest.UsageError(f"{item.nodeid}: unknown extra {extra!r}")
+            if not extra_installed(extra):
+                reason = f"needs the {extra} extra: {EXTRA_INSTALL[extra]}"
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

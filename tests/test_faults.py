@@ -77,16 +77,24 @@ class Job:
             time.sleep(0.1)
 
     def wait_ready(self) -> dict[int, int]:
-        """Rank -> pid once every rank is inside the model's build."""
+        """Rank -> pid once every rank is inside the model's build and the sampler has recorded
+        both ranks (so ``assert_clean`` knows them). Conditions, not delays: on a loaded machine
+        a fixed grace for the sampler was too short and the signal tests failed."""
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
-            ready = {r: self.tmp / f"rank{r}.ready" for r in (0, 1)}
-            if all(p.exists() and p.read_text() for p in ready.values()):
-                time.sleep(0.5)  # let the sampler see the ranks
-                return {r: int(p.read_text()) for r, p in ready.items()}
+            ranks = self._ready_ranks()
+            if ranks and set(ranks.values()) <= self.pids:
+                return ranks
             assert self.proc.poll() is None, self.proc.communicate()
-            time.sleep(0.2)
-        pytest.fail("ranks did not start")
+            time.sleep(0.1)  # polling interval, not a synchronisation
+        pytest.fail(f"ranks did not start within {STARTUP_S} s")
+
+    def _ready_ranks(self) -> dict[int, int] | None:
+        ready = {r: self.tmp / f"rank{r}.ready" for r in (0, 1)}
+        try:
+            return {r: int(p.read_text()) for r, p in ready.items()}
+        except (OSError, ValueError):  # not written yet, or caught mid-write
+            return None
 
     def finish(self, within_s: float) -> tuple[int, str, str, float]:
         start = time.monotonic()

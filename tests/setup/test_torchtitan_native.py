@@ -2,15 +2,15 @@
 
 The torchtitan scans run torchtitan 0.3.0's own config registry, model registry and
 ``parallelize_deepseekv3`` (per-block ``Module.compile(fullgraph=True)`` after SAC, FSDP2 and
-EP) on real gloo ranks; they are skipped when the ``torchtitan`` extra is not installed.
+EP) on real gloo ranks; they are skipped, naming the install command, when the ``torchtitan`` extra is not installed.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 
 from gbdoctor.errors import SpecError
 from gbdoctor.scan import scan
@@ -18,9 +18,7 @@ from gbdoctor.setup.torchtitan_native import parse_run, world_size_for
 from gbdoctor.spec import load_spec
 from gbdoctor.summary import summarize
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
-
-titan = pytest.importorskip("torchtitan", reason="the torchtitan extra is not installed")
+pytestmark = pytest.mark.extra("torchtitan")
 
 EP2 = (
     "--compile.enable",

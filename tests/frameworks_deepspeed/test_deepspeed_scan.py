@@ -5,16 +5,14 @@ shared by every assertion (DeepSpeed's import and initialize dominate the cost).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 
 from gbdoctor.records import ScanReport
 from gbdoctor.spec import load_spec
 
-pytestmark = pytest.mark.slow
-
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+pytestmark = [pytest.mark.slow, pytest.mark.extra("deepspeed")]
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
 from gbdoctor.errors import SpecError
 from gbdoctor.spec import load_spec
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "fixtures"
+pytestmark = pytest.mark.extra("deepspeed")
 ZERO1, ZERO2, ZERO3 = (FIXTURES / f"deepspeed_zero{n}.toml" for n in (1, 2, 3))
 
 
