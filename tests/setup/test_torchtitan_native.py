@@ -26,7 +26,7 @@ EP2 = (
     "2",
     "--training.disable_cuda_graphs",
     # torchtitan 0.3's default "spmd_types" backend fails in fully_shard on torch 2.13
-    # (README: "What torchtitan 0.3.0 itself needs here").
+    # (docs/torchtitan.md: "What torchtitan 0.3.0 itself needs here").
     "--parallelism.spmd_backend",
     "partial_dtensor",
 )
