@@ -9,23 +9,39 @@ the call and the line that made it. No torch import here.
 ``os._exit`` cannot be intercepted when native code calls the C ``_exit``; multi-rank jobs still
 catch that case, because a rank that ends without a result is reported (``setup.dist``).
 
-It also says which factory targets a spec may name: a ``.py`` file or an importable module
-outside the standard library, whose callable is defined there (``stdlib_target``, ``defined_in``).
+It also says which factory targets a spec may name: a ``.py`` file, or an importable module of the
+user's own that is neither the standard library nor an installed distribution, whose callable is
+defined there (``stdlib_target``, ``installed_distribution``, ``defined_in``). docs/security.md
+gives the threat model: a spec downloaded with a repository must not run a command by being
+scanned, and every installed package's callables (``torch.utils.collect_env:run``,
+``sympy:sympify``) are callables that take a string.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
+import site
 import sys
 import sysconfig
 from collections.abc import Iterator
+from importlib import metadata
 from types import FrameType, TracebackType
 from typing import Any
 
 from gbdoctor.errors import ExitCode, GbdoctorError
 
-__all__ = ["UserCodeExit", "defined_in", "exits_guarded", "stdlib_file", "stdlib_target"]
+__all__ = [
+    "TRUSTED_FACTORY_ENV",
+    "UserCodeExit",
+    "defined_in",
+    "exits_guarded",
+    "installed_distribution",
+    "stdlib_file",
+    "stdlib_target",
+]
 
 _STDLIB = os.path.normcase(sysconfig.get_paths()["stdlib"]) + os.sep
 _PACKAGE = os.path.normcase(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -123,6 +139,52 @@ def stdlib_target(module: str) -> bool:
     ``flavor`` string as a command or as code, so a spec may not name them (issue #18)."""
     top = module.strip().split(".", 1)[0]
     return top in _REFUSED_MODULES or top in sys.stdlib_module_names
+
+
+TRUSTED_FACTORY_ENV = "GBDOCTOR_TRUSTED_FACTORY_PACKAGES"
+"""Comma-separated top-level packages of installed distributions whose callables a spec's
+factory may name: the user's explicit opt-in, outside any spec (a spec cannot trust itself)."""
+
+
+@functools.cache
+def _site_directories() -> tuple[str, ...]:
+    dirs = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    with contextlib.suppress(AttributeError):  # virtualenv's old site.py lacks both
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    return tuple(os.path.normcase(os.path.realpath(d)) + os.sep for d in sorted(dirs))
+
+
+@functools.cache
+def _distributions_by_package() -> dict[str, list[str]]:
+    return metadata.packages_distributions()
+
+
+def installed_distribution(module: str) -> str | None:
+    """The installed distribution ``module``'s top-level package comes from, else None.
+
+    Decided without importing anything: by the installed distributions' file lists, and by
+    where the import system would load the package from (site-packages). A package the user
+    opted into through ``GBDOCTOR_TRUSTED_FACTORY_PACKAGES`` counts as the user's own."""
+    top = module.strip().split(".", 1)[0]
+    trusted = {name.strip() for name in os.environ.get(TRUSTED_FACTORY_ENV, "").split(",")}
+    if top in trusted:
+        return None
+    names = _distributions_by_package().get(top)
+    if names:
+        return names[0]
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: finds, imports nothing
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if spec is not None and spec.origin:
+        locations.append(spec.origin)
+    for location in locations:
+        real = os.path.normcase(os.path.realpath(location))
+        if any(real.startswith(d) for d in _site_directories()):
+            return top
+    return None
 
 
 def stdlib_file(path: str) -> bool:

@@ -20,7 +20,13 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SpecError, exception_line
-from ..usercode import defined_in, stdlib_file, stdlib_target
+from ..usercode import (
+    TRUSTED_FACTORY_ENV,
+    defined_in,
+    installed_distribution,
+    stdlib_file,
+    stdlib_target,
+)
 from .structure import find_blocks
 
 _FORMAT_HINT = "write the factory as 'path/to/file.py:build' or 'package.module:build'"
@@ -90,6 +96,16 @@ def _import_module(target: str, ref: str):
             f"model factory {ref!r}: {target!r} is a standard-library or builtin module, "
             "not a model factory",
             hint=_OWN_CODE_HINT,
+        )
+    distribution = installed_distribution(target)
+    if distribution is not None:
+        top = target.split(".", 1)[0]
+        raise SpecError(
+            f"model factory {ref!r}: {target!r} belongs to the installed package "
+            f"{distribution!r}, not to your model code; a spec may not run an installed "
+            "package's callables (it would call one with the flavor string)",
+            hint=f"point the factory at your own file or package; if {top} is your model "
+            f"package, trust it explicitly: {TRUSTED_FACTORY_ENV}={top}",
         )
     try:
         return importlib.import_module(target)

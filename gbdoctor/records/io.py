@@ -24,6 +24,7 @@ import errno
 import json
 import math
 import os
+import stat
 import tempfile
 import types
 import typing
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gbdoctor.errors import BaselineError, ExitCode, GbdoctorError
+from gbdoctor.errors import BaselineError, ExitCode, GbdoctorError, exception_line
 
 T = TypeVar("T")
 
@@ -133,15 +134,46 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
         raise BaselineError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
     if counts and tp is int and value < 0:
         raise BaselineError(f"{where}: {value} is negative (impossible here)")
+    if tp is int and abs(value) > MAX_INT:
+        raise BaselineError(f"{where}: {value} is out of range (at most {MAX_INT})")
     if counts and tp is float and not math.isfinite(value):
         raise BaselineError(f"{where}: {value} is not a finite number")
 
 
+MAX_INT = 2**63 - 1
+"""The largest integer a record holds (a count, size or line); JSON may spell any integer."""
+
+MAX_READ_BYTES = 256 * 2**20
+"""The largest JSON file gbdoctor reads (a 48-layer scan is well under 1 MiB): a larger one,
+or ``/dev/zero``, is refused before it is read, not read until memory runs out."""
+
+
 def read_text(path: str | Path, what: str, hint: str) -> str:
-    """A JSON file's text; one-line BaselineError when it is missing (with ``hint``) or unreadable."""
+    """A JSON file's text; one-line BaselineError when it is missing (with ``hint``),
+    unreadable, not a regular file (a FIFO would block, ``/dev/zero`` never ends) or larger
+    than :data:`MAX_READ_BYTES`."""
     path = Path(path)
     try:
-        return path.read_text(encoding="utf-8")
+        # Opened without blocking (a FIFO with no writer would block the open itself), then
+        # checked through the descriptor: what is read is what was checked.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(fd)
+            if stat.S_ISDIR(info.st_mode):
+                raise BaselineError(f"{path}: is a directory, not a {what} file", hint=hint)
+            if not stat.S_ISREG(info.st_mode):
+                raise BaselineError(
+                    f"{path}: not a regular file (a device, FIFO or socket), not a {what} file",
+                    hint=hint,
+                )
+            if info.st_size > MAX_READ_BYTES:
+                raise BaselineError(
+                    f"{path}: {info.st_size} bytes, larger than the "
+                    f"{MAX_READ_BYTES // 2**20} MiB a {what} file may have",
+                    hint=hint,
+                )
+            os.set_blocking(fd, True)
+            return handle.read(MAX_READ_BYTES + 1).decode("utf-8")
     except FileNotFoundError:
         raise BaselineError(f"{path}: no such {what} file", hint=hint) from None
     except IsADirectoryError:
@@ -164,6 +196,8 @@ def parse_json_object(text: str, name: str, hint: str | None = None) -> dict[str
         raise BaselineError(
             f"{name}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", hint=hint
         ) from None
+    except ValueError as exc:  # an integer of more than 4300 digits (int_max_str_digits)
+        raise BaselineError(f"{name}: not valid JSON ({exception_line(exc)})", hint=hint) from None
     except RecursionError:
         raise BaselineError(f"{name}: JSON nested too deeply to read", hint=hint) from None
     if not isinstance(data, dict):
@@ -182,7 +216,8 @@ def check_schema_version(
             f"{name}: missing key 'schema_version' (not a gbdoctor {what}?)", hint=hint
         )
     accepted = expected if isinstance(expected, tuple) else (expected,)
-    if version not in accepted:
+    # ``True == 1`` in Python: a boolean is not a version, however it compares
+    if isinstance(version, bool) or version not in accepted:
         readable = ", ".join(map(str, accepted))
         raise BaselineError(
             f"{name}: {what} schema_version {version!r}, this gbdoctor reads {readable}", hint=hint
@@ -233,11 +268,55 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
-def check_writable(path: str | os.PathLike[str], what: str = "output") -> None:
-    """:class:`OutputError` unless ``path`` can be created or replaced. Creates nothing."""
+def _special_file(path: Path) -> os.stat_result | None:
+    """The stat of what ``path`` names when that is not a regular file to replace: a device,
+    a FIFO, a socket, or anything reached through ``/dev`` or ``/proc`` (``/dev/stdout`` is a
+    link to the process's own descriptor). None for a regular file or a new path."""
+    try:
+        st = path.stat()  # follows links
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return st
+    absolute = os.path.abspath(path)
+    if absolute.startswith(_IN_PLACE_ROOTS) or os.path.realpath(path).startswith(_IN_PLACE_ROOTS):
+        return st
+    return None
+
+
+_IN_PLACE_ROOTS = ("/dev/", "/proc/")
+"""Paths written in place, never renamed over: renaming onto ``/dev/null`` (as root) would
+replace the device node with a regular file for every process on the machine."""
+
+
+def check_writable(
+    path: str | os.PathLike[str], what: str = "output", *, inputs: tuple[Path, ...] = ()
+) -> None:
+    """:class:`OutputError` unless ``path`` can be created or replaced, or written in place (a
+    character device or a FIFO). ``inputs``: files the command reads; writing one of them would
+    destroy it, so an output that is one of them is refused. Creates nothing."""
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{what} {path} is a directory", hint="give a file path")
+    for source in inputs:
+        if _same_file(path, source):
+            raise OutputError(
+                f"{what} {path} is also an input of this command ({source}); writing it would "
+                "destroy the input",
+                hint="write the output to another file",
+            )
+    special = _special_file(path)
+    if special is not None:
+        if stat.S_ISCHR(special.st_mode) or stat.S_ISFIFO(special.st_mode):
+            if not os.access(path, os.W_OK):
+                raise OutputError(f"{what} {path}: no permission to write it")
+            return
+        if stat.S_ISREG(special.st_mode):
+            return  # a regular file reached through /dev or /proc (/dev/stdout > file)
+        raise OutputError(
+            f"{what} {path} is a {_kind(special)}, not a file",
+            hint="give a regular file path (or /dev/stdout)",
+        )
     existing = _nearest_existing(path.parent)
     if not existing.is_dir():
         raise OutputError(
@@ -252,6 +331,21 @@ def check_writable(path: str | os.PathLike[str], what: str = "output") -> None:
         )
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _kind(st: os.stat_result) -> str:
+    if stat.S_ISSOCK(st.st_mode):
+        return "socket"
+    if stat.S_ISBLK(st.st_mode):
+        return "block device"
+    return "special file"
+
+
 def _new_file_mode(target: Path) -> int:
     """The target's current mode, or the umask's default for a new file (mkstemp uses 0600)."""
     try:
@@ -262,27 +356,36 @@ def _new_file_mode(target: Path) -> int:
         return 0o666 & ~umask
 
 
-def write_atomic(path: str | os.PathLike[str], text: str, what: str = "output") -> None:
+def write_atomic(
+    path: str | os.PathLike[str],
+    text: str,
+    what: str = "output",
+    *,
+    inputs: tuple[Path, ...] = (),
+) -> None:
     """Replace ``path`` with ``text`` (UTF-8) atomically; create missing parent directories.
 
+    A symlink is written through (its target is replaced, the link stays); a character device
+    or a FIFO (``/dev/null``, ``/dev/stdout``, a pipe) is written in place, never renamed over.
     On any failure the previous file is untouched and the temporary file is removed:
-    :class:`OutputError` (exit 2) when the location is not writable, :class:`WriteError`
-    (exit 3) when writing failed part-way."""
-    target = Path(path)
-    check_writable(target, what)
+    :class:`OutputError` (exit 2) when the location is not writable or is an input,
+    :class:`WriteError` (exit 3) when writing failed part-way."""
+    check_writable(path, what, inputs=inputs)
+    data = text.encode("utf-8")
+    if _special_file(Path(path)) is not None:
+        _write_in_place(Path(path), data, what)
+        return
+    target = Path(os.path.realpath(path))
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise OutputError(
             f"{what} {target}: cannot create {target.parent} ({exc.strerror or exc})"
         ) from None
-    data = text.encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            _write_all(fd, data)
             if hasattr(os, "fchmod"):
                 os.fchmod(fd, _new_file_mode(target))
             os.fsync(fd)
@@ -293,17 +396,48 @@ def write_atomic(path: str | os.PathLike[str], text: str, what: str = "output") 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if isinstance(exc, OSError):
-            kind = (
-                OutputError
-                if exc.errno in (errno.EACCES, errno.EPERM, errno.EISDIR, errno.EROFS)
-                else WriteError
-            )
-            raise kind(
-                f"writing {what} {target} failed ({exc.strerror or exc}); the previous file is unchanged",
-                hint="free disk space or choose another location",
-            ) from None
+            raise _write_failure(exc, what, target, "; the previous file is unchanged") from None
         raise
     _fsync_dir(target.parent)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _write_in_place(path: Path, data: bytes, what: str) -> None:
+    """Write to a device or FIFO through its own node. A FIFO is opened without blocking, so
+    one that no process reads is an error instead of a hang."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise OutputError(
+                f"{what} {path}: no process is reading this FIFO",
+                hint="start the reader first, or write to a regular file",
+            ) from None
+        raise _write_failure(exc, what, path, "") from None
+    try:
+        os.set_blocking(fd, True)
+        _write_all(fd, data)
+    except OSError as exc:
+        raise _write_failure(exc, what, path, "") from None
+    finally:
+        os.close(fd)
+
+
+def _write_failure(exc: OSError, what: str, target: Path, kept: str) -> GbdoctorError:
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EISDIR, errno.EROFS):
+        return OutputError(f"writing {what} {target} failed ({exc.strerror or exc}){kept}")
+    hint = {
+        errno.ENOSPC: "free disk space or choose another location",
+        errno.EDQUOT: "free space within your disk quota or choose another location",
+        errno.EFBIG: "the file-size limit (ulimit -f) is too small for the output; raise it or "
+        "choose another location",
+    }.get(exc.errno or 0, "choose another location")
+    return WriteError(f"writing {what} {target} failed ({exc.strerror or exc}){kept}", hint=hint)
 
 
 def _fsync_dir(directory: Path) -> None:

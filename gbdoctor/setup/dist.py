@@ -269,9 +269,10 @@ def _rank_main(
     )
     loopback = _loopback_interface()
     if loopback:
-        os.environ.setdefault(
-            "GLOO_SOCKET_IFNAME", loopback
-        )  # gloo's pairs listen on loopback only
+        # gloo's pairs listen on loopback only. Forced, not a default: these ranks all run on
+        # this machine, and a GLOO_SOCKET_IFNAME left in the environment for the user's own
+        # multi-node jobs would make them listen on an external address.
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
     # Ranks share the machine's cores; oversubscribing threads makes gloo ranks crawl.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from gbdoctor.usercode import exits_guarded

@@ -1,0 +1,190 @@
+"""The promises of docs/security.md, each tested as stated (issue 32's red-team corpus).
+
+- A spec runs no code but the user's own: a factory naming an installed package's callable
+  (``torch.utils.collect_env:run`` runs its argument as a shell command, ``sympy:sympify``
+  evaluates it) is refused before anything is imported from it.
+- An output never destroys what it was not asked to write: a symlink is written through, a
+  device or FIFO is written in place (``-o /dev/null`` as root keeps the device node), a FIFO
+  nobody reads is an error instead of a hang.
+- Inputs are bounded: a device, a FIFO, a huge file, a 5000-digit integer or a boolean
+  ``schema_version`` is one line and exit 2, never a hang, a MemoryError or an internal error.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from repo_paths import FIXTURES, REPO
+
+from gbdoctor.errors import BaselineError
+from gbdoctor.records.io import OutputError, check_schema_version, parse_json_object, write_atomic
+from gbdoctor.usercode import TRUSTED_FACTORY_ENV, installed_distribution
+
+SCAN = FIXTURES / "scans" / "llama4_before.json"
+
+
+def gbdoctor(*args: str, cwd: Path = REPO, timeout: float = 120, **env: str):
+    return subprocess.run(
+        [sys.executable, "-m", "gbdoctor", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+    )
+
+
+# --------------------------------------------------------------------------- factories
+
+
+@pytest.mark.parametrize(
+    "factory, flavor",
+    [
+        ("torch.utils.collect_env:run", "touch {marker}"),
+        ("sympy:sympify", "__import__('pathlib').Path('{marker}').touch()"),
+        ("sympy.parsing.sympy_parser:parse_expr", "__import__('pathlib').Path('{marker}').touch()"),
+        ("click:launch", "{marker}"),
+    ],
+    ids=["collect_env-run", "sympify", "parse_expr", "click-launch"],
+)
+def test_a_spec_cannot_run_an_installed_package_callable(tmp_path, factory, flavor) -> None:
+    marker = tmp_path / "pwned"
+    spec = tmp_path / "s.toml"
+    spec.write_text(
+        f'[model]\nname = "custom"\nflavor = "{flavor.format(marker=marker)}"\n'
+        f'factory = "{factory}"\n[training]\nlocal_batch_size = 1\nseq_len = 8\n'
+    )
+    done = gbdoctor("scan", str(spec), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "belongs to the installed package" in done.stderr, done.stderr
+    assert TRUSTED_FACTORY_ENV in done.stderr  # the hint names the explicit opt-in
+    assert "Traceback" not in done.stderr
+    assert not marker.exists(), "the factory ran"
+
+
+def test_installed_packages_are_recognised_without_importing_them(monkeypatch) -> None:
+    monkeypatch.delitem(sys.modules, "sympy", raising=False)
+    assert installed_distribution("sympy.parsing.sympy_parser") == "sympy"
+    assert "sympy" not in sys.modules, "deciding imported the package"
+    assert installed_distribution("torch.utils.collect_env") == "torch"
+    assert installed_distribution("my_own_models_xyz.llama") is None  # not installed: the user's
+    monkeypatch.setenv(TRUSTED_FACTORY_ENV, "sympy, other")
+    assert installed_distribution("sympy") is None  # trusted explicitly
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def test_an_output_symlink_is_written_through(tmp_path) -> None:
+    target = tmp_path / "real.json"
+    target.write_text("old\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_atomic(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new\n"
+
+
+def test_an_output_fifo_is_written_in_place_or_refused_without_a_reader(tmp_path) -> None:
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="no process is reading this FIFO"):
+        write_atomic(fifo, "x\n")  # fails at once: no hang
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    # The reader's open blocks until a writer opens too; retry until it is waiting.
+    for _ in range(200):
+        try:
+            write_atomic(fifo, "report\n")
+            break
+        except OutputError:
+            threading.Event().wait(0.05)
+    reader.join(10)
+    assert got == [b"report\n"] and fifo.exists() and not fifo.is_file()
+
+
+def test_an_output_socket_is_refused(tmp_path) -> None:
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(path))
+        with pytest.raises(OutputError, match="is a socket"):
+            write_atomic(path, "x\n")
+    finally:
+        server.close()
+
+
+def _private_dev_available() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /dev"], capture_output=True
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(
+    not _private_dev_available(),
+    reason="needs root and unshare -m: the devices are made in a private /dev, so no run of "
+    "this test can damage the machine's own",
+)
+def test_device_outputs_are_written_in_place_in_a_private_dev(tmp_path) -> None:
+    """As root, renaming over ``/dev/null`` would replace the machine's device node. The test
+    builds a private ``/dev`` (a tmpfs in a private mount namespace) holding null, full and the
+    stdout link, so a regression damages nothing outside it."""
+    cli = f"{shlex.quote(sys.executable)} -m gbdoctor diff {SCAN} {SCAN}"
+    script = "\n".join(
+        [
+            "mount -t tmpfs tmpfs /dev && mknod -m 666 /dev/null c 1 3",
+            "mknod -m 666 /dev/full c 1 7 && ln -s /proc/self/fd/1 /dev/stdout",
+            f"{cli} -o /dev/null; echo null-rc=$?",
+            "stat -c null-type=%F /dev/null",
+            f"{cli} -o /dev/full 2>&1; echo full-rc=$?",
+            f"{cli} -o /dev/stdout | grep -c 'gbdoctor' | sed 's/^/stdout-lines=/'",
+            "stat -c stdout-type=%F /dev/stdout",
+        ]
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    out = done.stdout
+    assert "null-rc=0" in out and "null-type=character special file" in out, out + done.stderr
+    assert "full-rc=3" in out and "No space left on device" in out, out + done.stderr
+    assert "stdout-type=symbolic link" in out, out
+    assert "stdout-lines=0" not in out and "stdout-lines=" in out, out
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def test_a_device_or_fifo_as_input_is_one_line_at_once(tmp_path) -> None:
+    fifo = tmp_path / "scan.fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        done = gbdoctor("diff", path, str(SCAN), timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_integer_too_long_for_python_is_bad_input_not_an_internal_error() -> None:
+    with pytest.raises(BaselineError, match="not valid JSON"):
+        parse_json_object('{"breaks": ' + "9" * 5000 + "}", "scan.json")
+
+
+def test_a_boolean_schema_version_is_not_version_1() -> None:
+    with pytest.raises(BaselineError, match="schema_version True"):
+        check_schema_version({"schema_version": True}, 1, "scan.json", "scan", "hint")
