@@ -1,0 +1,298 @@
+"""Golden behaviour: the JSON ``scan``, ``plan``, ``inspect``, ``gate`` and ``diff`` write for the
+bundled specs is byte-identical to the committed copies under ``fixtures/golden/``.
+
+This is the safety net for refactors that must not change behaviour (issue 25): any change to
+a command's JSON output, or to its exit code, fails here. Each case runs the real CLI in its own
+process (``python -m gbdoctor.cli``, the way a user runs it), from the repository root, so the
+paths in the reports are the ones users see and no Dynamo state carries over between cases.
+
+Two absolute directories are masked, because they differ between a CI clone and a developer's
+checkout: this Python's site-packages (written ``<site-packages>``; Dynamo's own messages quote
+it, e.g. ``skip reason: file matches MOD_SKIPLIST (<site-packages>/torch/_dynamo)`` under EP and
+ZeRO-3) and the repository root (``<repo>``; a ZeRO-3 frame-skip event's detail quotes the model
+file's path). Both are leaks of machine paths into reports, recorded as they are so that this
+test proves behaviour unchanged rather than changing it. Nothing else varies: gbdoctor's output is
+deterministic by design (sorted keys, repository-relative paths, no timestamps or timings in
+these commands). What the goldens do depend on is the
+environment: the Dynamo messages of one torch release, and the versions of the optional
+DeepSpeed and torchtitan packages. A case is skipped, with the reason, when the installed
+version is not the one the goldens were recorded with (``fixtures/golden/versions.json``): a
+different torch changes break messages, which is not a gbdoctor regression.
+
+``GBDOCTOR_AVAILABLE_MEMORY_GIB`` is pinned to 16 so the real-or-simulated rule
+(``scan.estimate.decide``) decides the same on every machine.
+
+Regenerate after an intended change (then review ``git diff fixtures/golden``)::
+
+    GBDOCTOR_REGENERATE_GOLDEN=1 python -m pytest -q tests/test_golden.py
+
+Two tiers. By default a quick set runs (about 2 minutes on an idle 2-core CPU machine): one
+scan per setup path (in-process, spawned ranks, simulated, DeepSpeed, the installed torchtitan),
+a plan, an inspect, the gate and diff. Every other bundled spec (``full=True`` below: the
+remaining multi-rank scans and the plans that re-scan MoE models, about 7 more minutes) runs
+with ``GBDOCTOR_GOLDEN=all``; run that before landing a refactor. Cases over 15 s are marked
+``slow`` as well.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass
+
+import pytest
+from repo_paths import FIXTURES, REPO
+
+GOLDEN = FIXTURES / "golden"
+VERSIONS = GOLDEN / "versions.json"
+REGENERATE = os.environ.get("GBDOCTOR_REGENERATE_GOLDEN", "").strip() not in ("", "0")
+ALL = REGENERATE or os.environ.get("GBDOCTOR_GOLDEN", "").strip() == "all"
+OUT = "{out}"
+"""Placeholder in a case's arguments for the file the command writes (the golden's twin)."""
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str
+    name: str
+    args: tuple[str, ...]
+    exit_code: int = 0
+    needs: tuple[str, ...] = ("torch",)
+    """Distributions whose installed version must match the recorded one."""
+    slow: bool = False
+    full: bool = False
+    """Only with ``GBDOCTOR_GOLDEN=all`` (see the module docstring)."""
+
+    @property
+    def golden(self):
+        return GOLDEN / self.command / f"{self.name}.json"
+
+    @property
+    def id(self) -> str:
+        return f"{self.command}-{self.name}"
+
+
+def _scan(name: str, spec: str, *extra: str, exit_code=0, slow=False, full=False, needs=()) -> Case:
+    return Case(
+        "scan",
+        name,
+        ("scan", spec, *extra, "--format", "json", "--output", OUT),
+        exit_code=exit_code,
+        needs=("torch", *needs),
+        slow=slow or full,
+        full=full,
+    )
+
+
+def _plan(name: str, spec: str, *, exit_code=0, slow=False, full=False, needs=()) -> Case:
+    return Case(
+        "plan",
+        name,
+        ("plan", spec, "--emit-config", "json", "--output", OUT),
+        exit_code=exit_code,
+        needs=("torch", *needs),
+        slow=slow or full,
+        full=full,
+    )
+
+
+DS = ("deepspeed",)
+TITAN = ("torchtitan",)
+DEBUG_SCANS = tuple(
+    f"fixtures/golden/scan/{name}.json"
+    for name in ("llama3_debug", "llama4_debug", "deepseek_v3_debug")
+)
+
+CASES = (
+    # Every bundled spec scanned: single-rank in-process, multi-rank on spawned ranks.
+    _scan("llama3_debug", "fixtures/llama3_debug.toml"),
+    _scan("custom_tiny", "fixtures/custom_tiny.toml"),
+    _scan("llama4_debug", "fixtures/llama4_debug.toml", full=True),
+    _scan("deepseek_v3_debug", "fixtures/deepseek_v3_debug.toml", full=True),
+    _scan("llama3_debug_dp2", "fixtures/llama3_debug_dp2.toml", slow=True),
+    _scan("llama3_debug_tp2", "fixtures/llama3_debug_tp2.toml", full=True),
+    _scan("llama3_debug_dp2tp2", "fixtures/llama3_debug_dp2tp2.toml", full=True),
+    _scan("llama4_debug_ep2", "fixtures/llama4_debug_ep2.toml", full=True),
+    _scan("llama4_debug_tp2", "fixtures/llama4_debug_tp2.toml", full=True),
+    _scan("deepseek_v3_debug_ep2", "fixtures/deepseek_v3_debug_ep2.toml", full=True),
+    _scan("deepspeed_zero1", "fixtures/deepspeed_zero1.toml", full=True, needs=DS),
+    _scan("deepspeed_zero2", "fixtures/deepspeed_zero2.toml", slow=True, needs=DS),
+    _scan("deepspeed_zero3", "fixtures/deepspeed_zero3.toml", full=True, needs=DS),
+    # A full-size production config, simulated (fake process group, fake tensors).
+    _scan("llama3_8b_simulated", "fixtures/torchtitan_v0.2.2/llama3_8b.toml", "--simulate"),
+    # The installed torchtitan (>= 0.3) set up by its own code.
+    Case(
+        "scan",
+        "torchtitan_llama3_debugmodel",
+        ("scan", "--torchtitan", "llama3:llama3_debugmodel", "--format", "json", "-o", OUT),
+        needs=("torch", *TITAN),
+        slow=True,
+    ),
+    _plan("llama3_debug", "fixtures/llama3_debug.toml"),
+    _plan("custom_tiny", "fixtures/custom_tiny.toml", full=True),
+    _plan("llama4_debug", "fixtures/llama4_debug.toml", full=True),
+    _plan("deepseek_v3_debug", "fixtures/deepseek_v3_debug.toml", full=True),
+    _plan("llama3_8b", "fixtures/torchtitan_v0.2.2/llama3_8b.toml", full=True),
+    _plan("deepspeed_zero2", "fixtures/deepspeed_zero2.toml", full=True, needs=DS),
+    Case(
+        "inspect",
+        "llama4_debug",
+        ("inspect", "fixtures/llama4_debug.toml", "--format", "json", "--output", OUT),
+    ),
+    Case(
+        "inspect",
+        "deepspeed_zero3",
+        ("inspect", "fixtures/deepspeed_zero3.toml", "--format", "json", "--output", OUT),
+        needs=("torch", *DS),
+        full=True,
+        slow=True,
+    ),
+    # The gate over the golden scans of the README's three specs plus one the baseline lacks
+    # (a regression: exit 1), and the baseline those scans write.
+    Case(
+        "gate",
+        "debug_specs_and_custom",
+        (
+            "gate",
+            *(
+                arg
+                for path in (*DEBUG_SCANS, "fixtures/golden/scan/custom_tiny.json")
+                for arg in ("--scan", path)
+            ),
+            "--baseline",
+            "fixtures/baselines/debug-specs.json",
+            "--format",
+            "json",
+            "--output",
+            OUT,
+        ),
+        exit_code=1,
+    ),
+    Case(
+        "gate",
+        "baseline_written",
+        (
+            "gate",
+            *(arg for path in DEBUG_SCANS for arg in ("--scan", path)),
+            "--baseline",
+            OUT,
+            "--update-baseline",
+        ),
+    ),
+    # A spec the gate scans itself, under the baseline's pinned Dynamo settings.
+    Case(
+        "gate",
+        "llama3_debug_scanned",
+        (
+            "gate",
+            "fixtures/llama3_debug.toml",
+            "--baseline",
+            "fixtures/baselines/debug-specs.json",
+            "--format",
+            "json",
+            "--output",
+            OUT,
+        ),
+        slow=True,
+    ),
+    Case(
+        "diff",
+        "llama4_new_break",
+        (
+            "diff",
+            "fixtures/scans/llama4_before.json",
+            "fixtures/scans/llama4_after_new_break.json",
+            "--format",
+            "json",
+            "--output",
+            OUT,
+        ),
+        exit_code=1,
+    ),
+)
+
+
+def _installed(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _recorded_versions() -> dict[str, str]:
+    return json.loads(VERSIONS.read_text()) if VERSIONS.exists() else {}
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["GBDOCTOR_AVAILABLE_MEMORY_GIB"] = "16"
+    env["GBDOCTOR_RECOMPILE_PROBE"] = "0"
+    env.setdefault("DS_ACCELERATOR", "cpu")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+    # The gbdoctor under test is this checkout's, whatever else is on the path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in CASES],
+)
+def test_command_json_matches_its_golden(case: Case, tmp_path):
+    if case.full and not ALL:
+        pytest.skip("in the full golden set only: GBDOCTOR_GOLDEN=all")
+    recorded = _recorded_versions()
+    for dist in case.needs:
+        installed = _installed(dist)
+        if installed is None:
+            pytest.skip(f"{dist} is not installed")
+        if not REGENERATE and recorded.get(dist) != installed:
+            pytest.skip(
+                f"goldens recorded with {dist} {recorded.get(dist)}, this is {installed}: "
+                "regenerate them under the version gbdoctor is measured against"
+            )
+    out = tmp_path / case.golden.name
+    args = [str(out) if a == OUT else a for a in case.args]
+    done = subprocess.run(
+        [sys.executable, "-m", "gbdoctor.cli", *args],
+        cwd=REPO,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == case.exit_code, done.stderr[-4000:]
+    produced = _masked(out.read_bytes())
+    if REGENERATE:
+        case.golden.parent.mkdir(parents=True, exist_ok=True)
+        case.golden.write_bytes(produced)
+        versions = _recorded_versions()
+        versions.update({dist: _installed(dist) for dist in case.needs})
+        VERSIONS.write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
+        return
+    assert case.golden.exists(), f"no golden {case.golden}: regenerate (see the module docstring)"
+    expected = case.golden.read_bytes()
+    if produced != expected:
+        pytest.fail(
+            f"{case.id}: JSON differs from {case.golden.relative_to(REPO)}:\n"
+            + _first_difference(expected.decode(), produced.decode())
+        )
+
+
+def _masked(output: bytes) -> bytes:
+    site_packages = sysconfig.get_paths()["purelib"].encode()
+    output = output.replace(site_packages, b"<site-packages>")
+    return output.replace(str(REPO).encode(), b"<repo>")
+
+
+def _first_difference(expected: str, produced: str) -> str:
+    import difflib
+
+    lines = difflib.unified_diff(
+        expected.splitlines(), produced.splitlines(), "golden", "produced", lineterm="", n=2
+    )
+    return "\n".join(list(lines)[:60])
