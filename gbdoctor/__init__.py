@@ -2,7 +2,7 @@
 
 Stage packages, imports pointing down only (``tests/test_layering.py`` keeps it so)::
 
-    cli.py                       thin typer app: parse, call, render, exit code
+    cli/                         typer app, shared options, one thin module per command
     report/                      formatters over records only
     gate.py  plan/  run/         commands: gate, plan (planner, emitters), run (driver, worker)
     scan/                        environment (in-process / spawned / simulated), rank, dedupe, merge

@@ -8,6 +8,8 @@ at any depth (function-level lazy imports count: they are still dependencies), i
   a ``BaselineError`` raised by ``records.io``, exit code 2).
 - Formatters (``report/``) import no command module: ``scan``, ``plan``, ``run``, ``gate``,
   ``cli`` (they lay out records; they never call a command back).
+- ``cli/`` is the top floor: only ``__main__`` imports it, and only ``cli/`` imports typer, so
+  every command is a thin layer over a library function that tests call without typer.
 - Stage packages form no cycle: the graph between stages (``records``, ``errors``, ``causes``,
   ``capture``, ``setup``, ``models``, ``scan``, ``plan``, ``run``, ``gate``, ``summary``,
   ``spec``, ``report``, ``cli``) is acyclic.
@@ -112,6 +114,14 @@ def layering_violations(root: Path = PACKAGE) -> list[str]:
                 problems.append(f"{mod} imports {dep}: errors.py imports nothing from gbdoctor")
             if stage == "report" and target in COMMANDS:
                 problems.append(f"{mod} imports {dep}: formatters import no command module")
+            if target == "cli" and stage not in ("cli", "__main__"):
+                problems.append(f"{mod} imports {dep}: nothing below the CLI imports cli/")
+    for path in sorted(root.rglob("*.py")):
+        mod = _module_name(path, root)
+        if _stage(mod) != "cli":
+            for dep in sorted(_imports(path, root)):
+                if dep == "typer" or dep.startswith("typer."):
+                    problems.append(f"{mod} imports {dep}: only cli/ uses typer")
     # Stage cycles (edges between different stages; the top-level package itself is skipped).
     edges: dict[str, set[str]] = {}
     for mod, deps in graph.items():
@@ -172,6 +182,7 @@ def test_expected_stage_packages_exist():
         "report",
         "setup",
         "models",
+        "cli",
     ):
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
     assert (PACKAGE / "__init__.py").is_file()  # a regular package, not a namespace package
@@ -187,6 +198,8 @@ def test_expected_stage_packages_exist():
             "no command module",
         ),
         ("causes/bad.py", "from gbdoctor.scan import scan\n", "import cycle"),
+        ("scan/bad.py", "from gbdoctor.cli.output import emit\n", "below the CLI"),
+        ("plan/bad.py", "import typer\n", "only cli/ uses typer"),
         ("scan/bad.py", "from torch._dynamo.utils import counters\n", "Dynamo internals"),
         (
             "plan/bad.py",

@@ -1,4 +1,4 @@
-"""``--format table``: the human view. The only rich importer besides ``cli.py``.
+"""``--format table``: the human view. The only rich importer besides ``cli/``.
 
 Also renders gate results as a table (``gate_formats`` delegates here so rich stays in one place).
 """

@@ -1,0 +1,111 @@
+"""How a command ends: library errors, signals and user code that exits become one line on
+stderr and the documented exit code (``errors.ExitCode``); ``--debug`` (or ``GBDOCTOR_DEBUG=1``)
+adds the traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import traceback
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any, TypeVar
+
+import typer
+
+from gbdoctor.cli.output import err_console, say
+from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError, exception_line
+
+app_debug = [False]
+"""The app's ``--debug``, set by the app callback each time the CLI runs (typer gives the
+command no click context to read it from)."""
+
+
+def debug_enabled() -> bool:
+    """``gbdoctor --debug COMMAND`` (the app option) or ``GBDOCTOR_DEBUG=1``."""
+    return app_debug[0] or os.environ.get(DEBUG_ENV) == "1"
+
+
+@contextlib.contextmanager
+def _debug_env(debug: bool) -> Iterator[None]:
+    """``--debug`` as ``GBDOCTOR_DEBUG=1`` for the command's duration: spawned ranks inherit it
+    (a block that does not trace prints its traceback to stderr)."""
+    old = os.environ.get(DEBUG_ENV)
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(DEBUG_ENV, None)
+        else:
+            os.environ[DEBUG_ENV] = old
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (CI cancel or timeout): unwound like Ctrl-C, so every child is stopped."""
+
+
+SIGNAL_EXIT = {"interrupted": 130, "terminated": 143}
+"""Exit status after Ctrl-C (SIGINT) and SIGTERM: 128 + the signal number, as a shell reports it."""
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def _print_traceback(text: str) -> None:
+    err_console.print(text, markup=False, highlight=False)
+
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+def handle_errors(fn: Command) -> Command:
+    """Map library errors to one line and an exit code (traceback only with --debug).
+
+    User code run by the command (a custom model's factory, forward, hooks) that calls
+    ``sys.exit`` or ``os._exit`` is an error too (exit 3): a scan must never pass by exiting."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from gbdoctor.usercode import exits_guarded
+
+        debug = debug_enabled()
+        try:
+            with _debug_env(debug), exits_guarded():
+                return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort, typer.BadParameter):
+            raise
+        except GbdoctorError as exc:
+            if debug:
+                _print_traceback(traceback.format_exc())
+                remote = getattr(exc, "remote_traceback", None)
+                if remote:
+                    _print_traceback(remote)
+            say(f"Error: {exc.message}")
+            if exc.hint:
+                say(f"Hint: {exc.hint}")
+            raise typer.Exit(int(exc.exit_code)) from None
+        except KeyboardInterrupt:
+            say("Interrupted.")
+            raise typer.Exit(SIGNAL_EXIT["interrupted"]) from None
+        except Terminated:
+            say("Terminated.")
+            raise typer.Exit(SIGNAL_EXIT["terminated"]) from None
+        except RecursionError:
+            if debug:
+                _print_traceback(traceback.format_exc())
+            say("Error: input nested too deeply to read")
+            raise typer.Exit(int(ExitCode.BAD_INPUT)) from None
+        except Exception as exc:  # noqa: BLE001 - last line of defence: no raw traceback
+            if debug:
+                _print_traceback(traceback.format_exc())
+            say(f"Error: internal error: {exception_line(exc)}")
+            say("Hint: rerun with `gbdoctor --debug ...` and report the traceback")
+            raise typer.Exit(int(ExitCode.ENVIRONMENT)) from None
+
+    return wrapper  # type: ignore[return-value]  # functools.wraps keeps the signature typer reads

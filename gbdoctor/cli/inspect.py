@@ -1,0 +1,40 @@
+"""``gbdoctor inspect``: the model as set up (``gbdoctor.scan.inspect.inspect_spec``)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from gbdoctor.cli.inputs import choose_strategy, load_spec_options
+from gbdoctor.cli.options import (
+    InspectFormatOpt,
+    OutputOpt,
+    SetOpt,
+    SimulateOpt,
+    SpecArg,
+    StrategyOpt,
+    WorldSizeOpt,
+)
+from gbdoctor.cli.output import emit, notice, preflight
+
+
+def inspect(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    strategy: StrategyOpt = None,
+    format: InspectFormatOpt = "table",
+    output: OutputOpt = None,
+    simulate: SimulateOpt = False,
+    world_size: WorldSizeOpt = None,
+) -> None:
+    """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
+    from gbdoctor.report.inspect import render_inspect
+    from gbdoctor.scan.inspect import inspect_spec
+
+    preflight(format, "inspect", output)
+    loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
+    # The model's own prints go to stderr: stdout holds only the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        report = inspect_spec(loaded, strategy=choose_strategy(loaded, strategy, None))
+    notice(report.notes, output, format)
+    emit(render_inspect(report, format), output)

@@ -1,0 +1,97 @@
+"""Where a command's output goes: the report to stdout or ``--output FILE``, everything else
+(notices, progress, one-line errors) to stderr, so that stdout holds only the report."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+err_console = Console(stderr=True)
+
+
+def say(line: str) -> None:
+    """One line on stderr, never wrapped (rich wraps at 80 columns when stderr is a pipe)."""
+    sys.stderr.write(line.replace("\n", " ") + "\n")
+    sys.stderr.flush()
+
+
+def print_err(text: str) -> None:
+    """``text`` on stderr as written: no rich markup or highlighting, no wrapping."""
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def emit(text: str, output: Path | None) -> None:
+    """The report: to stdout, or atomically to ``output`` (with a ``wrote FILE`` line)."""
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        from gbdoctor.records.io import write_atomic
+
+        write_atomic(output, text)
+        print_err(f"wrote {output}")
+
+
+def notice(notes: Iterable[str], output: Path | None, format: str) -> None:
+    """An automatic simulation's notice, also on stderr when the report does not go to the
+    terminal as a table (whose header carries it)."""
+    if output is not None or format != "table":
+        for note in notes:
+            if note.startswith("notice:"):
+                print_err(note)
+
+
+def preflight(format: str | None, command: str, *outputs: Path | None) -> None:
+    """Check the options that need no model before any work: the format name and every output
+    location (a bad one is exit 2 in a second, instead of a lost scan)."""
+    from gbdoctor.errors import SpecError
+    from gbdoctor.records.io import check_writable
+    from gbdoctor.report import COMMAND_FORMATS
+
+    formats = COMMAND_FORMATS.get(command, ())
+    if format is not None and format not in formats:
+        raise SpecError(f"unknown --format {format!r}", hint=f"valid formats: {', '.join(formats)}")
+    for path in outputs:
+        if path is not None:
+            check_writable(path)
+
+
+class ProgressBar:
+    """A rich progress bar on stderr driven by the library's ``Progress`` callback
+    (message, done, total).
+
+    While it is shown, Python-level prints (a model's own ``print`` calls, which scans run) go
+    to stderr, so that stdout holds only the report (``--format json`` stays parseable).
+    """
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=err_console,
+            transient=True,
+        )
+        self._task: TaskID | None = None
+
+    def __enter__(self) -> ProgressBar:
+        self._redirect = contextlib.redirect_stdout(sys.stderr)
+        self._redirect.__enter__()
+        self._progress.__enter__()
+        self._task = self._progress.add_task("starting", total=1)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+        self._redirect.__exit__(*exc)
+
+    def __call__(self, message: str, done: int, total: int) -> None:
+        assert self._task is not None, "ProgressBar is called inside its with-block only"
+        self._progress.update(self._task, description=message, completed=done, total=max(total, 1))

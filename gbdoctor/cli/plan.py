@@ -1,0 +1,46 @@
+"""``gbdoctor plan``: propose, verify and emit a compile plan (``gbdoctor.plan.propose_plan``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from gbdoctor.cli.inputs import load_spec_options
+from gbdoctor.cli.options import OutputOpt, SetOpt, SimulateOpt, SpecArg, WorldSizeOpt
+from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
+from gbdoctor.errors import ExitCode
+
+
+def plan(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    emit_config: Annotated[
+        str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
+    ] = None,
+    output: OutputOpt = None,
+    simulate: SimulateOpt = False,
+    world_size: WorldSizeOpt = None,
+) -> None:
+    """Propose a per-block compile/wrapping plan, verify it by re-scanning, emit it.
+
+    Exit 1 when some block kind could not be verified (it is then left out of emitted code)."""
+    from gbdoctor.plan import propose_plan
+    from gbdoctor.plan.emit import EMITTERS
+    from gbdoctor.plan.emit import emit as emit_plan
+    from gbdoctor.report.plan_table import render_plan_table
+
+    if emit_config is not None and emit_config not in EMITTERS:
+        raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
+    preflight(None, "plan", output)
+    loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
+    with ProgressBar() as bar:
+        result = propose_plan(loaded, progress=bar)
+    if emit_config is None:
+        emit(render_plan_table(result), output)
+    else:
+        # The table still shows (on stderr): stdout or --output holds only the emitted config.
+        err_console.print(render_plan_table(result), markup=False, highlight=False)
+        emit(emit_plan(result, emit_config), output)
+    if not result.verified:
+        raise typer.Exit(int(ExitCode.FINDINGS))

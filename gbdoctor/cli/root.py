@@ -1,0 +1,128 @@
+"""The typer app: one-line usage errors, the app's own options (``--version``, ``--debug``),
+every command registered in the order ``gbdoctor --help`` lists them, and ``main``."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from gbdoctor.cli.causes import causes
+from gbdoctor.cli.diff import diff
+from gbdoctor.cli.exits import app_debug, handle_errors, on_sigterm
+from gbdoctor.cli.gate import gate
+from gbdoctor.cli.inspect import inspect
+from gbdoctor.cli.output import say
+from gbdoctor.cli.plan import plan
+from gbdoctor.cli.run import run
+from gbdoctor.cli.scan import scan
+
+# typer vendors click (``typer._click``) in recent releases and uses the real package in older
+# ones: find click's base exception through a public class instead of importing either.
+_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (unknown option, bad value) as click's plain ``Error: ...`` line instead of
+    typer's rich box, which wraps the message over several lines."""
+
+    def main(
+        self,
+        args: Any = None,
+        prog_name: Any = None,
+        complete_var: Any = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _ClickException as exc:
+            if not standalone_mode:
+                raise
+            exc.show()
+            if getattr(exc, "option_name", None) == "--debug":
+                say("Hint: --debug is an option of gbdoctor itself: gbdoctor --debug COMMAND ...")
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            say("Aborted.")
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    # Help texts name TOML tables ("[training]"): plain text, not Rich markup, which would eat them.
+    rich_markup_mode=None,
+    help="Find, explain, fix and gate torch.compile graph breaks under real training setups.",
+)
+
+TORCH_VERSIONS_TESTED = ("2.13.0",)
+"""torch releases the planted-break suite passes on (benchmarks/compat.py re-measures)."""
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        import torch
+
+        from gbdoctor.setup.torchtitan_native import TORCHTITAN_VERSIONS_TESTED, torchtitan_version
+
+        try:
+            own = version("gbdoctor")
+        except PackageNotFoundError:
+            own = "(not installed)"
+        titan = torchtitan_version() or "not installed"
+        typer.echo(
+            f"gbdoctor {own}\n"
+            f"torch {torch.__version__} (tested: {', '.join(TORCH_VERSIONS_TESTED)})\n"
+            f"torchtitan {titan} (scan --torchtitan tested with: "
+            f"{', '.join(TORCHTITAN_VERSIONS_TESTED)}; the built-in recipe follows v0.2.0-0.2.2)"
+        )
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_version_callback,
+            is_eager=True,
+            help="Show gbdoctor, torch and torchtitan versions, and those tested",
+        ),
+    ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show tracebacks on errors (every command; before it: gbdoctor --debug scan ...)",
+        ),
+    ] = False,
+) -> None:
+    """Find, explain, fix and gate torch.compile graph breaks under real training setups."""
+    app_debug[0] = debug
+
+
+# ``scan --torchtitan MODULE:CONFIG`` passes torchtitan's own --section.key options through.
+app.command(context_settings={"ignore_unknown_options": True})(handle_errors(scan))
+for _command in (inspect, causes, plan, run, gate, diff):
+    app.command()(handle_errors(_command))
+
+
+def main(args: list[str] | None = None) -> None:
+    """Console-script entry point. SIGTERM (what CI sends on cancel or timeout) unwinds like
+    Ctrl-C: children are stopped, and the exit status is 143 (130 for Ctrl-C)."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    app(args)

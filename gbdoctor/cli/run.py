@@ -1,0 +1,114 @@
+"""``gbdoctor run``: train for real under every mode and compare throughput
+(``gbdoctor.run.run_modes``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gbdoctor.cli.inputs import load_spec_options
+from gbdoctor.cli.options import OutputOpt, RunFormatOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
+from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
+from gbdoctor.errors import ExitCode
+
+if TYPE_CHECKING:
+    from gbdoctor.records import Plan
+
+
+def run(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    modes: Annotated[
+        str | None,
+        typer.Option(
+            "--modes",
+            help="Comma-separated subset of eager,titan-v0.2.0,titan-v0.2.2,block-fullgraph,plan,"
+            "cudagraphs (the plan with mode=reduce-overhead; CUDA only)",
+        ),
+    ] = None,
+    steps: Annotated[int, typer.Option("--steps", help="Measured steps per mode and round")] = 5,
+    warmup: Annotated[
+        int, typer.Option("--warmup", help="Warm-up steps per mode (compile happens here)")
+    ] = 2,
+    rounds: Annotated[
+        int,
+        typer.Option(
+            "--rounds",
+            help="Run every mode this many times, alternating the order; 2+ gives ratios a spread",
+        ),
+    ] = 2,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="inductor (what training uses) or aot_eager (traces only: quick runs, tests); "
+            "default: the spec's [compile] backend when it names one, else inductor",
+        ),
+    ] = None,
+    plan_file: Annotated[
+        Path | None,
+        typer.Option("--plan", help="Reuse a saved plan JSON instead of making one"),
+    ] = None,
+    no_plan: Annotated[bool, typer.Option("--no-plan", help="Do not make or run a plan")] = False,
+    batch_size: Annotated[
+        int | None,
+        typer.Option(
+            "--batch-size", help="Local batch (default: CPU bench shape; CUDA: [training])"
+        ),
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option(
+            "--seq-len", help="Sequence length (default: CPU bench shape; CUDA: [training])"
+        ),
+    ] = None,
+    nproc: Annotated[
+        int | None, typer.Option("--nproc", help="Ranks (must match the spec's world size)")
+    ] = None,
+    format: RunFormatOpt = "table",
+    csv: Annotated[
+        Path | None, typer.Option("--csv", help="Also write one CSV row per mode")
+    ] = None,
+    output: OutputOpt = None,
+    strict: StrictOpt = False,
+    world_size: WorldSizeOpt = None,
+) -> None:
+    """Make and verify the plan, then train for real under eager, the torchtitan baselines and
+    the plan; compare throughput, each ratio with its spread over rounds.
+
+    It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
+    memory estimate and how to shrink it."""
+    from gbdoctor.report.plan_table import render_plan_table
+    from gbdoctor.report.run_formats import render_run, write_csv
+    from gbdoctor.run import run_modes
+
+    preflight(format, "run", output, csv)
+    loaded = load_spec_options(spec, set_, world_size=world_size)
+    chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+
+    def show_plan(result: Plan) -> None:
+        err_console.print(render_plan_table(result), markup=False, highlight=False)
+
+    with ProgressBar() as bar:
+        report = run_modes(
+            loaded,
+            modes=chosen,
+            steps=steps,
+            warmup=warmup,
+            rounds=rounds,
+            backend=backend,
+            plan_path=str(plan_file) if plan_file else None,
+            make_plan=not no_plan,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            nproc=nproc,
+            progress=bar,
+            on_plan=show_plan,
+        )
+    emit(render_run(report, format), output)
+    if csv is not None:
+        write_csv(report, csv)
+    if strict and report.has_findings:
+        raise typer.Exit(int(ExitCode.FINDINGS))
