@@ -182,6 +182,7 @@ def test_expected_stage_packages_exist():
         "report",
         "setup",
         "models",
+        "gate",
         "cli",
     ):
         assert (PACKAGE / stage / "__init__.py").is_file(), stage

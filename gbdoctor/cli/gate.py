@@ -1,9 +1,10 @@
-"""``gbdoctor gate``: the pre-merge check (``gbdoctor.gate``)."""
+"""``gbdoctor gate``: the pre-merge check (``gbdoctor.gate.run_gate``)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -19,6 +20,9 @@ from gbdoctor.cli.options import (
 )
 from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err
 from gbdoctor.cli.scan import scan_with_progress
+
+if TYPE_CHECKING:
+    from gbdoctor.records import ScanReport, Spec
 
 
 def gate(
@@ -57,16 +61,7 @@ def gate(
     world_size: WorldSizeOpt = None,
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
-    from gbdoctor.gate import (
-        baseline_from_reports,
-        check_gate,
-        current_pins,
-        dump_baseline,
-        load_baseline,
-        merge_baselines,
-        pinned_dynamo,
-    )
-    from gbdoctor.records.io import check_writable, locked, write_atomic
+    from gbdoctor.gate import open_baseline, run_gate
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
@@ -74,48 +69,41 @@ def gate(
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
     preflight(format, "gate", output)
     # Everything that can be wrong with the inputs is found before the first scan starts.
-    if update_baseline:
-        check_writable(baseline, "baseline")
-        previous = load_baseline(baseline) if baseline.exists() else None
-        accepted = None
-    else:
-        accepted = previous = load_baseline(baseline)
+    accepted = open_baseline(baseline, update=update_baseline)
     reports = [load_scan_json(path) for path in scan_json or []]
     loaded_specs = [
         load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
         for spec in specs or []
     ]
     strategies = [choose_strategy(loaded, strategy, None) for loaded in loaded_specs]
-    # Scans run under the Dynamo settings the baseline pins (nested_graph_breaks, ...), so
-    # counts stay comparable across torch releases whose defaults differ.
-    pins = (
-        previous.dynamo_config
-        if previous is not None and previous.dynamo_config
-        else current_pins()
-    )
-    with pinned_dynamo(pins) as unknown:
-        for name in unknown:
-            err_console.print(
-                f"warning: this torch has no Dynamo setting {name!r} the baseline pins",
-                markup=False,
-                highlight=False,
-            )
-        for loaded, chosen in zip(loaded_specs, strategies, strict=True):
-            # The probe costs about two eager steps per kind: only when recompiles are gated.
-            reports.append(scan_with_progress(loaded, chosen, recompiles=recompiles))
-            notice(reports[-1].notes, output, format)
-    if update_baseline:
-        with locked(baseline):  # read-merge-write: a concurrent update must not lose an entry
-            old = load_baseline(baseline) if baseline.exists() else None
-            merged = merge_baselines(old, baseline_from_reports(reports, pins))
-            write_atomic(baseline, dump_baseline(merged), "baseline")
-        print_err(f"baseline written: {baseline}")
-        return
-    result = check_gate(
-        reports,
+    # The probe costs about two eager steps per kind: only when recompiles are gated.
+    scans = [
+        functools.partial(
+            _scan, loaded, chosen, recompiles=recompiles, output=output, format=format
+        )
+        for loaded, chosen in zip(loaded_specs, strategies, strict=True)
+    ]
+    result = run_gate(
+        baseline,
         accepted,
+        reports,
+        scans,
+        update=update_baseline,
         strict_improvements=strict_improvements,
         recompiles=recompiles,
+        warn=lambda line: err_console.print(line, markup=False, highlight=False),
     )
+    if result is None:
+        print_err(f"baseline written: {baseline}")
+        return
     emit(render_gate(result, format), output)
     raise typer.Exit(result.exit_code)
+
+
+def _scan(
+    spec: Spec, strategy: Any, *, recompiles: bool, output: Path | None, format: str
+) -> ScanReport:
+    """One gated spec's scan, its automatic-simulation notice shown as soon as it is done."""
+    report = scan_with_progress(spec, strategy, recompiles=recompiles)
+    notice(report.notes, output, format)
+    return report

@@ -1,27 +1,4 @@
-"""The pre-merge check: compare scans against a recorded baseline. Pure logic, no torch.
-
-A baseline keeps, per spec and block kind, the numbers of ONE representative block (for each
-key the worst block of the kind; every layer of a kind is identical when the scan deduplicates),
-so adding layers of a known kind is not a regression while a new break in the kind is.
-Breaks are keyed by ``"<cause>|<gb_type>"``: never the message text or a line number, so
-a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON)::
-
-    {
-      "schema_version": 2,
-      "simulated": [],
-      "specs": {
-        "fixtures/llama4_debug.toml": {
-          "moe": {
-            "breaks": {"fsdp-hook|Skip calling `torch.compiler.disable()`d function": 2},
-            "error": false,
-            "events": {"region_eager": 1},
-            "graph_count": 3,
-            "layers": 2
-          }
-        }
-      },
-      "torch_version": "2.13.0"
-    }
+"""The comparison: scans against a baseline (or an older scan), as findings and a verdict.
 
 The gate fails (exit 1) when, for any spec and kind, a break key's count rises, a cause or a
 gb_type appears that the baseline lacked, a ``region_eager`` or ``frame_skipped`` event count
@@ -30,29 +7,20 @@ With ``recompiles`` it also fails when a kind's block recompiles more in the sca
 (``scan/probe.py``: the block run again with changed inputs) than the baseline accepted, and
 above all when it recompiles in the last probe step, i.e. on every training step
 (``steady_recompiles``). Improvements are reported and fail only with ``strict_improvements``; a
-torch version other than the baseline's is a warning. Baselines of schema 1 (no recompile
-counts) are still read: their steady count is taken as 0 and their total as unknown.
-``simulated`` lists the specs recorded from simulated scans: a real scan against a simulated
+torch version other than the baseline's is a warning. A real scan against a simulated baseline
 entry (or the other way round) is an error (exit 2), not a diff.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import posixpath
-from collections import Counter
-from collections.abc import Iterable, Iterator
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from gbdoctor.errors import BaselineError
+from gbdoctor.gate.counts import break_key, kind_counts, spec_key
 from gbdoctor.records import (
-    BASELINE_SCHEMA_VERSION,
     SEVERITIES,
     Baseline,
-    Break,
     EventKind,
     Finding,
     GateResult,
@@ -61,330 +29,13 @@ from gbdoctor.records import (
     ScanReport,
     Severity,
 )
-from gbdoctor.records.gate import READABLE_BASELINE_VERSIONS
-from gbdoctor.records.io import check_schema_version, parse_json_object, read_text
-from gbdoctor.summary import fix_hint, group_by_kind
-
-__all__ = [
-    "BASELINE_SCHEMA_VERSION",
-    "FAILING_EVENTS",
-    "SEVERITIES",
-    "Baseline",
-    "Finding",
-    "GateResult",
-    "KindCounts",
-    "baseline_from_reports",
-    "break_key",
-    "check_gate",
-    "diff_reports",
-    "dump_baseline",
-    "kind_counts",
-    "load_baseline",
-    "merge_baselines",
-    "parse_baseline",
-    "spec_key",
-]
+from gbdoctor.summary import fix_hint
 
 FAILING_EVENTS = (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED, EventKind.RECOMPILE_LIMIT)
 """Event kinds whose rising count fails the gate; other kinds (rank_divergence) warn."""
 
 _EMPTY = KindCounts(layers=0, graph_count=0)
 _UPDATE_HINT = "review the change, then accept it with --update-baseline"
-
-
-# --------------------------------------------------------------------------- keys and counts
-
-
-def spec_key(path: str, *, root: str | Path | None = None) -> str:
-    """The spec path as recorded (scans record it relative to the spec's repository,
-    ``Spec.key``), in POSIX form; an absolute path is made relative to ``root`` when given and
-    under it. Never relative to the working directory."""
-    text = posixpath.normpath(str(path).replace("\\", "/"))
-    posix = PurePosixPath(text)
-    if posix.is_absolute() and root is not None:
-        base = PurePosixPath(Path(root).resolve().as_posix())
-        try:
-            return str(posix.relative_to(base))
-        except ValueError:
-            return text
-    return text
-
-
-def break_key(brk: Break) -> str:
-    """``"<cause>|<gb_type>"``: how the baseline keys a break."""
-    return f"{brk.cause}|{brk.gb_type}"
-
-
-def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
-    """Kind -> counts of its representative block (for every key, the worst block of the kind)."""
-    out = {}
-    probed = report.setup.probed_recompiles  # else the counts are unknown, not 0
-    for kind, blocks in group_by_kind(report).items():
-        breaks: dict[str, int] = {}
-        events: dict[str, int] = {}
-        for block in blocks:
-            per_block = Counter()
-            for brk in block.breaks:
-                per_block[break_key(brk)] += brk.count
-            for key, n in per_block.items():
-                breaks[key] = max(breaks.get(key, 0), n)
-            for key, n in Counter(e.kind for e in block.events).items():
-                events[key] = max(events.get(key, 0), n)
-        out[kind] = KindCounts(
-            layers=len(blocks),
-            graph_count=max(block.graph_count for block in blocks),
-            breaks=tuple(sorted(breaks.items())),
-            events=tuple(sorted(events.items())),
-            error=any(block.error is not None for block in blocks),
-            recompiles=max(len(block.recompiles) for block in blocks) if probed else None,
-            steady_recompiles=(
-                max(sum(r.measured for r in block.recompiles) for block in blocks)
-                if probed
-                else None
-            ),
-        )
-    return out
-
-
-def _sorted_kinds(kinds: dict[str, KindCounts]) -> tuple[tuple[str, KindCounts], ...]:
-    return tuple(sorted(kinds.items()))
-
-
-# --------------------------------------------------------------------------- baseline files
-
-
-PINNED_DYNAMO = ("nested_graph_breaks",)
-"""Dynamo settings a baseline pins: their defaults move between torch releases and change
-where and how often Dynamo breaks (``nested_graph_breaks`` turns a break in a nested call into
-breaks in every enclosing frame or none), so counts are only comparable under the same value."""
-
-PINS_ENV = "GBDOCTOR_DYNAMO_PINS"
-"""JSON object of pinned Dynamo settings, inherited by spawned ranks (``setup.dist``)."""
-
-
-def current_pins() -> tuple[tuple[str, Any], ...]:
-    """This torch's values of the pinned settings it knows."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
-    return tuple(sorted((k, getattr(config, k)) for k in PINNED_DYNAMO if hasattr(config, k)))
-
-
-@contextlib.contextmanager
-def pinned_dynamo(pins: tuple[tuple[str, Any], ...]) -> Iterator[tuple[str, ...]]:
-    """Scan under the baseline's pinned settings (here and in spawned ranks); yields the pinned
-    names this torch does not know (the counts may then differ for that reason)."""
-    import torch._dynamo
-
-    known = {k: v for k, v in pins if hasattr(torch._dynamo.config, k)}
-    unknown = tuple(k for k, _ in pins if k not in known)
-    old_env = os.environ.get(PINS_ENV)
-    os.environ[PINS_ENV] = json.dumps(known, sort_keys=True)
-    try:
-        with torch._dynamo.config.patch(**known):
-            yield unknown
-    finally:
-        if old_env is None:
-            os.environ.pop(PINS_ENV, None)
-        else:
-            os.environ[PINS_ENV] = old_env
-
-
-def baseline_from_reports(
-    reports: Iterable[ScanReport], pins: tuple[tuple[str, Any], ...] | None = None
-) -> Baseline:
-    """The baseline that accepts exactly these scans (``--update-baseline``), pinning the
-    Dynamo settings they ran under (``pins``; default: this torch's current values)."""
-    reports = list(reports)
-    specs: dict[str, dict[str, KindCounts]] = {}
-    for report in reports:
-        key = spec_key(report.spec)
-        if key in specs:
-            raise BaselineError(f"two scans for spec {key!r}: a baseline holds one scan per spec")
-        specs[key] = kind_counts(report)
-    torch_version = reports[0].torch_version if reports else ""
-    return Baseline(
-        torch_version=torch_version,
-        specs=tuple(sorted((k, _sorted_kinds(v)) for k, v in specs.items())),
-        dynamo_config=current_pins() if pins is None else pins,
-        simulated=tuple(sorted(spec_key(r.spec) for r in reports if r.setup.simulated)),
-    )
-
-
-def merge_baselines(old: Baseline | None, new: Baseline) -> Baseline:
-    """``old`` with the specs of ``new`` replaced or added (other specs are kept)."""
-    if old is None:
-        return new
-    specs = dict(old.specs)
-    specs.update(dict(new.specs))
-    replaced = {key for key, _ in new.specs}
-    simulated = {k for k in old.simulated or () if k not in replaced} | set(new.simulated or ())
-    return Baseline(
-        torch_version=new.torch_version,
-        specs=tuple(sorted(specs.items())),
-        dynamo_config=new.dynamo_config,
-        simulated=tuple(sorted(simulated)),
-    )
-
-
-def _baseline_data(baseline: Baseline) -> dict[str, Any]:
-    pins = {"dynamo_config": dict(baseline.dynamo_config)} if baseline.dynamo_config else {}
-    simulated = {} if baseline.simulated is None else {"simulated": list(baseline.simulated)}
-    return {
-        "schema_version": baseline.schema_version,
-        "torch_version": baseline.torch_version,
-        **pins,
-        **simulated,
-        "specs": {
-            spec: {
-                kind: {
-                    "layers": c.layers,
-                    "graph_count": c.graph_count,
-                    "breaks": dict(c.breaks),
-                    "events": dict(c.events),
-                    "error": c.error,
-                }
-                # Scans without the recompile probe leave the counts unknown (keys omitted).
-                | (
-                    {}
-                    if c.recompiles is None
-                    else {
-                        "recompiles": c.recompiles,
-                        "steady_recompiles": c.steady_recompiles or 0,
-                    }
-                )
-                for kind, c in kinds
-            }
-            for spec, kinds in baseline.specs
-        },
-    }
-
-
-def dump_baseline(baseline: Baseline) -> str:
-    """Byte-stable JSON text (sorted keys, 2-space indent, trailing newline, no timestamps)."""
-    return json.dumps(_baseline_data(baseline), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
-
-
-_REGENERATE = "regenerate it with --update-baseline"
-
-
-def _expect(cond: bool, name: str, where: str, what: str) -> None:
-    if not cond:
-        raise BaselineError(f"{name}: {where}: {what}", hint=_REGENERATE)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _counts(value: Any, name: str, where: str, *, pipe: bool) -> tuple[tuple[str, int], ...]:
-    _expect(isinstance(value, dict), name, where, "expected an object of counts")
-    for key, n in value.items():
-        _expect(_is_int(n), name, f"{where}.{key}", "expected a non-negative integer")
-        _expect(
-            not pipe or "|" in key, name, f"{where}.{key}", "expected a '<cause>|<gb_type>' key"
-        )
-    return tuple(sorted(value.items()))
-
-
-_KIND_KEYS_V1 = {"layers", "graph_count", "breaks", "events", "error"}
-_KIND_KEYS = _KIND_KEYS_V1 | {"recompiles", "steady_recompiles"}
-
-
-def _kind(value: Any, name: str, where: str, version: int = BASELINE_SCHEMA_VERSION) -> KindCounts:
-    _expect(isinstance(value, dict), name, where, "expected an object")
-    # Version 2 may omit both recompile counts (the scans ran without the recompile probe).
-    counted = version >= 2 and ("recompiles" in value or "steady_recompiles" in value)
-    keys = _KIND_KEYS if counted else _KIND_KEYS_V1
-    allowed = _KIND_KEYS if version >= 2 else _KIND_KEYS_V1
-    missing, unknown = sorted(keys - set(value)), sorted(set(value) - allowed)
-    _expect(not missing, name, where, f"missing key(s) {missing}")
-    _expect(not unknown, name, where, f"unknown key(s) {unknown}")
-    _expect(_is_int(value["layers"]), name, f"{where}.layers", "expected a non-negative integer")
-    _expect(
-        _is_int(value["graph_count"]),
-        name,
-        f"{where}.graph_count",
-        "expected a non-negative integer",
-    )
-    _expect(isinstance(value["error"], bool), name, f"{where}.error", "expected true or false")
-    for key in ("recompiles", "steady_recompiles"):
-        if key in value:
-            _expect(_is_int(value[key]), name, f"{where}.{key}", "expected a non-negative integer")
-    return KindCounts(
-        layers=value["layers"],
-        graph_count=value["graph_count"],
-        breaks=_counts(value["breaks"], name, f"{where}.breaks", pipe=True),
-        events=_counts(value["events"], name, f"{where}.events", pipe=False),
-        error=value["error"],
-        recompiles=value.get("recompiles"),
-        steady_recompiles=value.get("steady_recompiles"),
-    )
-
-
-def parse_baseline(text: str, name: str = "baseline") -> Baseline:
-    """A :class:`Baseline` from JSON text; :class:`BaselineError` naming what is wrong."""
-    data = parse_json_object(text, name, hint=_REGENERATE)
-    if "blocks" in data and "specs" not in data:
-        raise BaselineError(
-            f"{name}: this is a scan report, not a baseline",
-            hint="create a baseline with `gbdoctor gate SPEC --baseline FILE --update-baseline`",
-        )
-    check_schema_version(data, READABLE_BASELINE_VERSIONS, name, "baseline", hint=_REGENERATE)
-    version = data["schema_version"]
-    unknown = sorted(
-        set(data) - {"schema_version", "torch_version", "dynamo_config", "specs", "simulated"}
-    )
-    _expect(not unknown, name, "$", f"unknown key(s) {unknown}")
-    _expect("specs" in data, name, "$", "missing key 'specs'")
-    _expect(
-        isinstance(data.get("torch_version", ""), str), name, "$.torch_version", "expected a string"
-    )
-    _expect(isinstance(data["specs"], dict), name, "$.specs", "expected an object of specs")
-    specs = []
-    for spec, kinds in sorted(data["specs"].items()):
-        where = f"$.specs[{spec!r}]"
-        _expect(isinstance(kinds, dict), name, where, "expected an object of block kinds")
-        specs.append(
-            (
-                spec,
-                tuple(
-                    (kind, _kind(v, name, f"{where}[{kind!r}]", version))
-                    for kind, v in sorted(kinds.items())
-                ),
-            )
-        )
-    pins = data.get("dynamo_config", {})
-    _expect(
-        isinstance(pins, dict)
-        and all(isinstance(v, (bool, int, float, str, type(None))) for v in pins.values()),
-        name,
-        "$.dynamo_config",
-        "expected an object of Dynamo setting -> scalar value",
-    )
-    simulated = data.get("simulated")
-    _expect(
-        simulated is None
-        or (isinstance(simulated, list) and all(isinstance(k, str) for k in simulated)),
-        name,
-        "$.simulated",
-        "expected a list of spec keys",
-    )
-    return Baseline(
-        torch_version=data.get("torch_version", ""),
-        specs=tuple(specs),
-        dynamo_config=tuple(sorted(pins.items())),
-        simulated=None if simulated is None else tuple(sorted(simulated)),
-    )
-
-
-def load_baseline(path: str | Path) -> Baseline:
-    """Read a baseline file; :class:`BaselineError` (exit 2) for a missing, unreadable or malformed file."""
-    hint = "create it with `gbdoctor gate SPEC --baseline FILE --update-baseline`"
-    return parse_baseline(read_text(path, "baseline", hint), str(path))
-
-
-# --------------------------------------------------------------------------- comparison
 
 
 def _locations(
@@ -520,7 +171,7 @@ def _first_recompile(report: ScanReport | None, kind: str, *, steady: bool) -> s
 
 
 def _compare_recompiles(
-    add: Any,
+    add: Callable[..., None],
     kind: str,
     old: KindCounts,
     new: KindCounts,

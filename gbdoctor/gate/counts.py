@@ -1,0 +1,65 @@
+"""What the gate compares: a spec's key, a break's key and each block kind's counts."""
+
+from __future__ import annotations
+
+import posixpath
+from collections import Counter
+from pathlib import Path, PurePosixPath
+
+from gbdoctor.records import Break, KindCounts, ScanReport
+from gbdoctor.summary import group_by_kind
+
+
+def spec_key(path: str, *, root: str | Path | None = None) -> str:
+    """The spec path as recorded (scans record it relative to the spec's repository,
+    ``Spec.key``), in POSIX form; an absolute path is made relative to ``root`` when given and
+    under it. Never relative to the working directory."""
+    text = posixpath.normpath(str(path).replace("\\", "/"))
+    posix = PurePosixPath(text)
+    if posix.is_absolute() and root is not None:
+        base = PurePosixPath(Path(root).resolve().as_posix())
+        try:
+            return str(posix.relative_to(base))
+        except ValueError:
+            return text
+    return text
+
+
+def break_key(brk: Break) -> str:
+    """``"<cause>|<gb_type>"``: how the baseline keys a break."""
+    return f"{brk.cause}|{brk.gb_type}"
+
+
+def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
+    """Kind -> counts of its representative block (for every key, the worst block of the kind)."""
+    out = {}
+    probed = report.setup.probed_recompiles  # else the counts are unknown, not 0
+    for kind, blocks in group_by_kind(report).items():
+        breaks: dict[str, int] = {}
+        events: dict[str, int] = {}
+        for block in blocks:
+            per_block = Counter()
+            for brk in block.breaks:
+                per_block[break_key(brk)] += brk.count
+            for key, n in per_block.items():
+                breaks[key] = max(breaks.get(key, 0), n)
+            for key, n in Counter(e.kind for e in block.events).items():
+                events[key] = max(events.get(key, 0), n)
+        out[kind] = KindCounts(
+            layers=len(blocks),
+            graph_count=max(block.graph_count for block in blocks),
+            breaks=tuple(sorted(breaks.items())),
+            events=tuple(sorted(events.items())),
+            error=any(block.error is not None for block in blocks),
+            recompiles=max(len(block.recompiles) for block in blocks) if probed else None,
+            steady_recompiles=(
+                max(sum(r.measured for r in block.recompiles) for block in blocks)
+                if probed
+                else None
+            ),
+        )
+    return out
+
+
+def sorted_kinds(kinds: dict[str, KindCounts]) -> tuple[tuple[str, KindCounts], ...]:
+    return tuple(sorted(kinds.items()))
