@@ -1,7 +1,8 @@
 """Error hierarchy and exit codes.
 
-Library code raises these; only ``cli.main`` maps them to an exit code and a one-line message
-(``Error: ...`` plus ``Hint: ...``). Findings (exit 1) and failures (2, 3) never share a code.
+Library code raises these; only the CLI (``cli.exits.handle_errors``) maps them to an exit code
+and a one-line message (``Error: ...`` plus ``Hint: ...``). Findings (exit 1) and failures (2, 3)
+never share a code.
 """
 
 from __future__ import annotations
@@ -44,12 +45,6 @@ class BaselineError(GbdoctorError):
 
 class SetupError(GbdoctorError):
     """The training setup (process group, sharding, workers) could not be built or run."""
-
-    exit_code = ExitCode.ENVIRONMENT
-
-
-class CaptureError(GbdoctorError):
-    """The capture itself could not run (not a block that failed to trace: that is data)."""
 
     exit_code = ExitCode.ENVIRONMENT
 

@@ -37,8 +37,6 @@ __all__ = [
     "summarize",
 ]
 
-_REC = dict(frozen=True, kw_only=True, slots=True)
-
 
 def block_break_count(block: BlockReport) -> int:
     """Breaks of one block, each counted ``Break.count`` times."""

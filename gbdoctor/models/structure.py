@@ -159,10 +159,6 @@ class MoELayer:
     """Experts are stacked weight tensors (one module), not a container of expert modules."""
 
 
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
-
-
 def _expert_count(module: nn.Module) -> tuple[int, bool] | None:
     """(experts, stacked) when ``module`` looks like an expert store, else None."""
     if _is_container(module):

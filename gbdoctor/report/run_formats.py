@@ -51,10 +51,6 @@ def _fixed(value: float | None, places: int = 2) -> str:
     return "-" if value is None else f"{value:.{places}f}"
 
 
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
-
-
 def _tokens(value: float | None) -> str:
     if value is None:
         return "-"

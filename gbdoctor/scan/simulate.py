@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -42,8 +42,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from gbdoctor.errors import SetupError
 from gbdoctor.records import Spec
-
-Progress = Callable[[str, int, int], None]
 
 _aten = torch.ops.aten
 _MAX_VALUE_NUMEL = 1 << 16

@@ -160,9 +160,5 @@ def apply_ac(
     return out
 
 
-def is_checkpoint_wrapper(module: nn.Module) -> bool:
-    return isinstance(module, CheckpointWrapper)
-
-
 def unwrap_checkpoint(module: nn.Module) -> nn.Module:
     return module._checkpoint_wrapped_module if isinstance(module, CheckpointWrapper) else module
