@@ -22,12 +22,11 @@ from corpus.harness import (
     children_of,
     shm_mapped,
 )
+from repo_paths import FIXTURES
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "fixtures"
 SCAN = FIXTURES / "scans" / "llama4_before.json"
 BASELINE = FIXTURES / "baselines" / "debug-specs.json"
 LLAMA3 = FIXTURES / "llama3_debug.toml"

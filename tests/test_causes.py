@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES, REPO
 
 from gbdoctor import causes
 from gbdoctor.causes import (
@@ -33,8 +34,7 @@ from gbdoctor.causes import (
 from gbdoctor.errors import SpecError
 from gbdoctor.records import Location, RawBreak
 
-ROOT = Path(__file__).resolve().parents[1]
-PLANTED_PATH = ROOT / "fixtures" / "models" / "planted.py"
+PLANTED_PATH = FIXTURES / "models" / "planted.py"
 URL = " For more details about this graph break, please visit: https://meta-pytorch.github.io/compile-graph-break-site/gb/gb{}.html"
 
 EXPECTED_IDS = {
@@ -352,7 +352,7 @@ def test_causes_does_not_import_torch():
         "print(before or 'torch' not in sys.modules)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True
     )
     assert out.stdout.strip() == "True"
 
@@ -813,7 +813,7 @@ def test_planted_flavor_breaks_as_expected(planted, flavor, capsys):
 def test_tiny_custom_model_is_clean_with_hf_style_blocks():
     torch = pytest.importorskip("torch")
     spec = importlib.util.spec_from_file_location(
-        "gbdoctor_fixture_tiny", ROOT / "fixtures" / "models" / "tiny_custom.py"
+        "gbdoctor_fixture_tiny", FIXTURES / "models" / "tiny_custom.py"
     )
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)

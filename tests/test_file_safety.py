@@ -10,18 +10,17 @@ import resource
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from corpus.harness import check_one_error_line
+from repo_paths import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
 from gbdoctor.records import io as records_io
 from gbdoctor.records.io import WriteError, write_atomic
 
-REPO = Path(__file__).resolve().parent.parent
-SCAN = REPO / "fixtures" / "scans" / "llama4_before.json"
+SCAN = FIXTURES / "scans" / "llama4_before.json"
 runner = CliRunner()
 
 

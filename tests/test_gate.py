@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 
 from gbdoctor.causes import CAUSES
 from gbdoctor.errors import BaselineError, ExitCode
@@ -24,7 +24,7 @@ from gbdoctor.gate import (
 from gbdoctor.records import Event, Location, Recompile, ScanReport
 from gbdoctor.report.json import load_scan_json
 
-SCANS = Path(__file__).resolve().parents[1] / "fixtures" / "scans"
+SCANS = FIXTURES / "scans"
 NEW_BREAK_AT = Location(file="gbdoctor/models/moe.py", line=142, function="forward")
 
 

@@ -29,8 +29,9 @@ import ast
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-PACKAGE = Path(__file__).resolve().parents[1] / "gbdoctor"
+PACKAGE = REPO / "gbdoctor"
 
 COMMANDS = ("scan", "plan", "run", "gate", "cli")
 PUBLIC_DYNAMO = {"config", "reset", "list_backends"}

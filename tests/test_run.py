@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from repo_paths import REPO
+from repo_paths import FIXTURES
 
 from gbdoctor.capture.recompiles import parse_recompile
 from gbdoctor.errors import SpecError
@@ -34,7 +34,7 @@ from gbdoctor.run import (
 from gbdoctor.setup.compile import STRATEGIES
 from gbdoctor.spec import load_spec
 
-MODELS = Path(__file__).resolve().parents[1] / "fixtures" / "models"
+MODELS = FIXTURES / "models"
 
 
 def _spec(tmp_path: Path, factory: str, flavor: str, extra: str = ""):
@@ -168,7 +168,7 @@ def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
     """The spec's per-op SAC with FSDP + EP fails eager's first step with pytorch/torchtitan#3427
     (real torch, real SAC replay): the run retries the baseline with the issue's config workaround
     and says so, instead of leaving every baseline FAILED."""
-    spec = load_spec(REPO / "fixtures" / "llama4_debug_ep2.toml")
+    spec = load_spec(FIXTURES / "llama4_debug_ep2.toml")
     assert spec.activation_checkpoint.mode == "selective"
     report = run_modes(
         spec,
@@ -355,7 +355,7 @@ RECOMPILE_LOG = """Recompiling function forward in /src/model.py:86
 
 
 def test_cpu_without_bf16_matmuls_trains_in_float32():
-    spec = load_spec(REPO / "fixtures" / "llama4_debug_ep2.toml")
+    spec = load_spec(FIXTURES / "llama4_debug_ep2.toml")
     assert spec.training.mixed_precision_param == "bfloat16"
     cpu, note = cpu_param_dtype(spec, "cpu", cpu_has_bf16=False)
     assert cpu.training.mixed_precision_param == "float32" and "bf16 matmul" in note

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 
 from gbdoctor.causes import CAUSES
 from gbdoctor.records import Event
 from gbdoctor.report.json import load_scan_json
 from gbdoctor.summary import compact_layers, fix_hint, has_findings, summarize
 
-SCANS = Path(__file__).resolve().parents[1] / "fixtures" / "scans"
+SCANS = FIXTURES / "scans"
 
 
 def scan(name: str):

@@ -11,10 +11,11 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from repo_paths import FIXTURES
+
 from gbdoctor.records import BlockReport, Break, Event, Location, ScanReport, SetupInfo
 
-REPO = Path(__file__).resolve().parents[2]
-SCANS = REPO / "fixtures" / "scans"
+SCANS = FIXTURES / "scans"
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("GBDOCTOR_UPDATE_FIXTURES") == "1"
 
