@@ -26,7 +26,7 @@ import os
 import site
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from importlib import metadata
 from types import FrameType, TracebackType
 from typing import Any
@@ -156,7 +156,7 @@ def _site_directories() -> tuple[str, ...]:
 
 
 @functools.cache
-def _distributions_by_package() -> dict[str, list[str]]:
+def _distributions_by_package() -> Mapping[str, list[str]]:
     return metadata.packages_distributions()
 
 

@@ -10,6 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # --------------------------------------------------------------------------- registry
 
@@ -55,7 +56,7 @@ def load_registry(path: Path | str) -> dict[str, RegistryEntry]:
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object of GB ids")
-    by_age: list[tuple[int, str, dict]] = []
+    by_age: list[tuple[int, str, dict[str, Any]]] = []
     for gb_id, variants in data.items():
         if not isinstance(variants, list):
             continue

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,13 +40,17 @@ def choose_strategy(spec: Spec, strategy: str | None, plan: Path | None) -> Any:
         loaded_plan, identity = read_plan(plan)
         return plan_strategy(loaded_plan, spec, identity=identity)
     if strategy is not None:
+        presets: Collection[str]
         if spec.gbdoctor.framework == "deepspeed":
-            from gbdoctor.setup.deepspeed import DS_STRATEGIES as STRATEGIES
+            from gbdoctor.setup.deepspeed import DS_STRATEGIES
+
+            presets = DS_STRATEGIES
         else:
             from gbdoctor.setup.compile import STRATEGIES
 
-        if strategy not in STRATEGIES:
+            presets = STRATEGIES
+        if strategy not in presets:
             raise typer.BadParameter(
-                f"unknown strategy {strategy!r}; choose from {', '.join(STRATEGIES)}"
+                f"unknown strategy {strategy!r}; choose from {', '.join(presets)}"
             )
     return strategy

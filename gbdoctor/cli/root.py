@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import signal
 import sys
-from typing import Annotated, Any
+from collections.abc import Sequence
+from typing import Annotated, Any, Protocol, cast
 
 import typer
 from typer.core import TyperGroup
@@ -22,7 +23,17 @@ from gbdoctor.cli.scan import scan
 
 # typer vendors click (``typer._click``) in recent releases and uses the real package in older
 # ones: find click's base exception through a public class instead of importing either.
-_ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+_ClickException: type[Exception] = next(
+    c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException"
+)
+
+
+class _UsageError(Protocol):
+    """What ``_OneLineErrors`` uses of a click exception (its type is found at run time)."""
+
+    exit_code: int
+
+    def show(self) -> None: ...
 
 
 class _OneLineErrors(TyperGroup):
@@ -31,21 +42,30 @@ class _OneLineErrors(TyperGroup):
 
     def main(
         self,
-        args: Any = None,
-        prog_name: Any = None,
-        complete_var: Any = None,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
         standalone_mode: bool = True,
+        windows_expand_args: bool = True,
         **extra: Any,
     ) -> Any:
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().main(
+                args,
+                prog_name,
+                complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
         except _ClickException as exc:
             if not standalone_mode:
                 raise
-            exc.show()
+            usage_error = cast(_UsageError, exc)
+            usage_error.show()
             if getattr(exc, "option_name", None) == "--debug":
                 say("Hint: --debug is an option of gbdoctor itself: gbdoctor --debug COMMAND ...")
-            sys.exit(exc.exit_code)
+            sys.exit(usage_error.exit_code)
         except typer.Abort:
             if not standalone_mode:
                 raise

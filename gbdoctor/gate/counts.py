@@ -38,7 +38,7 @@ def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
         breaks: dict[str, int] = {}
         events: dict[str, int] = {}
         for block in blocks:
-            per_block = Counter()
+            per_block: Counter[str] = Counter()
             for brk in block.breaks:
                 per_block[break_key(brk)] += brk.count
             for key, n in per_block.items():

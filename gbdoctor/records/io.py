@@ -56,10 +56,10 @@ def dumps(obj: Any) -> str:
 def _build(tp: Any, value: Any, where: str) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
-        return _build(args[0], value, where)
+        return _build(members[0], value, where)
     if origin is tuple:
         args = typing.get_args(tp)
         if not isinstance(value, list):
@@ -67,7 +67,7 @@ def _build(tp: Any, value: Any, where: str) -> Any:
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
         return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
@@ -86,7 +86,7 @@ def from_dict(cls: type[T], data: Any, where: str = "$") -> T:
             f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}"
         )
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(typing.cast("type[Any]", cls))}
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise BaselineError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
@@ -109,8 +109,8 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return check_types(args[0], value, where, counts=counts)
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        return check_types(members[0], value, where, counts=counts)
     if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
@@ -132,11 +132,11 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
         return
     if not isinstance(value, expected) or (tp is not bool and isinstance(value, bool)):
         raise BaselineError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-    if counts and tp is int and value < 0:
+    if counts and tp is int and isinstance(value, int) and value < 0:
         raise BaselineError(f"{where}: {value} is negative (impossible here)")
-    if tp is int and abs(value) > MAX_INT:
+    if tp is int and isinstance(value, int) and abs(value) > MAX_INT:
         raise BaselineError(f"{where}: {value} is out of range (at most {MAX_INT})")
-    if counts and tp is float and not math.isfinite(value):
+    if counts and tp is float and isinstance(value, int | float) and not math.isfinite(value):
         raise BaselineError(f"{where}: {value} is not a finite number")
 
 
