@@ -5,7 +5,8 @@
   evaluates it) is refused before anything is imported from it.
 - An output never destroys what it was not asked to write: a symlink is written through, a
   device or FIFO is written in place (``-o /dev/null`` as root keeps the device node), a FIFO
-  nobody reads is an error instead of a hang.
+  nobody reads is an error instead of a hang, and an output that is one of the command's
+  inputs (``scan s.toml -o s.toml``) is refused.
 - Inputs are bounded: a device, a FIFO, a huge file, a 5000-digit integer or a boolean
   ``schema_version`` is one line and exit 2, never a hang, a MemoryError or an internal error.
 """
@@ -166,6 +167,32 @@ def test_device_outputs_are_written_in_place_in_a_private_dev(tmp_path) -> None:
     assert "full-rc=3" in out and "No space left on device" in out, out + done.stderr
     assert "stdout-type=symbolic link" in out, out
     assert "stdout-lines=0" not in out and "stdout-lines=" in out, out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["scan", "{spec}", "-o", "{spec}"],
+        ["inspect", "{spec}", "--output", "{link}"],
+        ["diff", "{scan}", "{scan2}", "-o", "{scan}"],
+        ["gate", "--scan", "{scan}", "--baseline", "{baseline}", "-o", "{baseline}"],
+    ],
+    ids=["scan-spec", "inspect-spec-through-link", "diff-old", "gate-baseline"],
+)
+def test_an_output_that_is_an_input_is_refused(tmp_path, command) -> None:
+    spec = tmp_path / "s.toml"
+    spec.write_text((FIXTURES / "llama3_debug.toml").read_text())
+    link = tmp_path / "link.toml"
+    link.symlink_to(spec)
+    scan, scan2, baseline = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "base.json"
+    for path in (scan, scan2, baseline):
+        path.write_text(SCAN.read_text())
+    before = {p: p.read_bytes() for p in (spec, scan, baseline)}
+    paths = {"spec": spec, "link": link, "scan": scan, "scan2": scan2, "baseline": baseline}
+    done = gbdoctor(*(part.format(**paths) for part in command), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "is also an input of this command" in done.stderr, done.stderr
+    assert {p: p.read_bytes() for p in before} == before, "an input was overwritten"
 
 
 # --------------------------------------------------------------------------- inputs

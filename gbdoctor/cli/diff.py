@@ -23,7 +23,7 @@ def diff(
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
-    preflight(format, "diff", output)
+    preflight(format, "diff", output, inputs=(old, new))
     result = diff_reports(
         load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements
     )

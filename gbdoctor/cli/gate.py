@@ -67,7 +67,7 @@ def gate(
 
     if not specs and not scan_json:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    preflight(format, "gate", output)
+    preflight(format, "gate", output, inputs=(baseline, *(specs or []), *(scan_json or [])))
     # Everything that can be wrong with the inputs is found before the first scan starts.
     accepted = open_baseline(baseline, update=update_baseline)
     reports = [load_scan_json(path) for path in scan_json or []]

@@ -31,7 +31,7 @@ def inspect(
     from gbdoctor.report.inspect import render_inspect
     from gbdoctor.scan.inspect import inspect_spec
 
-    preflight(format, "inspect", output)
+    preflight(format, "inspect", output, inputs=(spec,))
     loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
     # The model's own prints go to stderr: stdout holds only the report.
     with contextlib.redirect_stdout(sys.stderr):

@@ -47,9 +47,16 @@ def notice(notes: Iterable[str], output: Path | None, format: str) -> None:
                 print_err(note)
 
 
-def preflight(format: str | None, command: str, *outputs: Path | None) -> None:
+def preflight(
+    format: str | None,
+    command: str,
+    *outputs: Path | None,
+    inputs: Iterable[Path | str | None] = (),
+) -> None:
     """Check the options that need no model before any work: the format name and every output
-    location (a bad one is exit 2 in a second, instead of a lost scan)."""
+    location (a bad one is exit 2 in a second, instead of a lost scan). ``inputs``: the files
+    the command reads; an output that is one of them would destroy it (``scan s.toml -o
+    s.toml``), so it is refused here."""
     from gbdoctor.errors import SpecError
     from gbdoctor.records.io import check_writable
     from gbdoctor.report import COMMAND_FORMATS
@@ -57,9 +64,10 @@ def preflight(format: str | None, command: str, *outputs: Path | None) -> None:
     formats = COMMAND_FORMATS.get(command, ())
     if format is not None and format not in formats:
         raise SpecError(f"unknown --format {format!r}", hint=f"valid formats: {', '.join(formats)}")
+    read = tuple(Path(path) for path in inputs if path is not None)
     for path in outputs:
         if path is not None:
-            check_writable(path)
+            check_writable(path, inputs=read)
 
 
 class ProgressBar:

@@ -32,7 +32,7 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    preflight(None, "plan", output)
+    preflight(None, "plan", output, inputs=(spec,))
     loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)

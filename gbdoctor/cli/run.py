@@ -84,7 +84,7 @@ def run(
     from gbdoctor.report.run_formats import render_run, write_csv
     from gbdoctor.run import run_modes
 
-    preflight(format, "run", output, csv)
+    preflight(format, "run", output, csv, inputs=(spec, plan_file))
     loaded = load_spec_options(spec, set_, world_size=world_size)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 

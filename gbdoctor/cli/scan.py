@@ -69,7 +69,7 @@ def scan(
     from gbdoctor.report import render
     from gbdoctor.summary import has_findings
 
-    preflight(format, "scan", output)
+    preflight(format, "scan", output, inputs=(*(spec_args or [])[:1], plan))
     args = spec_args or []
     if torchtitan is not None:
         if strategy is not None or plan is not None or simulate or world_size is not None:
