@@ -39,6 +39,7 @@ __all__ = [
     "defined_in",
     "exits_guarded",
     "installed_distribution",
+    "raised_at",
     "stdlib_file",
     "stdlib_target",
 ]
@@ -96,6 +97,12 @@ def _stack_frames(frame: FrameType | None) -> list[tuple[str, int, str]]:
         out.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return out[::-1]
+
+
+def raised_at(exc: BaseException) -> str:
+    """Where user code raised ``exc``: its innermost frame outside the standard library and
+    gbdoctor, as ``file:line (in function)``."""
+    return _user_frame(_traceback_frames(exc.__traceback__))
 
 
 _HINT = (

@@ -88,7 +88,7 @@ class Job:
                 return ranks
             assert self.proc.poll() is None, self.proc.communicate()
             time.sleep(0.1)  # polling interval, not a synchronisation
-        pytest.fail(f"ranks did not start within {STARTUP_S} s")
+        self._fail(f"ranks did not start within {STARTUP_S} s")
 
     def _ready_ranks(self) -> dict[int, int] | None:
         ready = {r: self.tmp / f"rank{r}.ready" for r in (0, 1)}
@@ -102,9 +102,14 @@ class Job:
         try:
             out, err = self.proc.communicate(timeout=within_s)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            pytest.fail(f"gbdoctor did not exit within {within_s} s")
+            self._fail(f"gbdoctor did not exit within {within_s} s")
         return self.proc.returncode, out, err, time.monotonic() - start
+
+    def _fail(self, what: str) -> None:
+        """Kill the job and fail with what it printed (a red run must say why)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        out, err = self.proc.communicate()
+        pytest.fail(f"{what}; load {os.getloadavg()}\n--- stderr ---\n{err}\n--- stdout ---\n{out}")
 
     def assert_clean(self, within_s: float = 15) -> None:
         """No process of the job is left (ranks, resource tracker) and no /dev/shm file it mapped."""
@@ -213,6 +218,27 @@ def test_kill_9_of_a_rank_is_reported_as_that_rank(tmp_path) -> None:
     assert rc == 3, err
     check_one_error_line(err, out, ("rank 1 was killed by SIGKILL", "before reporting a result"))
     job.assert_clean()
+
+
+def test_a_keyboard_interrupt_raised_by_user_code_is_a_user_code_failure(tmp_path) -> None:
+    """Exit 3 naming the line, not "Interrupted." and 130: no one pressed Ctrl-C."""
+    spec = tmp_path / "ki.toml"
+    spec.write_text(
+        f'[model]\nname = "custom"\nflavor = "keyboard-interrupt"\n'
+        f'factory = "{FACTORIES.as_posix()}:build"\n[training]\nlocal_batch_size = 2\nseq_len = 16\n'
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "gbdoctor", "scan", str(spec)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 3, done.stderr
+    check_one_error_line(
+        done.stderr, done.stdout, ("user code raised KeyboardInterrupt at", "factories.py:")
+    )
 
 
 @pytest.mark.slow

@@ -210,6 +210,20 @@ def test_a_timeout_is_a_failed_mode(tmp_path):
     assert "did not finish" in mode.error
 
 
+def test_run_exits_3_when_a_mode_timed_out(tmp_path):
+    """The table is still printed, but the comparison did not happen: exit 3, mode named."""
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli import app
+
+    spec = _spec(tmp_path, "planted.py", "clean", extra="timeout_s = 0.5\n")
+    args = ["run", str(spec.path), "--modes", "eager", "--steps", "1", "--warmup", "1"]
+    args += ["--rounds", "1", "--backend", "aot_eager", "--no-plan"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 3, result.output
+    assert "Error: mode eager failed (timeout)" in result.output
+
+
 def test_plan_mode_runs_the_plan_file_and_marks_an_unverified_plan(tmp_path):
     from gbdoctor.plan import KindPlan, Plan, dump_plan
 

@@ -44,6 +44,30 @@ def _debug_env(debug: bool) -> Iterator[None]:
             os.environ[DEBUG_ENV] = old
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGINT arrived (Ctrl-C). A subclass, so that code catching KeyboardInterrupt still
+    unwinds on it; a plain KeyboardInterrupt is then one that user code raised itself."""
+
+
+def on_sigint(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted()
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM unwinds like Ctrl-C (children stopped, exit 143); SIGINT is told apart from a
+    KeyboardInterrupt that user code raises. A SIGINT the parent ignored (a background job)
+    stays ignored."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, on_sigint)
+
+
+def _from_user_code(exc: KeyboardInterrupt) -> bool:
+    """A KeyboardInterrupt no SIGINT raised: user code raised it (only knowable when
+    :func:`install_signal_handlers` ran, as the console script does)."""
+    return signal.getsignal(signal.SIGINT) is on_sigint and not isinstance(exc, Interrupted)
+
+
 class Terminated(BaseException):
     """SIGTERM arrived (CI cancel or timeout): unwound like Ctrl-C, so every child is stopped."""
 
@@ -90,7 +114,13 @@ def handle_errors(fn: Command) -> Command:
             if exc.hint:
                 say(f"Hint: {exc.hint}")
             raise typer.Exit(int(exc.exit_code)) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            if _from_user_code(exc):
+                from gbdoctor.usercode import raised_at
+
+                say(f"Error: user code raised KeyboardInterrupt at {raised_at(exc)}")
+                say("Hint: a model, its factory and its hooks must return or raise an Exception")
+                raise typer.Exit(int(ExitCode.ENVIRONMENT)) from None
             say("Interrupted.")
             raise typer.Exit(SIGNAL_EXIT["interrupted"]) from None
         except Terminated:

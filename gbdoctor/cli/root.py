@@ -3,7 +3,6 @@ every command registered in the order ``gbdoctor --help`` lists them, and ``main
 
 from __future__ import annotations
 
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, Protocol, cast
@@ -13,7 +12,7 @@ from typer.core import TyperGroup
 
 from gbdoctor.cli.causes import causes
 from gbdoctor.cli.diff import diff
-from gbdoctor.cli.exits import app_debug, handle_errors, on_sigterm
+from gbdoctor.cli.exits import app_debug, handle_errors, install_signal_handlers
 from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
 from gbdoctor.cli.output import say
@@ -144,5 +143,5 @@ for _command in (inspect, causes, plan, run, gate, diff):
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point. SIGTERM (what CI sends on cancel or timeout) unwinds like
     Ctrl-C: children are stopped, and the exit status is 143 (130 for Ctrl-C)."""
-    signal.signal(signal.SIGTERM, on_sigterm)
+    install_signal_handlers()
     app(args)

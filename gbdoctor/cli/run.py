@@ -10,8 +10,9 @@ import typer
 
 from gbdoctor.cli.inputs import load_spec_options
 from gbdoctor.cli.options import OutputOpt, RunFormatOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
-from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
+from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say
 from gbdoctor.errors import ExitCode
+from gbdoctor.records.enums import ENVIRONMENT_FAILURES, ModeStatus
 
 if TYPE_CHECKING:
     from gbdoctor.records import Plan
@@ -110,5 +111,17 @@ def run(
     emit(render_run(report, format), output)
     if csv is not None:
         write_csv(report, csv)
+    # A mode that failed by a graph break or a compile error is a finding about that mode;
+    # one whose rank was killed or timed out means the comparison itself did not happen.
+    broken = [
+        mode
+        for mode in report.modes
+        if mode.status == ModeStatus.FAILED and mode.error_kind in ENVIRONMENT_FAILURES
+    ]
+    if broken:
+        for mode in broken:
+            say(f"Error: mode {mode.mode} failed ({mode.error_kind}): {mode.error}")
+        say("Hint: the report above is incomplete; rerun, or raise --set gbdoctor.timeout_s=...")
+        raise typer.Exit(int(ExitCode.ENVIRONMENT))
     if strict and report.has_findings:
         raise typer.Exit(int(ExitCode.FINDINGS))

@@ -127,6 +127,28 @@ class ModeStatus(StrEnum):
     """The mode cannot run here (``cudagraphs`` without a CUDA device): not run, not faked."""
 
 
+class ModeFailure(StrEnum):
+    """``ModeResult.error_kind``: why a mode failed."""
+
+    GRAPH_BREAK = "graph-break"
+    """A fullgraph compile hit a break: a finding about the mode, not a failure of the run."""
+    RECOMPILE_LIMIT = "recompile-limit"
+    """A fullgraph region hit ``recompile_limit``."""
+    COMPILE = "compile"
+    """Another Dynamo or backend error."""
+    RUNTIME = "runtime"
+    """The training step raised."""
+    SETUP = "setup"
+    TIMEOUT = "timeout"
+    """A rank did not finish within the job's limit."""
+    CRASH = "crash"
+    """A rank died (killed, out of memory, exited without a result)."""
+
+
+ENVIRONMENT_FAILURES = frozenset({ModeFailure.TIMEOUT, ModeFailure.CRASH})
+"""Mode failures that say nothing about the mode: the run itself failed (``run`` exits 3)."""
+
+
 class Verdict(StrEnum):
     """``ModeResult.verdict_vs_*``: a ratio judged by its per-round spread."""
 

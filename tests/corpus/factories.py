@@ -45,6 +45,8 @@ def _misbehave(what: str) -> object:
         ctypes.CDLL(None)._exit(0)
     if what == "sleep":
         time.sleep(600)
+    if what == "keyboard-interrupt":  # raised by the code itself, no signal involved
+        raise KeyboardInterrupt
     if what == "raise":
         raise RuntimeError("the factory failed on purpose")
     if what == "none":
