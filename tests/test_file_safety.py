@@ -49,6 +49,22 @@ def test_a_write_that_fails_part_way_keeps_the_old_file(tmp_path, monkeypatch) -
     )
 
 
+def test_temporaries_of_a_killed_write_are_removed_by_the_next_one(tmp_path) -> None:
+    """A write killed between creating its temporary file and renaming it leaves the file; the
+    next write to the same target removes it, but never one whose writer is still running."""
+    target = tmp_path / "scan.json"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    orphan = tmp_path / f".scan.json.{dead.stdout.strip()}.abc123.tmp"
+    orphan.write_text("partial")
+    in_progress = tmp_path / f".scan.json.{os.getpid()}.def456.tmp"
+    in_progress.write_text("being written")
+    write_atomic(target, "{}\n")
+    assert not orphan.exists() and in_progress.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, in_progress.name])
+
+
 def test_a_new_file_gets_the_usual_permissions(tmp_path) -> None:
     target = tmp_path / "sub" / "out.json"
     write_atomic(target, "{}\n")

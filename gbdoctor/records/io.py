@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import enum
 import errno
+import glob
 import json
 import math
 import os
@@ -382,7 +383,10 @@ def write_atomic(
         raise OutputError(
             f"{what} {target}: cannot create {target.parent} ({exc.strerror or exc})"
         ) from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    _remove_orphaned_temporaries(target)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent
+    )
     try:
         try:
             _write_all(fd, data)
@@ -399,6 +403,28 @@ def write_atomic(
             raise _write_failure(exc, what, target, "; the previous file is unchanged") from None
         raise
     _fsync_dir(target.parent)
+
+
+def _remove_orphaned_temporaries(target: Path) -> None:
+    """Remove temporary files of earlier writes to ``target`` whose writer is gone (killed
+    between creating and renaming it). The writer's pid is in the name, so a temporary file of
+    a write in progress (another gbdoctor, same target) is never touched."""
+    prefix = f".{target.name}."
+    for candidate in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = candidate.name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                candidate.unlink()
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
 
 
 def _write_all(fd: int, data: bytes) -> None:
