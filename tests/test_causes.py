@@ -837,3 +837,54 @@ def test_tiny_custom_model_is_clean_with_hf_style_blocks():
     assert torch.allclose(out, expected, atol=1e-5)
     with pytest.raises(TypeError):
         tiny.DecoderLayer(64, 4)(torch.randn(1, 4, 64))
+
+
+# --------------------------------------------------------------------------- issue 34: torch 2.11
+
+# torch 2.11's GB0156 for ``self.ep_mesh.get_group()`` in EP's dispatch hook: the mesh looks its
+# process group up by name (``dict.get`` in ``device_mesh.py``). The message names DeviceMesh.
+MESH_LOOKUP = """Unsupported method call
+  Explanation: Dynamo does not know how to trace method `get` of class `dict`
+
+  Developer debug context: call_method ConstDictVariable() get [ConstantVariable(str: 'ep')] {} (DeviceMesh._get_pg_from_name)
+
+""" + URL.format("0156")
+
+
+@pytest.mark.parametrize("component", ["model", "torch", "ep"])
+def test_a_mesh_lookup_in_ep_setup_is_ep_dispatch_at_the_user_line(component: str) -> None:
+    """Attributed to the setup code it came from (gbdoctor/setup/ep.py), not to the word
+    "DeviceMesh": the spec has no TP and no TP code is on the stack."""
+    from gbdoctor.capture import innermost_user_location
+    from gbdoctor.causes.gb_registry import _torch_dir
+
+    torch_dir = _torch_dir()
+    assert torch_dir is not None
+    mesh = f"{torch_dir.rstrip('/')}/distributed/device_mesh.py"
+    stack = frames(
+        (str(REPO / "gbdoctor/models/moe.py"), 252, "forward"),
+        (f"{torch_dir.rstrip('/')}/nn/modules/module.py", 1790, "_call_impl"),
+        (str(REPO / "gbdoctor/setup/ep.py"), 35, "token_dispatch"),
+        (mesh, 1021, "get_group"),
+        (mesh, 880, "_get_pg_from_name"),
+    )
+    raw = raw_break(MESH_LOOKUP, frames=stack, module="layers.1.moe.experts", component=component)
+    assert classify(raw) == "ep-dispatch"
+    where = innermost_user_location(stack, root=str(REPO))
+    assert where is not None and (where.file, where.line) == ("gbdoctor/setup/ep.py", 35)
+
+
+def test_tensor_parallel_needs_tp_on_the_stack() -> None:
+    """DTensor's words still mark TP in model code; a TP style's file marks it in any code."""
+    from gbdoctor.causes.gb_registry import _torch_dir
+
+    torch_dir = (_torch_dir() or "").rstrip("/")
+    dtensor = MESH_LOOKUP.replace("DeviceMesh._get_pg_from_name", "DTensor.redistribute")
+    in_model = frames((MODEL, 10, "forward"))
+    assert classify(raw_break(MESH_LOOKUP, frames=in_model)) != "tensor-parallel"
+    assert classify(raw_break(dtensor, frames=in_model)) == "tensor-parallel"
+    tp_hook = frames(
+        (MODEL, 10, "forward"),
+        (f"{torch_dir}/distributed/tensor/parallel/style.py", 5, "_prepare_input_fn"),
+    )
+    assert classify(raw_break(MESH_LOOKUP, frames=tp_hook)) == "tensor-parallel"

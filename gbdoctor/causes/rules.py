@@ -24,7 +24,10 @@ The rules are ordered; the first that matches wins (:data:`RULE_ORDER`):
 2. ``ep-dispatch``: component ``ep``; or a data-dependent/collective break whose local
    frames (from the innermost ``forward`` on) name dispatch/combine/all_to_all code.
    ``tensor-parallel``: component ``tp`` (a TP style's hook or DTensor redistribution on the
-   stack), or a message about DTensor/AsyncCollectiveTensor/redistribute.
+   stack), or a message about DTensor/AsyncCollectiveTensor/redistribute in a break no other
+   setup component claims (never a mere DeviceMesh: EP looks its mesh up too).
+   The component is the Locator's, else that of gbdoctor's setup module (``setup/ep.py``...)
+   holding the innermost user frame: a break is attributed to the code it came from.
 3. ``backward-hook``: hook gb_types needing compiled autograd (GB0083, GB0029, GB5821, ...);
    or component ``user-hook`` with backward-hook code on the stack.
 4. ``inplace-in-sac``: inside a checkpoint HOP and a side-effect/mutation gb_type (GB0067,
@@ -126,6 +129,9 @@ _FSDP = _group(GB0053="FSDP with use_orig_params=False")
 _DISABLED = _group(
     GB0098="Skip calling `torch.compiler.disable()`d function",
     GB0099="Skip inlining `torch.compiler.disable()`d function",
+    # torch 2.15's name for a runtime torch._dynamo.disable() call (GB0007 before it; see
+    # causes/renames.py).
+    GB0376="Call to `torch._dynamo.disable()`",
 )
 _SKIPPED = _group(
     GB0007="Attempted to call function marked as skipped",
@@ -275,12 +281,44 @@ def _points_at_routing(raw: RawBreak) -> bool:
 # --------------------------------------------------------------------------- rules
 
 
-_TP_WORDS = ("DTensor", "AsyncCollectiveTensor", "redistribute", "Placement", "DeviceMesh")
+_TP_WORDS = ("DTensor", "AsyncCollectiveTensor", "redistribute", "Placement")
+"""Words of DTensor itself. Not "DeviceMesh": EP, FSDP and plain DP look meshes up too (torch
+2.11's ``self.ep_mesh.get_group()`` broke in ``device_mesh.py``, issue 34), so a mesh in the
+message says nothing about tensor parallelism."""
+_TP_FILE = re.compile(r"torch/distributed/tensor/(parallel/|_redistribute\.py)")
+"""TP styles' hooks and DTensor redistribution (``capture/locate.py``'s ``tp`` code)."""
+_SETUP_FILE = re.compile(r"(?:^|/)gbdoctor/setup/(ep|balance|fsdp|tp)\.py$")
+_SETUP_COMPONENTS = {
+    "ep": Component.EP,
+    "balance": Component.LOAD_BALANCING,
+    "fsdp": Component.FSDP,
+    "tp": Component.TP,
+}
+"""gbdoctor's own setup modules -> the component whose code they install."""
+
+
+def _component(raw: RawBreak) -> str:
+    """The setup component the break came from: ``raw.component`` (the Locator matched a frame
+    to a hook it knows), else the component of gbdoctor's setup module holding the innermost
+    user frame (the Locator misses a hook frame whose code object it never saw, such as a
+    mesh lookup traced as its own frame), else ``raw.component``."""
+    if raw.component not in (Component.MODEL, Component.TORCH, Component.USER_HOOK):
+        return raw.component
+    user = _user_frames(raw.frames)
+    m = _SETUP_FILE.search(_norm(user[-1].file)) if user else None
+    return _SETUP_COMPONENTS[m.group(1)] if m else raw.component
 
 
 def _tensor_parallel(raw: RawBreak) -> bool:
-    if raw.component == "tp":
+    """A TP break needs TP on the stack: the ``tp`` component, TP's files among the innermost
+    library frames, or DTensor's own words in a break no other setup component claims."""
+    component = _component(raw)
+    if component == Component.TP:
         return True
+    if any(_TP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw)):
+        return True
+    if component not in (Component.MODEL, Component.TORCH):
+        return False
     text = f"{raw.context}\n{raw.explanation}"
     return any(word in text for word in _TP_WORDS)
 
@@ -289,7 +327,8 @@ def recompile_cause(reason: str) -> str | None:
     """Cause id of a recompile whose failed guard is TP's (a DTensor placement or mesh, or an
     input that was an AsyncCollectiveTensor on one call and a plain Tensor on another); None
     for other guards."""
-    return "tensor-parallel" if any(word in reason for word in _TP_WORDS) else None
+    words = (*_TP_WORDS, "DeviceMesh")  # a guard on a mesh: only TP puts meshes in inputs
+    return "tensor-parallel" if any(word in reason for word in words) else None
 
 
 def _zero_hook(raw: RawBreak) -> bool:
@@ -299,7 +338,7 @@ def _zero_hook(raw: RawBreak) -> bool:
 
 
 def _fsdp_hook(raw: RawBreak) -> bool:
-    if raw.component == "fsdp":
+    if _component(raw) == Component.FSDP:
         return True
     if any(_FSDP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw)):
         return True
@@ -309,7 +348,7 @@ def _fsdp_hook(raw: RawBreak) -> bool:
 
 
 def _ep_dispatch(raw: RawBreak) -> bool:
-    if raw.component == "ep":
+    if _component(raw) == Component.EP:
         return True
     if not (_is_data_dependent(raw) or _is_collective(raw)):
         return False
@@ -342,7 +381,7 @@ def _inplace_in_sac(raw: RawBreak) -> bool:
 
 
 def _moe_load_balancing(raw: RawBreak) -> bool:
-    if raw.component == "load-balancing":
+    if _component(raw) == Component.LOAD_BALANCING:
         return True
     if _is_data_dependent(raw):
         return _points_at_routing(raw)
