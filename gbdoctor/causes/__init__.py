@@ -26,6 +26,7 @@ from gbdoctor.causes.parse import (
     parse_reasons,
     stable_text,
 )
+from gbdoctor.causes.renames import GB_RENAMES, GbRename, release_name, renamed, torch_release
 from gbdoctor.causes.rules import RULE_ORDER, classify, recompile_cause
 from gbdoctor.causes.taxonomy import (
     CAUSE_IDS,
@@ -40,6 +41,11 @@ from gbdoctor.causes.taxonomy import (
 )
 
 __all__ = [
+    "GB_RENAMES",
+    "GbRename",
+    "release_name",
+    "renamed",
+    "torch_release",
     "KNOWN_ISSUES",
     "is_torch_file",
     "KnownIssue",

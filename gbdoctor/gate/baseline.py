@@ -1,19 +1,25 @@
 """The baseline file: built from scans, merged, written (byte-stable, under a lock) and read
-back (strictly, schema versions 1 and 2).
+back (strictly, schema versions 1 to 3).
 
 A baseline keeps, per spec and block kind, the numbers of ONE representative block (for each
 key the worst block of the kind; every layer of a kind is identical when the scan deduplicates),
 so adding layers of a known kind is not a regression while a new break in the kind is.
-Breaks are keyed by ``"<cause>|<gb_type>"``: never the message text or a line number, so
-a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON)::
+Each break entry keeps its cause, gb_type, gb id, user location and checkpoint flag (never the
+message text): the comparison matches a break by cause + gb_type wherever its line moved, and
+by cause + location + checkpoint flag when torch renamed its gb_type (``compare.py``), so a
+baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON)::
 
     {
-      "schema_version": 2,
+      "schema_version": 3,
       "simulated": [],
       "specs": {
         "fixtures/llama4_debug.toml": {
           "moe": {
-            "breaks": {"fsdp-hook|Skip calling `torch.compiler.disable()`d function": 2},
+            "breaks": [
+              {"cause": "fsdp-hook", "count": 1, "gb_id": "GB0007",
+               "gb_type": "Attempted to call function marked as skipped",
+               "in_checkpoint": false, "location": "gbdoctor/models/moe.py:257"}
+            ],
             "error": false,
             "events": {"region_eager": 1},
             "graph_count": 3,
@@ -25,7 +31,9 @@ a baseline survives torch upgrades and unrelated edits. Layout (byte-stable JSON
     }
 
 Baselines of schema 1 (no recompile counts) are still read: their steady count is taken as 0
-and their total as unknown. ``simulated`` lists the specs recorded from simulated scans (the
+and their total as unknown. Schemas 1 and 2 key breaks ``{"<cause>|<gb_type>": count}``: read
+with location and checkpoint flag unknown, they are matched by cause and gb_type (and by the
+rename table, ``causes/renames.py``). ``simulated`` lists the specs recorded from simulated scans (the
 comparison refuses to compare a real scan with a simulated entry).
 """
 
@@ -39,7 +47,13 @@ from typing import Any
 from gbdoctor.errors import BaselineError
 from gbdoctor.gate.counts import kind_counts, sorted_kinds, spec_key
 from gbdoctor.gate.pins import current_pins
-from gbdoctor.records import BASELINE_SCHEMA_VERSION, Baseline, KindCounts, ScanReport
+from gbdoctor.records import (
+    BASELINE_SCHEMA_VERSION,
+    Baseline,
+    BreakCount,
+    KindCounts,
+    ScanReport,
+)
 from gbdoctor.records.gate import READABLE_BASELINE_VERSIONS
 from gbdoctor.records.io import (
     check_schema_version,
@@ -88,6 +102,18 @@ def merge_baselines(old: Baseline | None, new: Baseline) -> Baseline:
     )
 
 
+def _break_data(brk: BreakCount) -> dict[str, Any]:
+    return {
+        "cause": brk.cause,
+        "gb_type": brk.gb_type,
+        "gb_id": brk.gb_id,
+        "location": brk.location,
+        # null: carried over from a schema-1/2 baseline by a merge (not known).
+        "in_checkpoint": brk.in_checkpoint,
+        "count": brk.count,
+    }
+
+
 def _baseline_data(baseline: Baseline) -> dict[str, Any]:
     pins = {"dynamo_config": dict(baseline.dynamo_config)} if baseline.dynamo_config else {}
     simulated = {} if baseline.simulated is None else {"simulated": list(baseline.simulated)}
@@ -101,7 +127,7 @@ def _baseline_data(baseline: Baseline) -> dict[str, Any]:
                 kind: {
                     "layers": c.layers,
                     "graph_count": c.graph_count,
-                    "breaks": dict(c.breaks),
+                    "breaks": [_break_data(b) for b in sorted(c.breaks, key=lambda b: b.order)],
                     "events": dict(c.events),
                     "error": c.error,
                 }
@@ -148,6 +174,44 @@ def _counts(value: Any, name: str, where: str, *, pipe: bool) -> tuple[tuple[str
     return tuple(sorted(value.items()))
 
 
+_BREAK_KEYS = {"cause", "gb_type", "gb_id", "location", "in_checkpoint", "count"}
+
+
+def _breaks(value: Any, name: str, where: str, version: int) -> tuple[BreakCount, ...]:
+    if version < 3:
+        # Schemas 1 and 2: {"<cause>|<gb_type>": count}, no location or checkpoint flag.
+        return tuple(
+            BreakCount(cause=key.partition("|")[0], gb_type=key.partition("|")[2], count=n)
+            for key, n in _counts(value, name, where, pipe=True)
+        )
+    _expect(isinstance(value, list), name, where, "expected a list of break entries")
+    out = []
+    for i, entry in enumerate(value):
+        at = f"{where}[{i}]"
+        _expect(isinstance(entry, dict), name, at, "expected an object")
+        missing, unknown = sorted(_BREAK_KEYS - set(entry)), sorted(set(entry) - _BREAK_KEYS)
+        _expect(not missing, name, at, f"missing key(s) {missing}")
+        _expect(not unknown, name, at, f"unknown key(s) {unknown}")
+        for key in ("cause", "gb_type"):
+            _expect(isinstance(entry[key], str), name, f"{at}.{key}", "expected a string")
+        for key in ("gb_id", "location"):
+            _expect(
+                entry[key] is None or isinstance(entry[key], str),
+                name,
+                f"{at}.{key}",
+                "expected a string or null",
+            )
+        _expect(
+            entry["in_checkpoint"] is None or isinstance(entry["in_checkpoint"], bool),
+            name,
+            f"{at}.in_checkpoint",
+            "expected true, false or null",
+        )
+        _expect(_is_int(entry["count"]), name, f"{at}.count", "expected a non-negative integer")
+        out.append(BreakCount(**entry))
+    return tuple(sorted(out, key=lambda b: b.order))
+
+
 _KIND_KEYS_V1 = {"layers", "graph_count", "breaks", "events", "error"}
 _KIND_KEYS = _KIND_KEYS_V1 | {"recompiles", "steady_recompiles"}
 
@@ -175,7 +239,7 @@ def _kind(value: Any, name: str, where: str, version: int = BASELINE_SCHEMA_VERS
     return KindCounts(
         layers=value["layers"],
         graph_count=value["graph_count"],
-        breaks=_counts(value["breaks"], name, f"{where}.breaks", pipe=True),
+        breaks=_breaks(value["breaks"], name, f"{where}.breaks", version),
         events=_counts(value["events"], name, f"{where}.events", pipe=False),
         error=value["error"],
         recompiles=value.get("recompiles"),

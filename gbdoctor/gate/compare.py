@@ -7,7 +7,10 @@ With ``recompiles`` it also fails when a kind's block recompiles more in the sca
 (``scan/probe.py``: the block run again with changed inputs) than the baseline accepted, and
 above all when it recompiles in the last probe step, i.e. on every training step
 (``steady_recompiles``). Improvements are reported and fail only with ``strict_improvements``; a
-torch version other than the baseline's is a warning. A real scan against a simulated baseline
+torch version other than the baseline's is a warning, and so is a break torch renamed (same
+cause, location and checkpoint flag, or a rename of ``causes/renames.py``): "renamed by torch
+2.15.0: GB0007 '...' -> GB0376 '...'", never a regression plus an improvement. A real scan
+against a simulated baseline
 entry (or the other way round) is an error (exit 2), not a diff.
 """
 
@@ -16,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gbdoctor.causes.renames import GbRename, release_name, renamed
 from gbdoctor.errors import BaselineError
 from gbdoctor.gate.counts import break_key, kind_counts, spec_key
 from gbdoctor.records import (
     SEVERITIES,
     Baseline,
+    BreakCount,
     EventKind,
     Finding,
     GateResult,
@@ -57,6 +62,96 @@ def _locations(
     return tuple(sorted(found, key=lambda loc: (loc.file, loc.line, loc.function)))
 
 
+def _gb_name(gb_id: str | None, gb_type: str) -> str:
+    return f"{gb_id} {gb_type!r}" if gb_id else repr(gb_type)
+
+
+def _totals(breaks: Iterable[BreakCount]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for brk in breaks:
+        out[brk.key] = out.get(brk.key, 0) + brk.count
+    return out
+
+
+_Name = tuple[str, str | None, str]
+"""(cause, gb_id, gb_type) of one side of a rename."""
+
+
+def _id(brk: BreakCount, rename: GbRename | None) -> str | None:
+    """The entry's gb id; a schema-1/2 entry has none, the rename table names it."""
+    if brk.gb_id is not None or rename is None:
+        return brk.gb_id
+    return {rename.old_type: rename.old_id, rename.new_type: rename.new_id}.get(brk.gb_type)
+
+
+def _match_breaks(
+    old: Iterable[BreakCount], new: Iterable[BreakCount], old_torch: str, new_torch: str
+) -> tuple[dict[str, int], dict[str, int], dict[tuple[_Name, _Name, GbRename | None], int]]:
+    """Pair old and new breaks count by count, most specific evidence first:
+
+    1. same cause, gb_type, location and checkpoint flag;
+    2. same cause and gb_type, wherever the line moved (an unrelated edit shifts lines; schema
+       1/2 baselines have no location or flag);
+    3. torch versions differ: same cause, location and checkpoint flag, another gb_type: torch
+       renamed the break;
+    4. torch versions differ: a rename of ``causes/renames.py`` with the same cause (the
+       location may have moved with it, or be unknown).
+
+    Returns (old key -> count matched, new key -> count matched, (old name, new name, table
+    entry or None) -> count renamed). What stays unmatched is a regression or an improvement.
+    """
+    left, right = list(old), list(new)
+    left_n, right_n = [b.count for b in left], [b.count for b in right]
+    matched_old: dict[str, int] = {}
+    matched_new: dict[str, int] = {}
+    renames: dict[tuple[_Name, _Name, GbRename | None], int] = {}
+    other_torch = release_name(old_torch) != release_name(new_torch)
+
+    def same_hop(a: BreakCount, b: BreakCount) -> bool:
+        unknown = a.in_checkpoint is None or b.in_checkpoint is None
+        return unknown or a.in_checkpoint == b.in_checkpoint
+
+    def exact(a: BreakCount, b: BreakCount) -> tuple[bool, GbRename | None]:
+        ok = a.key == b.key and a.location == b.location and a.location is not None
+        return ok and same_hop(a, b), None
+
+    def same_type(a: BreakCount, b: BreakCount) -> tuple[bool, GbRename | None]:
+        return a.key == b.key and same_hop(a, b), None
+
+    def same_place(a: BreakCount, b: BreakCount) -> tuple[bool, GbRename | None]:
+        ok = other_torch and a.cause == b.cause and a.location is not None
+        ok = ok and a.location == b.location and a.in_checkpoint == b.in_checkpoint
+        return ok, renamed(a.gb_type, a.gb_id, b.gb_type, b.gb_id, old_torch, new_torch)
+
+    def aliased(a: BreakCount, b: BreakCount) -> tuple[bool, GbRename | None]:
+        if not other_torch or a.cause != b.cause or not same_hop(a, b):
+            return False, None
+        rename = renamed(a.gb_type, a.gb_id, b.gb_type, b.gb_id, old_torch, new_torch)
+        return rename is not None, rename
+
+    for rule in (exact, same_type, same_place, aliased):
+        for i, a in enumerate(left):
+            for j, b in enumerate(right):
+                if not (left_n[i] and right_n[j]):
+                    continue
+                ok, rename = rule(a, b)
+                if not ok:
+                    continue
+                n = min(left_n[i], right_n[j])
+                left_n[i] -= n
+                right_n[j] -= n
+                matched_old[a.key] = matched_old.get(a.key, 0) + n
+                matched_new[b.key] = matched_new.get(b.key, 0) + n
+                if a.key != b.key:
+                    pair = (
+                        (a.cause, _id(a, rename), a.gb_type),
+                        (b.cause, b.gb_id, b.gb_type),
+                        rename,
+                    )
+                    renames[pair] = renames.get(pair, 0) + n
+    return matched_old, matched_new, renames
+
+
 def _compare_kind(
     spec: str,
     kind: str,
@@ -66,6 +161,8 @@ def _compare_kind(
     new_report: ScanReport | None,
     old_report: ScanReport | None,
     recompiles: bool,
+    old_torch: str = "",
+    new_torch: str = "",
 ) -> list[Finding]:
     out: list[Finding] = []
 
@@ -84,14 +181,31 @@ def _compare_kind(
             add(Severity.INFO, f"break count (unknown) -> {new.break_count}")
         return out
 
-    old_breaks, new_breaks = dict(old.breaks), dict(new.breaks)
+    matched_old, matched_new, renames = _match_breaks(old.breaks, new.breaks, old_torch, new_torch)
+    for (was_brk, now_brk, rename), n in sorted(renames.items(), key=lambda kv: str(kv[0])):
+        version = f"torch {release_name(new_torch)}" if new_torch else "torch"
+        via = "" if rename is None else f" ({rename.why})"
+        add(
+            Severity.WARNING,
+            f"renamed by {version}: {_gb_name(was_brk[1], was_brk[2])} -> "
+            f"{_gb_name(now_brk[1], now_brk[2])}" + (f" ({n} break(s))" if n > 1 else ""),
+            cause=now_brk[0],
+            gb_type=now_brk[2],
+            hint="the same break (same cause, location and checkpoint flag) under torch's new "
+            f"name{via}; " + _UPDATE_HINT,
+            locations=_locations(new_report, kind, key=f"{now_brk[0]}|{now_brk[2]}"),
+        )
+
+    old_breaks = _totals(old.breaks)
+    new_breaks = _totals(new.breaks)
     old_causes = old.causes
     for key in sorted(set(old_breaks) | set(new_breaks)):
         was, now = old_breaks.get(key, 0), new_breaks.get(key, 0)
-        if was == now:
-            continue
+        extra = now - matched_new.get(key, 0)  # breaks of this key no old break accounts for
+        gone = was - matched_old.get(key, 0)  # old breaks of this key nothing accounts for
         cause, _, gb_type = key.partition("|")
-        if now > was:
+        if extra > 0:
+            was = now - extra
             if was == 0 and cause not in old_causes:
                 what = f"new cause {cause} (breaks 0 -> {now})"
             elif was == 0:
@@ -106,7 +220,8 @@ def _compare_kind(
                 hint=fix_hint(cause),
                 locations=_locations(new_report, kind, key=key),
             )
-        else:
+        if gone > 0:
+            now = was - gone
             what = (
                 f"cause {cause} gone (breaks {was} -> 0)"
                 if now == 0 and cause not in new.causes
@@ -233,6 +348,8 @@ def _compare_spec(
     new_report: ScanReport | None = None,
     old_report: ScanReport | None = None,
     recompiles: bool = False,
+    old_torch: str = "",
+    new_torch: str = "",
 ) -> list[Finding]:
     out: list[Finding] = []
     for kind in new:
@@ -253,6 +370,8 @@ def _compare_spec(
             new_report=new_report,
             old_report=old_report,
             recompiles=recompiles,
+            old_torch=old_torch,
+            new_torch=new_torch,
         )
     for kind in old:
         if kind not in new:
@@ -351,7 +470,13 @@ def check_gate(
             )
             continue
         findings += _compare_spec(
-            key, old, kind_counts(report), new_report=report, recompiles=recompiles
+            key,
+            old,
+            kind_counts(report),
+            new_report=report,
+            recompiles=recompiles,
+            old_torch=baseline.torch_version,
+            new_torch=report.torch_version,
         )
     return GateResult(
         findings=tuple(sorted(findings, key=_order)),
@@ -388,6 +513,8 @@ def diff_reports(
         new_report=new,
         old_report=old,
         recompiles=recompiles,
+        old_torch=old.torch_version,
+        new_torch=new.torch_version,
     )
     return GateResult(
         findings=tuple(sorted(findings, key=_order)),

@@ -6,7 +6,7 @@ import posixpath
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from gbdoctor.records import Break, KindCounts, ScanReport
+from gbdoctor.records import Break, BreakCount, KindCounts, ScanReport
 from gbdoctor.summary import group_by_kind
 
 
@@ -26,8 +26,18 @@ def spec_key(path: str, *, root: str | Path | None = None) -> str:
 
 
 def break_key(brk: Break) -> str:
-    """``"<cause>|<gb_type>"``: how the baseline keys a break."""
+    """``"<cause>|<gb_type>"``: how findings count breaks (and schema-1/2 baselines keyed them)."""
     return f"{brk.cause}|{brk.gb_type}"
+
+
+_Identity = tuple[str, str, str | None, str | None, bool]
+
+
+def break_identity(brk: Break) -> _Identity:
+    """(cause, gb_type, gb_id, location, in_checkpoint): one baseline entry. The same break
+    across torch releases is the same (cause, location, in_checkpoint) whatever its gb_type."""
+    location = str(brk.location) if brk.location else None
+    return (brk.cause, brk.gb_type, brk.gb_id, location, brk.in_checkpoint)
 
 
 def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
@@ -35,20 +45,35 @@ def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
     out = {}
     probed = report.setup.probed_recompiles  # else the counts are unknown, not 0
     for kind, blocks in group_by_kind(report).items():
-        breaks: dict[str, int] = {}
+        breaks: dict[_Identity, int] = {}
         events: dict[str, int] = {}
         for block in blocks:
-            per_block: Counter[str] = Counter()
+            per_block: Counter[_Identity] = Counter()
             for brk in block.breaks:
-                per_block[break_key(brk)] += brk.count
+                per_block[break_identity(brk)] += brk.count
             for key, n in per_block.items():
                 breaks[key] = max(breaks.get(key, 0), n)
-            for key, n in Counter(e.kind for e in block.events).items():
-                events[key] = max(events.get(key, 0), n)
+            for event, n in Counter(e.kind for e in block.events).items():
+                events[event] = max(events.get(event, 0), n)
         out[kind] = KindCounts(
             layers=len(blocks),
             graph_count=max(block.graph_count for block in blocks),
-            breaks=tuple(sorted(breaks.items())),
+            breaks=tuple(
+                sorted(
+                    (
+                        BreakCount(
+                            cause=cause,
+                            gb_type=gb_type,
+                            count=n,
+                            gb_id=gb_id,
+                            location=location,
+                            in_checkpoint=hop,
+                        )
+                        for (cause, gb_type, gb_id, location, hop), n in breaks.items()
+                    ),
+                    key=lambda b: b.order,
+                )
+            ),
             events=tuple(sorted(events.items())),
             error=any(block.error is not None for block in blocks),
             recompiles=max(len(block.recompiles) for block in blocks) if probed else None,

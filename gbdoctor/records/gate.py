@@ -7,13 +7,42 @@ from gbdoctor.records.base import record
 from gbdoctor.records.enums import Severity
 from gbdoctor.records.scan import Location
 
-BASELINE_SCHEMA_VERSION = 2
-"""2: kinds carry ``recompiles`` and ``steady_recompiles``."""
-READABLE_BASELINE_VERSIONS = (1, 2)
-"""Baselines the gate reads (1: no recompile counts; its totals count as unknown)."""
+BASELINE_SCHEMA_VERSION = 3
+"""3: each break entry carries its location, checkpoint flag and gb id (a list of objects);
+2: kinds carry ``recompiles`` and ``steady_recompiles``."""
+READABLE_BASELINE_VERSIONS = (1, 2, 3)
+"""Baselines the gate reads (1: no recompile counts, its totals count as unknown; 1 and 2:
+breaks keyed ``"<cause>|<gb_type>"`` without location, matched by cause and gb_type)."""
 
 SEVERITIES = tuple(Severity)
 """Finding severities, most severe first (findings are sorted in this order)."""
+
+
+@record
+class BreakCount:
+    """One break of a kind's representative block, as the baseline keeps it.
+
+    Its identity across torch releases is (cause, location, in_checkpoint); ``gb_type`` and
+    ``gb_id`` are what this torch called it (``gate/compare.py`` reports a change as a rename)."""
+
+    cause: str
+    gb_type: str
+    count: int
+    gb_id: str | None = None
+    location: str | None = None
+    """``file:line`` of the innermost user frame; None in a schema-1/2 baseline (unknown)."""
+    in_checkpoint: bool | None = None
+    """Inside an activation-checkpoint HOP; None in a schema-1/2 baseline (unknown)."""
+
+    @property
+    def key(self) -> str:
+        """``"<cause>|<gb_type>"``: what counts are reported by."""
+        return f"{self.cause}|{self.gb_type}"
+
+    @property
+    def order(self) -> tuple[str, str, str, bool]:
+        """Sort order of entries (byte-stable files)."""
+        return (self.cause, self.gb_type, self.location or "", bool(self.in_checkpoint))
 
 
 @record
@@ -24,8 +53,8 @@ class KindCounts:
     """Number of blocks of this kind (informational: more layers never fail the gate)."""
     graph_count: int
     """Graphs of the representative block."""
-    breaks: tuple[tuple[str, int], ...] = ()
-    """(``"<cause>|<gb_type>"``, count) for the representative block, sorted by key."""
+    breaks: tuple[BreakCount, ...] = ()
+    """The representative block's breaks, sorted by :attr:`BreakCount.order`."""
     events: tuple[tuple[str, int], ...] = ()
     """(event kind, count) for the representative block, sorted by kind."""
     error: bool = False
@@ -39,12 +68,12 @@ class KindCounts:
     @property
     def break_count(self) -> int:
         """Breaks of the representative block."""
-        return sum(n for _, n in self.breaks)
+        return sum(b.count for b in self.breaks)
 
     @property
     def causes(self) -> frozenset[str]:
         """Cause ids present among the breaks."""
-        return frozenset(key.partition("|")[0] for key, _ in self.breaks)
+        return frozenset(b.cause for b in self.breaks)
 
 
 @record

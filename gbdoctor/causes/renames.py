@@ -1,0 +1,92 @@
+"""gb_types that torch renamed between releases: the one table the gate and the rules consult.
+
+A break is the same break across torch releases when its block kind, cause, user location and
+checkpoint flag are the same, whatever gb_type torch gives it (``gate/compare.py`` matches on
+that first). This table covers the renames the location alone cannot: baselines written before
+locations were recorded (schema 1 and 2), and breaks whose reported frame moved with the rename.
+
+Each entry is read from the ``graph_break_registry.json`` shipped in the wheels: the old id still
+exists in the newer registry, but torch stopped raising it for this case and raises the new one.
+Add an entry only after seeing both registries and a scan of the same code under both versions.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GbRename:
+    """``old`` (id, gb_type) became ``new`` (id, gb_type) from torch ``since`` on."""
+
+    since: tuple[int, int]
+    """First torch release (major, minor) that raises the new gb_type for this case."""
+    old_id: str
+    old_type: str
+    new_id: str
+    new_type: str
+    why: str
+    """The upstream change behind the rename (registry entry, what triggers it)."""
+
+
+GB_RENAMES: tuple[GbRename, ...] = (
+    GbRename(
+        since=(2, 15),
+        old_id="GB0007",
+        old_type="Attempted to call function marked as skipped",
+        new_id="GB0376",
+        new_type="Call to `torch._dynamo.disable()`",
+        # torch 2.15's graph_break_registry.json adds GB0376 ("`torch._dynamo.disable()` was
+        # called inside a compiled region"); 2.13's raises GB0007 with context "module:
+        # torch._dynamo.decorators, qualname: disable". FSDP2 wraps its pre-forward hook with
+        # torch._dynamo.disable at call time, so every FSDP-hook break in an MoE block moved.
+        # Measured: fixtures/scans/llama4_ep2_torch2.13.json vs llama4_ep2_torch2.15.json.
+        why="runtime torch._dynamo.disable() call (FSDP2's hook wrapper): GB0007 -> GB0376",
+    ),
+)
+"""Every known rename, oldest first."""
+
+
+_RELEASE = re.compile(r"^(\d+)\.(\d+)")
+
+
+def torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string (``2.15.0+cu132`` -> (2, 15)); None if unknown."""
+    m = _RELEASE.match(version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def release_name(version: str) -> str:
+    """The version without its local build tag: ``2.15.0+cu132`` -> ``2.15.0``."""
+    return (version or "").split("+", 1)[0]
+
+
+def _matches(gb_type: str, gb_id: str | None, type_: str, id_: str) -> bool:
+    return gb_type == type_ or (gb_id is not None and gb_id == id_)
+
+
+def renamed(
+    old_type: str,
+    old_id: str | None,
+    new_type: str,
+    new_id: str | None,
+    old_torch: str,
+    new_torch: str,
+) -> GbRename | None:
+    """The rename that turns the old gb_type into the new one between these torch versions
+    (either direction: a baseline may be newer than the scan); None when none applies. An
+    unknown version (an empty string) does not rule a rename out."""
+    was, now = torch_release(old_torch), torch_release(new_torch)
+    for rename in GB_RENAMES:
+        forward = _matches(old_type, old_id, rename.old_type, rename.old_id) and _matches(
+            new_type, new_id, rename.new_type, rename.new_id
+        )
+        backward = _matches(old_type, old_id, rename.new_type, rename.new_id) and _matches(
+            new_type, new_id, rename.old_type, rename.old_id
+        )
+        if forward and (was is None or now is None or was < rename.since <= now):
+            return rename
+        if backward and (was is None or now is None or now < rename.since <= was):
+            return rename
+    return None
