@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import os
 import tomllib
@@ -22,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gbdoctor.errors import SpecError
+from gbdoctor.frameworks.registry import all_frameworks, framework_named, framework_names
 from gbdoctor.records import (
     ACSpec,
     CompileSpec,
-    DeepSpeedSpec,
     ModelSpec,
     ParallelSpec,
     Spec,
@@ -38,28 +37,11 @@ __all__ = [
     "COMPILE_COMPONENTS",
     "DEVICES",
     "IGNORED_SECTIONS",
-    "STRATEGY_NAMES",
     "VALID_KEYS",
     "load_spec",
     "parse_override",
     "spec_notes",
 ]
-
-STRATEGY_NAMES: tuple[str, ...] = (
-    "none",
-    "block",
-    "block-nofullgraph",
-    "titan-v0.2.0",
-    "titan-v0.2.2",
-    "children",
-)
-"""Compile strategy presets for ``[gbdoctor] strategy`` (implemented in ``setup.compile``)."""
-
-DEEPSPEED_STRATEGY_NAMES: tuple[str, ...] = ("engine", "block", "none")
-"""Compile strategies of ``framework = "deepspeed"`` specs (implemented in ``setup.deepspeed``)."""
-FRAMEWORKS = ("torchtitan", "deepspeed")
-DEEPSPEED_SECTION = "deepspeed"
-"""A DeepSpeed config as a TOML table; its keys are validated by DeepSpeed's own config classes."""
 
 DEVICES = ("auto", "cpu", "cuda")
 AC_MODES = ("none", "full", "selective", "memory_budget")
@@ -316,7 +298,13 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
                 f"tensor_parallel_degree = {tp}",
                 f"use a multiple of {tp} for {name}",
             )
-    return _check_deepspeed(spec, data, values, spec_dir, ctx)
+    # The framework completes and checks its own part; the others refuse their sections.
+    for framework in all_frameworks():
+        if framework.name == spec.gbdoctor.framework:
+            spec = framework.check_spec(spec, data, "strategy" in values["gbdoctor"], spec_dir, ctx)
+        else:
+            framework.check_foreign_spec(spec, data, ctx)
+    return spec
 
 
 def stable_root(path: str) -> str:
@@ -332,69 +320,6 @@ def stable_root(path: str) -> str:
         if up == parent:
             return here
         parent = up
-
-
-def _check_deepspeed(
-    spec: Spec, data: Mapping[str, Any], values: dict[str, Any], spec_dir: str, ctx: _Ctx
-) -> Spec:
-    """A ``framework = "deepspeed"`` spec: its DeepSpeed config (a ``[deepspeed]`` table or the
-    ``deepspeed_config`` JSON file), filled and validated by DeepSpeed's own config classes."""
-    tool = spec.gbdoctor
-    table = data.get(DEEPSPEED_SECTION)
-    if tool.framework != "deepspeed":
-        if table is not None or tool.deepspeed_config:
-            what = "a [deepspeed] table" if table is not None else "deepspeed_config"
-            ctx.fail(
-                f'{what} is only read with [gbdoctor] framework = "deepspeed" (framework is '
-                f"'{tool.framework}')",
-                'set framework = "deepspeed" in [gbdoctor]',
-            )
-        return spec
-    from gbdoctor.setup.deepspeed import fill_config, load_config_file, validate_config
-
-    if table is not None and tool.deepspeed_config:
-        ctx.fail(
-            "both a [deepspeed] table and deepspeed_config are given",
-            "keep one: the table, or the path of your DeepSpeed JSON",
-        )
-    if table is None and not tool.deepspeed_config:
-        ctx.fail(
-            'framework = "deepspeed" needs a DeepSpeed config',
-            "add a [deepspeed] table (e.g. zero_optimization = { stage = 3 }) or "
-            'deepspeed_config = "ds_config.json" in [gbdoctor]',
-        )
-    if tool.deepspeed_config:
-        path = os.path.normpath(os.path.join(spec_dir, os.path.expanduser(tool.deepspeed_config)))
-        raw, source = load_config_file(path, ctx.path), tool.deepspeed_config
-    else:
-        raw, source = table, f"[{DEEPSPEED_SECTION}]"
-    p = spec.parallelism
-    if (
-        p.expert_parallel_degree > 1
-        or p.data_parallel_replicate_degree > 1
-        or p.tensor_parallel_degree > 1
-    ):
-        ctx.fail(
-            'with framework = "deepspeed" only data_parallel_shard_degree may be > 1 (ZeRO '
-            "shards over the data-parallel ranks)",
-            "set expert_parallel_degree, tensor_parallel_degree and "
-            "data_parallel_replicate_degree to 1",
-        )
-    if "activation_checkpoint" in data and spec.activation_checkpoint.mode != "none":
-        ctx.fail(
-            f"{ctx.where('activation_checkpoint', 'mode')} = '{spec.activation_checkpoint.mode}' "
-            'with framework = "deepspeed": not supported yet (DeepSpeed checkpoints activations '
-            "with its own API)",
-            'set mode = "none" or drop [activation_checkpoint]',
-        )
-    cfg, filled = fill_config(raw, micro_batch=spec.capture_batch_size)
-    stage = validate_config(cfg, world_size=p.world_size, where=f"{ctx.path}: {source}")
-    gb = tool if "strategy" in values["gbdoctor"] else dataclasses.replace(tool, strategy="engine")
-    ds = DeepSpeedSpec(
-        config_json=json.dumps(cfg, sort_keys=True), source=source, zero_stage=stage, filled=filled
-    )
-    ac = dataclasses.replace(spec.activation_checkpoint, mode="none")
-    return dataclasses.replace(spec, gbdoctor=gb, deepspeed=ds, activation_checkpoint=ac)
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -455,9 +380,10 @@ def _check_sections(data: Mapping[str, Any], ctx: _Ctx) -> None:
 
 
 def _check_section_name(section: str, ctx: _Ctx, origin: str = "") -> None:
-    if section in VALID_KEYS or section in IGNORED_SECTIONS or section == DEEPSPEED_SECTION:
+    owned = [s for framework in all_frameworks() for s in framework.spec_sections]
+    if section in VALID_KEYS or section in IGNORED_SECTIONS or section in owned:
         return
-    known = sorted(VALID_KEYS) + [DEEPSPEED_SECTION] + sorted(IGNORED_SECTIONS)
+    known = sorted(VALID_KEYS) + owned + sorted(IGNORED_SECTIONS)
     ctx.fail(
         f"unknown section [{section}]{origin}{_did_you_mean(section, known)}; "
         f"known sections: {', '.join(known)}",
@@ -845,15 +771,18 @@ def _check_compile(values: dict[str, Any], ctx: _Ctx) -> CompileSpec:
 
 def _check_tool(values: dict[str, Any], ctx: _Ctx) -> ToolSpec:
     t = ToolSpec(**values)
-    if t.framework not in FRAMEWORKS:
+    frameworks = framework_names()
+    if t.framework not in frameworks:
+        default_name, *others = frameworks
         ctx.fail(
             f"{ctx.where('gbdoctor', 'framework')} = '{t.framework}' is not one of "
-            f"{', '.join(FRAMEWORKS)}{_did_you_mean(t.framework, FRAMEWORKS)}",
-            "torchtitan (the default) or deepspeed",
+            f"{', '.join(frameworks)}{_did_you_mean(t.framework, frameworks)}",
+            f"{default_name} (the default) or {' or '.join(others)}",
         )
-    names = DEEPSPEED_STRATEGY_NAMES if t.framework == "deepspeed" else STRATEGY_NAMES
+    framework = framework_named(t.framework)
+    names = framework.strategy_names
     if "strategy" in values and t.strategy not in names:
-        default = "engine" if t.framework == "deepspeed" else "block"
+        default = framework.default_strategy
         ctx.fail(
             f"{ctx.where('gbdoctor', 'strategy')} = '{t.strategy}' is not a known strategy "
             f"(framework '{t.framework}'){_did_you_mean(t.strategy, names)}; choose one of: "
@@ -901,9 +830,9 @@ def spec_notes(spec: Spec) -> tuple[str, ...]:
                 "stated: the smallest world that hosts EP); pass --world-size N (or [gbdoctor] "
                 "world_size) to use the launch size, as torchtitan does"
             )
-    # DeepSpeed specs compile as [gbdoctor] strategy says (engine.compile() by default), not as
-    # torchtitan's [compile] section would.
-    if spec.gbdoctor.framework != "deepspeed" and (not c.enable or "model" not in c.components):
+    # Some frameworks compile as [gbdoctor] strategy says, whatever the [compile] section says.
+    compiles_per_section = framework_named(spec.gbdoctor.framework).compiles_per_compile_section()
+    if compiles_per_section and (not c.enable or "model" not in c.components):
         why = (
             "[compile] enable = false"
             if not c.enable

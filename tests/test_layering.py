@@ -21,6 +21,15 @@ at any depth (function-level lazy imports count: they are still dependencies), i
   way torchtitan's ``apply_compile`` sets them, ``run/driver.py`` validates ``--backend`` with
   ``torch._dynamo.list_backends``, and ``plan/emit.py`` writes code that sets config flags.
   A bare ``import torch._dynamo`` (needed to reach ``config``) is allowed for that reason.
+- No module imports a module that imports it back (module-level cycles, lazy imports included;
+  a submodule reading its own package's ``__init__`` is not a cycle).
+- Training frameworks live behind one seam (``gbdoctor/frameworks/``): ``frameworks`` sits above
+  ``setup``, ``capture``, ``causes``, ``models`` and ``records`` (it imports nothing else of
+  gbdoctor, and they never import it); outside ``frameworks/`` no module imports a framework's
+  own package (``deepspeed``, ``torchtitan``, ``gbdoctor.frameworks.<framework>``; the seam's
+  ``interface``, ``registry`` and ``common`` are for everyone) and no code names a framework
+  with a string literal (``"deepspeed"``, ``"torchtitan"``; docstrings and comments aside).
+  :data:`FRAMEWORK_ALLOWED` lists the few places that must, each with its reason.
 """
 
 from __future__ import annotations
@@ -37,6 +46,31 @@ COMMANDS = ("scan", "plan", "run", "gate", "cli")
 PUBLIC_DYNAMO = {"config", "reset", "list_backends"}
 """``torch._dynamo`` attributes any stage may use: configuration and backend listing."""
 DYNAMO_MODULES = ("torch._dynamo", "torch._logging")
+
+FRAMEWORK_NAMES = ("deepspeed", "torchtitan")
+"""Framework names (and their import packages) that only ``gbdoctor/frameworks/`` may use."""
+FRAMEWORK_SEAM = ("gbdoctor.frameworks.interface", "gbdoctor.frameworks.registry")
+"""The seam every stage above ``frameworks`` may import, with ``gbdoctor.frameworks.common``."""
+BELOW_FRAMEWORKS = ("records", "errors", "setup", "capture", "causes", "models", "usercode")
+"""Stages ``frameworks/`` may import (and which never import it)."""
+FRAMEWORK_ALLOWED = {
+    # The installed torchtitan (>= 0.3) is set up from its own config registry, not a spec, so
+    # it is not a registered spec framework yet: `scan --torchtitan MODULE:CONFIG` is its entry
+    # (and `--version` prints its version), and scan.torchtitan drives it.
+    ("gbdoctor.cli.root", "gbdoctor.frameworks.torchtitan.setup"),
+    ("gbdoctor.cli.scan", "gbdoctor.frameworks.torchtitan.setup"),
+    ("gbdoctor.scan.torchtitan", "gbdoctor.frameworks.torchtitan.setup"),
+    # The locator attributes a frame to the library whose files it is in (a hook component,
+    # like fsdp or tp), which is not choosing a framework.
+    ("gbdoctor.capture.locate", "deepspeed"),
+    # JSON vocabulary: the default framework of a spec, plan and scan record (schema fields),
+    # and the DeepSpeed hook component.
+    ("gbdoctor.records.spec", "torchtitan"),
+    ("gbdoctor.records.plan", "torchtitan"),
+    ("gbdoctor.records.scan", "torchtitan"),
+    ("gbdoctor.records.enums", "deepspeed"),
+}
+"""(module, framework name or module) pairs allowed outside ``frameworks/`` (see each reason)."""
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -131,6 +165,13 @@ def layering_violations(root: Path = PACKAGE) -> list[str]:
             if a != b and "gbdoctor" not in (a, b) and a != "__main__":
                 edges.setdefault(a, set()).add(b)
     problems += [f"import cycle between stages: {' -> '.join(c)}" for c in _cycles(edges)]
+    # Module cycles (a submodule importing from its own package's __init__ is not one).
+    module_edges = {
+        mod: {d for d in deps if d in graph and d != mod and not mod.startswith(d + ".")}
+        for mod, deps in graph.items()
+    }
+    problems += [f"import cycle between modules: {' -> '.join(c)}" for c in _cycles(module_edges)]
+    problems += _framework_violations(root, graph)
     # Dynamo internals.
     for path in sorted(root.rglob("*.py")):
         mod = _module_name(path, root)
@@ -145,6 +186,60 @@ def layering_violations(root: Path = PACKAGE) -> list[str]:
         for attr in sorted(_dynamo_attributes(path) - PUBLIC_DYNAMO):
             problems.append(f"{mod} uses torch._dynamo.{attr}: only capture/ uses Dynamo internals")
     return problems
+
+
+def _framework_violations(root: Path, graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for mod, deps in graph.items():
+        stage = _stage(mod)
+        for dep in sorted(deps):
+            target = _stage(dep)
+            if stage == "frameworks" and target not in (*BELOW_FRAMEWORKS, "frameworks"):
+                problems.append(f"{mod} imports {dep}: frameworks/ sits below {target}")
+            if target == "frameworks" and stage in BELOW_FRAMEWORKS:
+                problems.append(f"{mod} imports {dep}: {stage}/ sits below frameworks/")
+    for path in sorted(root.rglob("*.py")):
+        mod = _module_name(path, root)
+        if _stage(mod) == "frameworks":
+            continue
+        for dep in sorted(_imports(path, root)):
+            specific = dep.split(".")[0] in FRAMEWORK_NAMES or (
+                dep.startswith("gbdoctor.frameworks.")
+                and not dep.startswith(FRAMEWORK_SEAM + ("gbdoctor.frameworks.common",))
+            )
+            if specific and (mod, dep) not in FRAMEWORK_ALLOWED:
+                problems.append(f"{mod} imports {dep}: only frameworks/ names a framework")
+        for name in sorted(_framework_literals(path)):
+            if (mod, name) not in FRAMEWORK_ALLOWED:
+                problems.append(f"{mod} names framework {name!r}: only frameworks/ does")
+    return problems
+
+
+def _framework_literals(path: Path) -> set[str]:
+    """Framework names written as string literals in ``path`` (docstrings are prose, not code)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    # Attribute docstrings (a string statement after an assignment) are prose too.
+    docstrings |= {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in FRAMEWORK_NAMES
+        and id(node) not in docstrings
+    }
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -185,6 +280,7 @@ def test_expected_stage_packages_exist():
         "models",
         "gate",
         "cli",
+        "frameworks",
     ):
         assert (PACKAGE / stage / "__init__.py").is_file(), stage
     assert (PACKAGE / "__init__.py").is_file()  # a regular package, not a namespace package
@@ -207,6 +303,28 @@ def test_expected_stage_packages_exist():
             "plan/bad.py",
             "import torch._dynamo\nx = torch._dynamo.utils.counters\n",
             "Dynamo internals",
+        ),
+        (
+            "frameworks/common/plan.py",
+            "from gbdoctor.frameworks.torchtitan_v02.plan import block_plan_strategy\n",
+            "between modules",
+        ),
+        (
+            "scan/bad.py",
+            'def f(spec):\n    return spec.framework == "deepspeed"\n',
+            "names framework",
+        ),
+        ("run/bad.py", "def f():\n    import deepspeed\n", "only frameworks/ names"),
+        (
+            "plan/bad.py",
+            "from gbdoctor.frameworks.deepspeed.plan import propose_deepspeed_plan\n",
+            "only frameworks/ names",
+        ),
+        ("frameworks/bad.py", "from gbdoctor.scan import scan\n", "frameworks/ sits below"),
+        (
+            "setup/bad.py",
+            "from gbdoctor.frameworks import framework_for\n",
+            "sits below frameworks",
         ),
     ],
 )

@@ -171,7 +171,7 @@ def test_the_planner_applies_only_the_flags_the_cause_allows(cause, flags):
     sys.path.insert(0, str(Path(__file__).parent / "report"))
     from scan_factory import make_block, make_break
 
-    from gbdoctor.plan.planner import _absorb, _Candidate
+    from gbdoctor.frameworks.torchtitan_v02.plan import _absorb, _Candidate
 
     brk = make_break(
         cause, gb_type="Dynamic shape operator", module="layers.1.moe.router", component="model"
@@ -193,7 +193,7 @@ def test_a_hook_break_compiles_the_module_forward_until_the_forward_itself_break
     sys.path.insert(0, str(Path(__file__).parent / "report"))
     from scan_factory import make_block, make_break
 
-    from gbdoctor.plan.planner import _absorb, _Candidate
+    from gbdoctor.frameworks.torchtitan_v02.plan import _absorb, _Candidate
 
     cand = _Candidate(kind="moe", layers=("layers.1",), ac_wrapped=False, is_moe=True)
     hook = make_break("fsdp-hook", module="layers.1.moe", region="layers.1")

@@ -9,7 +9,10 @@ import pytest
 from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import ExitCode, SpecError
-from gbdoctor.spec import STRATEGY_NAMES, VALID_KEYS, load_spec, parse_override
+from gbdoctor.frameworks.torchtitan_v02 import TorchtitanV02
+from gbdoctor.spec import VALID_KEYS, load_spec, parse_override
+
+STRATEGY_NAMES = TorchtitanV02.strategy_names
 
 TITAN_CONFIGS = FIXTURES / "torchtitan_v0.2.2"
 

@@ -40,15 +40,9 @@ def choose_strategy(spec: Spec, strategy: str | None, plan: Path | None) -> Any:
         loaded_plan, identity = read_plan(plan)
         return plan_strategy(loaded_plan, spec, identity=identity)
     if strategy is not None:
-        presets: Collection[str]
-        if spec.gbdoctor.framework == "deepspeed":
-            from gbdoctor.setup.deepspeed import DS_STRATEGIES
+        from gbdoctor.frameworks import framework_for
 
-            presets = DS_STRATEGIES
-        else:
-            from gbdoctor.setup.compile import STRATEGIES
-
-            presets = STRATEGIES
+        presets: Collection[str] = framework_for(spec).strategies
         if strategy not in presets:
             raise typer.BadParameter(
                 f"unknown strategy {strategy!r}; choose from {', '.join(presets)}"

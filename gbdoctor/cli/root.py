@@ -95,7 +95,10 @@ def _version_callback(value: bool) -> None:
 
         import torch
 
-        from gbdoctor.setup.torchtitan_native import TORCHTITAN_VERSIONS_TESTED, torchtitan_version
+        from gbdoctor.frameworks.torchtitan.setup import (
+            TORCHTITAN_VERSIONS_TESTED,
+            torchtitan_version,
+        )
 
         try:
             own = version("gbdoctor")

@@ -118,8 +118,8 @@ def _scan_torchtitan(
     name: str, args: list[str], set_: list[str] | None, *, dedupe: bool
 ) -> ScanReport:
     from gbdoctor.errors import SpecError
+    from gbdoctor.frameworks.torchtitan.setup import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN, parse_run
     from gbdoctor.scan.torchtitan import scan_torchtitan
-    from gbdoctor.setup.torchtitan_native import DEFAULT_BATCH_SIZE, DEFAULT_SEQ_LEN, parse_run
 
     capture = {"batch_size": DEFAULT_BATCH_SIZE, "seq_len": DEFAULT_SEQ_LEN}
     for item in set_ or []:

@@ -1,17 +1,10 @@
-"""``plan``: a per-block-kind compile and wrapping plan, proven by re-scanning before it is offered.
+"""``plan``: propose a compile plan for a spec and prove it by re-scanning (the spec's
+framework's planner, ``Framework.propose_plan``), apply a plan (``Framework.plan_strategy``),
+and read and write plan files.
 
-The planner starts from a whole-block capture (torchtitan v0.2.0 style, no Dynamo flags: every
-break in the block is visible) and, per block kind, combines the actions the causes allow:
-- compile the block whole with ``fullgraph=True`` when it is clean;
-- set a Dynamo flag that removes the break (``capture_scalar_outputs``,
-  ``capture_dynamic_output_shape_ops``, ``skip_fwd_side_effects_in_bwd_under_checkpoint``);
-- otherwise isolate: compile the clean children with ``fullgraph=True`` and leave the breaking
-  module eager (FSDP/EP-hooked experts, a module with a backward hook, the block's own glue);
-- when the block is AC-wrapped and anything stays eager, split the AC wrapping per child, so a
-  break in one child no longer sends the others to eager.
-Each round re-scans with the candidate; new breaks feed the next round. The final proof is a
-scan under Dynamo's strict check: every region marked fullgraph must be clean, with no
-``region_eager`` event and no error. A kind that cannot be proven clean is reported unverified.
+Real or simulated is decided once here (``scan.estimate.decide``, as for ``scan``) and kept, so
+every verification re-scan runs the same way: a simulated plan is verified by simulated
+re-scans.
 """
 
 from __future__ import annotations
@@ -19,25 +12,21 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from gbdoctor.capture import within
-from gbdoctor.causes import flags_removing, plan_actions_for
 from gbdoctor.errors import BaselineError, SpecError
+from gbdoctor.frameworks.registry import (
+    all_frameworks,
+    framework_for,
+    framework_named,
+    framework_names,
+)
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
-    ACMode,
-    BlockKind,
-    BlockReport,
-    Break,
-    CompileMode,
-    Framework,
-    KindPlan,
     Plan,
-    Readiness,
     ScanReport,
     Spec,
 )
@@ -48,85 +37,46 @@ from gbdoctor.records.io import (
     parse_json_object,
     read_text,
 )
-from gbdoctor.setup.compile import BlockRecipe, Strategy
-
-BASELINE_STRATEGY = "titan-v0.2.0"
-MAX_ROUNDS = 3
-
-# Flags a break's gb_type can be removed with, and what each costs. Only flags whose cost is a
-# compile-time or specialization cost are applied automatically; compiled autograd changes how
-# the whole backward runs (and how FSDP's backward hooks fire), so it is only suggested.
-FLAG_COSTS = {
-    "capture_scalar_outputs": "data-dependent scalars (.item(), .tolist()) become unbacked SymInts; "
-    "shapes built from them may need torch._check hints and can recompile",
-    "capture_dynamic_output_shape_ops": "ops with data-dependent output shapes (nonzero, bincount) are traced "
-    "with unbacked sizes; kernels are generic in those sizes",
-    "skip_fwd_side_effects_in_bwd_under_checkpoint": "Python side effects in an AC region are not replayed "
-    "during recompute (torchtitan main sets it)",
-}
 
 
-# ------------------------------------------------------------------------------ strategy
+def propose_plan(
+    spec: Spec,
+    *,
+    scan_fn: Callable[..., ScanReport] | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Plan:
+    """Scan, propose, verify (the spec's framework's planner), and return the plan."""
+    from gbdoctor.scan import scan
+    from gbdoctor.scan.estimate import decide, pin
+
+    framework = framework_for(spec)
+    if scan_fn is None:
+        scan_fn = scan
+        if framework.simulates:
+            decision = decide(spec)
+            spec = pin(spec, decision)
+            # Re-scans keep the first decision (and its reason, for the notice).
+            scan_fn = functools.partial(scan, decision=decision)
+    return framework.propose_plan(spec, scan_fn=scan_fn, progress=progress)
 
 
 def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Any:
-    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification):
-    a :class:`Strategy`, or a ``DeepSpeedStrategy`` for a DeepSpeed plan.
+    """The setup strategy that applies ``plan`` (used by scan --plan, run --plan, verification),
+    from the plan's framework.
 
     With ``identity`` (a loaded plan file) the strategy applies the plan strictly: the model's
     block kinds and the plan's must be the same, and every module the plan leaves eager must
     exist (``setup.apply`` refuses a stale or foreign plan), and reports record the identity.
-    A DeepSpeed plan applies to DeepSpeed specs only, and a torchtitan plan to torchtitan specs
-    (SpecError, exit 2)."""
-    if spec is not None and (plan.deepspeed is not None) != (
-        spec.gbdoctor.framework == "deepspeed"
-    ):
-        made = "a DeepSpeed" if plan.deepspeed is not None else "a torchtitan"
+    A plan applies to specs of its own framework only (SpecError, exit 2)."""
+    framework = framework_named(plan.framework)
+    if spec is not None and plan.framework != spec.gbdoctor.framework:
         raise SpecError(
-            f"plan {identity or plan.spec} is {made} plan; spec {spec.path} has framework "
-            f"'{spec.gbdoctor.framework}'",
+            f"plan {identity or plan.spec} is a {framework.title} plan; spec {spec.path} has "
+            f"framework '{spec.gbdoctor.framework}'",
             hint="make the plan for this spec with `gbdoctor plan SPEC --emit-config json -o FILE`",
         )
-    if plan.deepspeed is not None:
-        from gbdoctor.plan.deepspeed import deepspeed_plan_strategy
-
-        ds_strategy = deepspeed_plan_strategy(plan)
-        return replace(ds_strategy, plan=identity) if identity else ds_strategy
-    recipes = {
-        k.kind: BlockRecipe(
-            mode=k.mode,
-            fullgraph=k.fullgraph,
-            eager=k.eager,
-            compiled_forward=k.compiled_forward,
-            split_ac=k.split_ac,
-        )
-        for k in plan.kinds
-    }
-    strategy = _plan_strategy(recipes, plan.flags, summary=f"gbdoctor plan for {plan.spec}")
+    strategy = framework.plan_strategy(plan)
     return replace(strategy, plan=identity) if identity else strategy
-
-
-def _plan_strategy(
-    recipes: dict[str, BlockRecipe], flags: tuple[tuple[str, bool], ...], summary: str = ""
-) -> Strategy:
-    """Per-kind recipes keyed by the setup's kind label (a scan's ``#2`` suffix dropped)."""
-    per_kind = tuple(
-        (BlockKind.parse(kind).label, recipe) for kind, recipe in sorted(recipes.items())
-    )
-    return Strategy(
-        name="plan",
-        dense=BlockRecipe(),
-        moe=BlockRecipe(mode=CompileMode.CHILDREN),
-        flags=flags,
-        per_kind=per_kind,
-        summary=summary,
-    )
-
-
-PLAN_MODES = (CompileMode.BLOCK, CompileMode.CHILDREN)
-"""``KindPlan.mode`` values a plan file may hold."""
-DEEPSPEED_PLAN_MODES = ("engine", "forward", CompileMode.NONE)
-"""``KindPlan.mode`` values of a DeepSpeed plan (``plan.deepspeed``)."""
 
 
 def plan_identity(path: str | Path, text: str) -> str:
@@ -156,24 +106,23 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
             )
     if not plan.kinds:
         raise BaselineError(f"{name}: $.kinds: the plan has no block kinds", hint=hint)
-    modes = PLAN_MODES
-    if plan.framework not in tuple(Framework):
+    names = framework_names()
+    if plan.framework not in names:
         raise BaselineError(
-            f"{name}: $.framework: {plan.framework!r} is not one of {', '.join(Framework)}",
+            f"{name}: $.framework: {plan.framework!r} is not one of {', '.join(names)}",
             hint=hint,
         )
-    if (plan.framework == Framework.DEEPSPEED) != (plan.deepspeed is not None):
-        raise BaselineError(
-            f"{name}: $.deepspeed: a plan has it exactly when its framework is 'deepspeed'",
-            hint=hint,
-        )
-    if plan.deepspeed is not None:
-        modes = DEEPSPEED_PLAN_MODES
-        if plan.deepspeed.mode not in ("engine", "forward"):
+    for other in all_frameworks():
+        # A framework's own plan section is there exactly when the plan is that framework's.
+        section = other.plan_section
+        if section and (plan.framework == other.name) != (getattr(plan, section) is not None):
             raise BaselineError(
-                f"{name}: $.deepspeed.mode: {plan.deepspeed.mode!r} is not one of engine, forward",
+                f"{name}: $.{section}: a plan has it exactly when its framework is '{other.name}'",
                 hint=hint,
             )
+    framework = framework_named(plan.framework)
+    framework.check_plan(plan, name, hint)
+    modes = framework.plan_modes
     for i, kind in enumerate(plan.kinds):
         if kind.mode not in modes:
             raise BaselineError(
@@ -190,308 +139,3 @@ def load_plan(path: str | Path) -> Plan:
 
 def dump_plan(plan: Plan) -> str:
     return dumps(plan)
-
-
-# ------------------------------------------------------------------------------ planner
-
-
-@dataclass
-class _Candidate:
-    """Mutable per-kind state while rounds refine it."""
-
-    kind: str
-    layers: tuple[str, ...]
-    ac_wrapped: bool
-    is_moe: bool
-    mode: str = CompileMode.BLOCK
-    eager: set[str] | None = None
-    compiled_forward: set[str] | None = None
-    """Eager modules isolated for their hooks only: their own forward is compiled."""
-    reasons: list[str] | None = None
-    actions: list[str] | None = None
-
-    def recipe(self) -> BlockRecipe:
-        return BlockRecipe(
-            mode=self.mode,
-            fullgraph=True,
-            eager=tuple(sorted(self.eager or ())),
-            compiled_forward=tuple(sorted(self.compiled_forward or ())),
-            split_ac=self.ac_wrapped and self.mode == CompileMode.CHILDREN,
-        )
-
-
-def _representatives(report: ScanReport) -> list[BlockReport]:
-    return [b for b in report.blocks if b.same_as is None]
-
-
-def _relative(module: str, block_fqn: str) -> str:
-    """``module`` relative to the block ("" for the block itself or a module outside it)."""
-    return module[len(block_fqn) + 1 :] if module != block_fqn and within(module, block_fqn) else ""
-
-
-def _hooked_module(brk: Break, block_fqn: str) -> str:
-    """The module to leave eager for an FSDP/EP hook break: the setup installs those hooks on
-    the MoE's ``experts`` (fully_shard(moe.experts), EP dispatch/combine), and Dynamo reports
-    FSDP's at the call site in the MoE's forward."""
-    target = _relative(brk.module, block_fqn)
-    if target.rsplit(".", 1)[-1] == "experts":
-        return target
-    return f"{target}.experts" if target else "experts"
-
-
-def _compiled_forward_hit(brk: Break, block_fqn: str, cand: _Candidate) -> str:
-    """The module (relative to the block) whose compiled own forward ``brk`` happened in, or ""."""
-    for sub in cand.compiled_forward or ():
-        if brk.region == f"{block_fqn}.{sub}.forward":
-            return sub
-    return ""
-
-
-def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
-    """Fold one capture of the kind into the candidate: flags for removable breaks, isolation for the rest."""
-    cand.reasons = cand.reasons or []
-    cand.actions = cand.actions or []
-    for brk in block.breaks:
-        # The gb_type says which flag removes the break; the cause's taxonomy entry says which
-        # fixes the planner may apply for it (``Cause.plan_actions``).
-        allowed = plan_actions_for(brk.cause)
-        wanted = tuple(
-            flag
-            for flag in flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
-            if f"flag:{flag}" in allowed
-        )
-        if wanted and not set(wanted) <= flags:
-            flags.update(wanted)
-            cand.actions.append("flag:" + "+".join(wanted))
-            cand.reasons.append(
-                f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by {', '.join(wanted)}"
-            )
-            continue
-        if wanted:
-            continue  # a flag already set should remove it; verification will tell
-        inside = _compiled_forward_hit(brk, block.fqn, cand)
-        if inside:
-            # The module's own computation breaks too: it stays eager, hooks and all.
-            cand.compiled_forward = (cand.compiled_forward or set()) - {inside}
-            cand.actions.append("isolate-child")
-            cand.reasons.append(
-                f"{brk.cause}: {brk.gb_type} at {brk.location} is inside {inside}'s own forward; "
-                f"{inside} runs eager"
-            )
-            continue
-        if brk.component in ("fsdp", "ep") and cand.is_moe:
-            isolated = {_hooked_module(brk, block.fqn)}
-            # The break is in the hooks FSDP/EP install around the module, not in its forward:
-            # the forward is compiled on its own, with the hooks running eagerly around it
-            # (verification drops it again if the forward itself breaks).
-            if "compile-between-hooks" in allowed and not isolated <= (cand.eager or set()):
-                cand.compiled_forward = (cand.compiled_forward or set()) | isolated
-                cand.actions.append("compile-between-hooks")
-        else:
-            target = _relative(brk.module, block.fqn)
-            isolated = {target} if target else set()
-        cand.mode = CompileMode.CHILDREN
-        cand.eager = (cand.eager or set()) | isolated
-        where = ", ".join(sorted(isolated)) or "the block's own forward (its children are compiled)"
-        stays = (
-            "'s hooks stay eager, its own forward is compiled"
-            if isolated and isolated <= (cand.compiled_forward or set())
-            else " stays eager"
-        )
-        cand.actions.append("isolate-child")
-        cand.reasons.append(
-            f"{brk.cause}: {brk.gb_type} at {brk.location} cannot be compiled; {where}{stays}"
-        )
-    if block.error and not block.breaks:
-        cand.mode = CompileMode.CHILDREN
-        cand.actions.append("isolate-child")
-        cand.reasons.append(
-            f"error: the block does not trace ({block.error[:120]}); children compiled around it"
-        )
-    if cand.mode == CompileMode.CHILDREN and cand.ac_wrapped and "split-ac" not in cand.actions:
-        cand.actions.append("split-ac")
-        cand.reasons.append(
-            "region_eager: AC is wrapped per child so a break (or an eager module) in one child "
-            "no longer sends the others to eager; children holding eager modules get plain AC"
-        )
-
-
-def _fullgraph_share(block: BlockReport, total_ops: int) -> float:
-    if total_ops <= 0:
-        return 0.0
-    dirty = {b.region for b in block.breaks} | {e.module for e in block.events}
-    clean_ops = sum(
-        n
-        for region, n in block.region_ops
-        if region in block.fullgraph_regions and region not in dirty and not block.error
-    )
-    return round(min(1.0, clean_ops / total_ops), 4)
-
-
-def _clean(block: BlockReport) -> bool:
-    return not block.breaks and not block.events and block.error is None
-
-
-def propose_plan(
-    spec: Spec,
-    *,
-    scan_fn: Callable[..., ScanReport] | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> Plan:
-    """Scan, propose, verify (rounds + a final strict scan), and return the plan.
-
-    Real or simulated is decided once (``scan.estimate.decide``, as for ``scan``) and kept, so
-    every verification re-scan runs the same way: a simulated plan is verified by simulated
-    re-scans."""
-    from gbdoctor.scan import scan
-    from gbdoctor.scan.estimate import decide, pin
-    from gbdoctor.setup.compile import STRATEGIES
-
-    if spec.gbdoctor.framework == "deepspeed":
-        from gbdoctor.plan.deepspeed import propose_deepspeed_plan
-
-        return propose_deepspeed_plan(spec, scan_fn=scan_fn, progress=progress)
-    if scan_fn is None:
-        decision = decide(spec)
-        spec = pin(spec, decision)
-        # Re-scans keep the first decision (and its reason, for the notice).
-        scan_fn = functools.partial(scan, decision=decision)
-    say = progress or (lambda *_: None)
-    say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
-    before = scan_fn(spec, strategy=STRATEGIES[BASELINE_STRATEGY], recompiles=False)
-    reps = _representatives(before)
-    totals = {b.kind: b.op_count for b in reps}
-    if any(b.events or b.error for b in reps) and spec.activation_checkpoint.mode != ACMode.NONE:
-        # AC hid ops (a region that fell back to eager captures none): count the block's ops
-        # once without AC, as the denominator of the fullgraph-coverage share.
-        reference = scan_fn(
-            _without_ac(spec), strategy=STRATEGIES[BASELINE_STRATEGY], recompiles=False
-        )
-        ref_by_fqn = {b.fqn: b.op_count for b in reference.blocks}
-        totals = {b.kind: max(b.op_count, ref_by_fqn.get(b.fqn, 0)) for b in reps}
-    flags: set[str] = set()
-    cands: dict[str, _Candidate] = {}
-    for block in reps:
-        layers = tuple(b.fqn for b in before.blocks if b.kind == block.kind)
-        cands[block.kind] = _Candidate(
-            kind=block.kind,
-            layers=layers,
-            ac_wrapped=BlockKind.parse(block.kind).ac_wrapped,
-            is_moe=block.kind.startswith("moe"),
-        )
-        _absorb(cands[block.kind], block, flags)
-    after = before
-    rounds = 0
-    for rounds in range(1, MAX_ROUNDS + 1):
-        say(f"verification round {rounds}", rounds, MAX_ROUNDS + 2)
-        after = scan_fn(spec, strategy=_strategy(cands, flags), recompiles=False)
-        dirty = [b for b in _representatives(after) if not _clean(b) and b.kind in cands]
-        if not dirty:
-            break
-        changed = False
-        for block in dirty:
-            cand = cands[block.kind]
-            state = (cand.mode, frozenset(cand.eager or ()), frozenset(flags))
-            _absorb(cand, block, flags)
-            changed |= state != (cand.mode, frozenset(cand.eager or ()), frozenset(flags))
-        if not changed:
-            break
-    say("strict verification", MAX_ROUNDS + 1, MAX_ROUNDS + 2)
-    final = scan_fn(spec, strategy=_strategy(cands, flags), strict=True, recompiles=False)
-    say("done", MAX_ROUNDS + 2, MAX_ROUNDS + 2)
-    return _assemble(spec, before, final, cands, flags, totals, rounds)
-
-
-def _without_ac(spec: Spec) -> Spec:
-    return replace(
-        spec, activation_checkpoint=replace(spec.activation_checkpoint, mode=ACMode.NONE)
-    )
-
-
-def _strategy(cands: dict[str, _Candidate], flags: set[str]) -> Strategy:
-    return _plan_strategy(
-        {k: c.recipe() for k, c in cands.items()}, tuple((f, True) for f in sorted(flags))
-    )
-
-
-def _assemble(
-    spec: Spec,
-    before: ScanReport,
-    final: ScanReport,
-    cands: dict[str, _Candidate],
-    flags: set[str],
-    totals: dict[str, int],
-    rounds: int,
-) -> Plan:
-    before_by_kind = {b.kind: b for b in _representatives(before)}
-    final_by_kind = {b.kind: b for b in _representatives(final)}
-    kinds = []
-    for kind, cand in sorted(cands.items()):
-        old, new = before_by_kind[kind], final_by_kind.get(kind)
-        verified = new is not None and _clean(new)
-        detail = "" if verified else _failure(new)
-        recipe = cand.recipe()
-        reasons = tuple(cand.reasons or ()) or (
-            "clean: the whole block compiles with fullgraph=True",
-        )
-        kinds.append(
-            KindPlan(
-                kind=kind,
-                layers=cand.layers,
-                mode=recipe.mode,
-                fullgraph=True,
-                eager=recipe.eager,
-                compiled_forward=recipe.compiled_forward,
-                split_ac=recipe.split_ac,
-                actions=tuple(dict.fromkeys(cand.actions or ("fullgraph-block",))),
-                reasons=reasons,
-                breaks_before=sum(b.count for b in old.breaks),
-                breaks_after=sum(b.count for b in new.breaks) if new else 0,
-                events_before=len(old.events),
-                events_after=len(new.events) if new else 0,
-                fullgraph_share_before=_fullgraph_share(old, totals.get(kind, 0)),
-                fullgraph_share_after=_fullgraph_share(new, totals.get(kind, 0)) if new else 0.0,
-                verified=verified,
-                detail=detail,
-                cudagraphs=new.cudagraphs.summary if new and new.cudagraphs else "",
-                cudagraph_ready=bool(
-                    verified and new.cudagraphs and new.cudagraphs.status == Readiness.READY
-                ),
-            )
-        )
-    suggestions = []
-    if any(b.cause == "backward-hook" for blk in _representatives(before) for b in blk.breaks):
-        suggestions.append(
-            "backward-hook: torch._dynamo.config.compiled_autograd = True also removes "
-            "module backward-hook breaks, at the cost of compiling the whole backward"
-        )
-    return Plan(
-        spec=spec.key,
-        model=f"{spec.model.name}/{spec.model.flavor}",
-        torch_version=final.torch_version,
-        baseline_strategy=BASELINE_STRATEGY,
-        flags=tuple((f, True) for f in sorted(flags)),
-        flag_costs=tuple(f"{f}: {FLAG_COSTS[f]}" for f in sorted(flags)),
-        kinds=tuple(kinds),
-        verified=all(k.verified for k in kinds),
-        rounds=rounds,
-        suggestions=tuple(suggestions),
-        simulated=before.setup.simulated,
-        notes=_plan_notes(before),
-    )
-
-
-def _plan_notes(before: ScanReport) -> tuple[str, ...]:
-    """The baseline scan's notes that concern the plan as a whole (not per-block caveats)."""
-    keep = ("notice:", "simulated:", "data_parallel_shard_degree", "[compile]")
-    return tuple(n for n in before.notes if n.startswith(keep))
-
-
-def _failure(block: BlockReport | None) -> str:
-    if block is None:
-        return "the kind was not captured in the verification scan"
-    if block.error:
-        return f"strict check failed: {block.error[:200]}"
-    parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
-    parts += [f"{e.kind} at {e.module}" for e in block.events]
-    return "still breaks: " + "; ".join(parts)

@@ -102,13 +102,6 @@ class EventKind(StrEnum):
     """Dynamo hit ``recompile_limit`` on some code, which runs eagerly from then on."""
 
 
-class Framework(StrEnum):
-    """``[gbdoctor] framework``: whose training setup a spec reproduces (``setup.recipe``)."""
-
-    TORCHTITAN = "torchtitan"
-    DEEPSPEED = "deepspeed"
-
-
 class Severity(StrEnum):
     """Gate finding severities, most severe first."""
 

@@ -215,7 +215,7 @@ class SetupInfo:
     installed-torchtitan scans, scans run with ``--no-recompile-probe`` and documents older than
     schema 3, whose blocks then record no recompiles."""
     framework: str = "torchtitan"
-    """``torchtitan`` or ``deepspeed`` (``records.Framework``)."""
+    """``torchtitan`` or ``deepspeed`` (``frameworks.registry``)."""
     zero_stage: int | None = None
     """DeepSpeed ZeRO stage (``framework = "deepspeed"`` only)."""
     steps: int = 1

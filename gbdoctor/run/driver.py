@@ -57,6 +57,7 @@ from typing import Any
 from gbdoctor.capture import torch_version
 from gbdoctor.causes import KnownIssue, known_issue
 from gbdoctor.errors import GbdoctorError, SpecError
+from gbdoctor.frameworks.registry import default_framework, framework_for
 from gbdoctor.records import (
     LOSS_RTOL,
     READABLE_RUN_SCHEMA_VERSIONS,
@@ -76,33 +77,21 @@ from gbdoctor.spec import with_overrides
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
 
-MODE_STRATEGIES: dict[str, str] = {
-    "eager": "none",
-    "titan-v0.2.0": "titan-v0.2.0",
-    "titan-v0.2.2": "titan-v0.2.2",
-    "block-fullgraph": "block",
-}
-"""Mode name -> compile strategy (``setup.compile.STRATEGIES``). ``plan`` comes from the planner."""
-
-MODES: tuple[str, ...] = (*MODE_STRATEGIES, "plan", "cudagraphs")
+_DEFAULT_MODES = default_framework().run_modes
+MODE_STRATEGIES: dict[str, str] = dict(_DEFAULT_MODES.strategies)
+"""Mode name -> compile strategy of the default framework. ``plan`` comes from the planner."""
+MODES: tuple[str, ...] = _DEFAULT_MODES.modes
 MODES_NEEDING_PLAN = ("plan", "cudagraphs")
 """Modes that need --plan: ``cudagraphs`` is the plan with mode="reduce-overhead" on the kinds
 the plan found CUDA-graph ready (CUDA only; reported ``unavailable`` elsewhere, never faked)."""
-BASELINES: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
+BASELINES: tuple[str, ...] = _DEFAULT_MODES.baselines
 """Modes that compete for "best baseline"."""
-
-DEEPSPEED_MODE_STRATEGIES: dict[str, str] = {"eager": "none", "engine": "engine", "block": "block"}
-"""``framework = "deepspeed"``: mode -> ``setup.deepspeed.DS_STRATEGIES``, under the spec's ZeRO
-stage (``engine``: ``engine.compile()``; ``block``: ``block.compile()`` on every block)."""
-DEEPSPEED_MODES: tuple[str, ...] = (*DEEPSPEED_MODE_STRATEGIES, "plan")
-DEEPSPEED_BASELINES: tuple[str, ...] = ("engine", "block")
 
 
 def framework_modes(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """(mode -> strategy name, every mode, the baselines) of the spec's training framework."""
-    if spec.gbdoctor.framework == "deepspeed":
-        return DEEPSPEED_MODE_STRATEGIES, DEEPSPEED_MODES, DEEPSPEED_BASELINES
-    return MODE_STRATEGIES, MODES, BASELINES
+    modes = framework_for(spec).run_modes
+    return dict(modes.strategies), modes.modes, modes.baselines
 
 
 NOISY_SPREAD = 2.0
@@ -287,11 +276,7 @@ def run_modes(
     # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
     # (after the cheap option checks: this builds the model on meta).
     require_real(run_spec)
-    table: dict[str, Any] = STRATEGIES
-    if spec.gbdoctor.framework == "deepspeed":
-        from gbdoctor.setup.deepspeed import DS_STRATEGIES
-
-        table = DS_STRATEGIES
+    table = framework_for(spec).strategies
     strategies: dict[str, Any] = {
         m: table[mode_strategies[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }
@@ -318,10 +303,7 @@ def run_modes(
     elif "cudagraphs" in chosen:
         strategies["cudagraphs"] = _NOT_MADE
 
-    if spec.gbdoctor.framework == "deepspeed":
-        from gbdoctor.setup.deepspeed import check_jit_lock
-
-        check_jit_lock(device)  # a stale JIT-build lock hangs every rank: exit 3 first
+    framework_for(spec).prepare_ranks(device)
     raw = _run_rounds(
         run_spec,
         chosen,

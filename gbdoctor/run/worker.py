@@ -111,15 +111,15 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     import torch
     import torch.distributed as dist
 
+    from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
-    from gbdoctor.setup.recipe import recipe_for
     from gbdoctor.setup.train import data_share, synthetic_batch
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = job.device == "cuda"
     try:
-        recipe = recipe_for(spec)
+        recipe = framework_for(spec)
         model, meshes = recipe.build(spec, job.device)
         compile_fn = (
             _reduce_overhead_compile_fn(job.cudagraph_layers) if job.cudagraph_layers else None
@@ -184,10 +184,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
             if measured:
                 phase_times.append(phases)
             losses.append(loss)
-    if setup.engine is not None:
-        from gbdoctor.setup.deepspeed import cleanup_shared_memory
-
-        cleanup_shared_memory()
+    recipe.release_rank()
     graphs, breaks = counter_totals()
     peak, metric = _peak_memory(job.device)
     return RankRun(

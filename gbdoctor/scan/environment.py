@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.records import Decision, ScanReport, Spec
 from gbdoctor.scan.estimate import decide, pin
 from gbdoctor.scan.job import Progress, ScanJob, probe_by_default, strategy_for
@@ -40,8 +41,9 @@ def scan(
     decision: Decision | None = None,
 ) -> ScanReport:
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged. DeepSpeed
-    specs are captured whole over several steps (``scan.deepspeed``), which record their
-    recompiles themselves.
+    Specs of a framework that captures whole engine steps (``CaptureStyle.ENGINE_STEPS``) are
+    captured over several steps (``scan.engine_steps``), which record their recompiles
+    themselves.
 
     ``recompiles``: probe every captured block with changed inputs (``probe.py``; about two
     eager training steps and two block replays per block kind); None: on unless
@@ -52,10 +54,10 @@ def scan(
         recompiles = probe_by_default()
     if strategy is None or isinstance(strategy, str):
         strategy = strategy_for(spec, strategy)
-    if spec.gbdoctor.framework == "deepspeed":
-        from gbdoctor.scan.deepspeed import scan_deepspeed
+    if framework_for(spec).capture_style == CaptureStyle.ENGINE_STEPS:
+        from gbdoctor.scan.engine_steps import scan_engine_steps
 
-        return scan_deepspeed(spec, strategy=strategy, progress=progress, strict=strict)
+        return scan_engine_steps(spec, strategy=strategy, progress=progress, strict=strict)
     # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
     if decision is None:
         decision = decide(spec)

@@ -8,6 +8,7 @@ from typing import Any
 import torch.nn as nn
 
 from gbdoctor.capture import clean_fqn, find_hooks, torch_version, within
+from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
 from gbdoctor.scan.estimate import decide
 from gbdoctor.scan.job import ScanJob, strategy_for
@@ -23,14 +24,15 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     The rule every command that builds a model follows (``scan.estimate.decide``) picks real
     local ranks or a simulation: a simulated inspect builds on meta and sets up rank 0 on a fake
     process group."""
-    deepspeed = spec.gbdoctor.framework == "deepspeed"
-    if deepspeed:
+    framework = framework_for(spec)
+    # A whole-engine-step framework (DeepSpeed) sets up on real local ranks only (no
+    # simulation), always in fresh processes: its engine keeps process-wide state.
+    own_processes = framework.capture_style == CaptureStyle.ENGINE_STEPS
+    if not framework.simulates:
         from gbdoctor.scan.estimate import require_real
-        from gbdoctor.setup.deepspeed import check_jit_lock
 
-        # DeepSpeed sets up on real local ranks only (no simulation), always in fresh processes.
         require_real(spec, command="inspect")
-        check_jit_lock(resolve_device(spec.gbdoctor.device))
+        framework.prepare_ranks(resolve_device(spec.gbdoctor.device))
     else:
         decision = decide(spec)
         if decision.simulate:
@@ -41,7 +43,7 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
         device=resolve_device(spec.gbdoctor.device),
     )
     world = spec.parallelism.world_size
-    if world == 1 and not deepspeed:
+    if world == 1 and not own_processes:
         with single_process_group(job.device):
             report = inspect_rank(job)
     else:
@@ -130,10 +132,7 @@ def inspect_rank(job: ScanJob, fake_mode: Any = None) -> SetupReport:
             )
         )
     in_block = lambda fqn: any(within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
-    if setup.engine is not None:
-        from gbdoctor.setup.deepspeed import cleanup_shared_memory
-
-        cleanup_shared_memory()
+    framework_for(job.spec).release_rank()
     return SetupReport(
         spec=job.spec.key,
         model=f"{job.spec.model.name}/{job.spec.model.flavor}",

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gbdoctor.frameworks.registry import framework_for
 from gbdoctor.records import BlockReport, SetupInfo, Spec
-from gbdoctor.setup.compile import STRATEGIES
 
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
@@ -20,7 +20,7 @@ class ScanJob:
 
     spec: Spec
     strategy: Any
-    """A ``setup.compile.Strategy`` (torchtitan) or ``setup.deepspeed.DeepSpeedStrategy``."""
+    """One of the spec's framework's strategies (``Framework.strategies``), or a plan's."""
     device: str
     dedupe: bool = True
     strict: bool = False
@@ -43,11 +43,7 @@ def probe_by_default() -> bool:
 
 def strategy_for(spec: Spec, name: str | None) -> Any:
     """The spec's compile strategy (or ``name``), from its framework's table."""
-    if spec.gbdoctor.framework == "deepspeed":
-        from gbdoctor.setup.deepspeed import DS_STRATEGIES
-
-        return DS_STRATEGIES[name or spec.gbdoctor.strategy]
-    return STRATEGIES[name or spec.gbdoctor.strategy]
+    return framework_for(spec).strategies[name or spec.gbdoctor.strategy]
 
 
 RankScan = tuple[tuple[BlockReport, ...], SetupInfo, tuple[str, ...]]

@@ -37,6 +37,7 @@ from gbdoctor.capture import (
 from gbdoctor.capture.locate import portable_path, within
 from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import DEBUG_ENV, SetupError
+from gbdoctor.frameworks import Framework, framework_for
 from gbdoctor.records import BlockReport, Break, Event, RawBreak, Recompile, SetupInfo, Spec
 from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase, shortcut_repeated_blocks
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
@@ -44,7 +45,6 @@ from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
-from gbdoctor.setup.recipe import Recipe, recipe_for
 from gbdoctor.setup.train import forward_loss, synthetic_batch
 
 
@@ -60,7 +60,7 @@ def build_and_setup(
     With ``fake_mode`` (simulated scans) the model is built and set up on meta, then becomes that
     mode's fake tensors (``simulate.simulated_setup``)."""
     spec = job.spec
-    recipe = recipe_for(spec)
+    recipe = framework_for(spec)
     model, meshes = recipe.build(
         spec, job.device, meta=fake_mode is not None, max_seq_len=spec.training.seq_len
     )
@@ -115,7 +115,7 @@ def _scan_set_up(
         world_size=world,
         device=meshes.device,
     )
-    recipe = recipe_for(spec)
+    recipe = framework_for(spec)
     with recipe.step_context(setup):
         attempts = warm_up_attempts(recipe, setup, tokens, labels)
         # The model's output on the warm-up says where the loss came from (a note); the
@@ -223,7 +223,7 @@ _BF16_FAILURE = re.compile(
 
 
 def warm_up_attempts(
-    recipe: Recipe, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor
+    recipe: Framework, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor
 ) -> WarmUp:
     """The recipe's training step, then forward-only fallbacks."""
 

@@ -2,7 +2,7 @@
 captures it.
 
 Per rank: torchtitan's own config loading, model registry and ``parallelize_fn`` with the
-recording compile swapped in (``setup.torchtitan_native``, the installed-torchtitan recipe) ->
+recording compile swapped in (``frameworks.torchtitan.setup``, the installed-torchtitan recipe) ->
 torchtitan's own training step as the warm-up -> the same per-block capture, classification
 and rank merge as every scan (``rank.capture_set_up``, ``merge.merged_report``).
 """
@@ -14,12 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from gbdoctor.capture import CaptureSession
-from gbdoctor.records import ScanReport, SetupInfo
-from gbdoctor.scan.job import Progress, RankScan
-from gbdoctor.scan.merge import merged_report
-from gbdoctor.scan.rank import capture_set_up
-from gbdoctor.setup.dist import run_ranks, single_process_group
-from gbdoctor.setup.torchtitan_native import (
+from gbdoctor.frameworks.torchtitan.setup import (
     RECIPE,
     TitanRun,
     TitanSetup,
@@ -27,6 +22,11 @@ from gbdoctor.setup.torchtitan_native import (
     torchtitan_version,
     world_size_for,
 )
+from gbdoctor.records import ScanReport, SetupInfo
+from gbdoctor.scan.job import Progress, RankScan
+from gbdoctor.scan.merge import merged_report
+from gbdoctor.scan.rank import capture_set_up
+from gbdoctor.setup.dist import run_ranks, single_process_group
 
 DEVICE = "cpu"
 

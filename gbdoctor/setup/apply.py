@@ -78,7 +78,7 @@ class Setup:
     loss_parallel: bool = False
     """TP keeps the logits vocabulary-sharded DTensors: the loss runs under ``loss_parallel()``."""
     engine: Any = None
-    """The DeepSpeed engine (``setup.deepspeed``): it runs forward, backward and step."""
+    """The DeepSpeed engine (``frameworks.deepspeed.setup``): it runs forward, backward and step."""
 
     @property
     def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:

@@ -91,8 +91,6 @@ def timed_train_step(
             sync()
         return time.perf_counter()
 
-    if getattr(setup, "engine", None) is not None:
-        return _deepspeed_step(setup.engine, tokens, labels, now)
     _, shares = data_share(setup)
     with loss_context(setup):
         t0 = now()
@@ -111,27 +109,6 @@ def timed_train_step(
         group = setup.meshes.dp_group if getattr(setup, "meshes", None) is not None else None
         dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=group)
     return float(reported), (t1 - t0, t2 - t1, t3 - t2)
-
-
-def _deepspeed_step(
-    engine: Any, tokens: torch.Tensor, labels: torch.Tensor, now: Any
-) -> tuple[float, tuple[float, float, float]]:
-    """The DeepSpeed step, timed per phase: ``engine(x)``, ``engine.backward``, ``engine.step``.
-    DeepSpeed averages gradients over data-parallel ranks, so the local loss is the mean over
-    this rank's tokens; the reported loss is the mean over ranks (the same global mean as the
-    torchtitan step)."""
-    t0 = now()
-    loss = forward_loss(engine, tokens, labels, 1)
-    t1 = now()
-    engine.backward(loss)
-    t2 = now()
-    engine.step()
-    t3 = now()
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    reported = loss.detach().clone()
-    if world > 1:
-        dist.all_reduce(reported, op=dist.ReduceOp.SUM)
-    return float(reported) / world, (t1 - t0, t2 - t1, t3 - t2)
 
 
 def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:

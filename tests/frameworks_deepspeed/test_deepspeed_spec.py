@@ -310,8 +310,8 @@ def _plan(mode: str, leaf: tuple[str, ...]):
 
 @pytest.mark.parametrize("mode, leaf", [("forward", ("tiny_custom.DecoderLayer",)), ("engine", ())])
 def test_emitted_deepspeed_config_loads_in_deepspeed(mode, leaf):
+    from gbdoctor.frameworks.deepspeed.setup import validate_config
     from gbdoctor.plan.emit import emit
-    from gbdoctor.setup.deepspeed import validate_config
 
     text = emit(_plan(mode, leaf), "deepspeed")
     namespace: dict = {}
@@ -355,7 +355,7 @@ def test_a_stale_jit_lock_is_an_error_naming_what_to_delete(tmp_path, monkeypatc
     """torch waits forever on a JIT build lock a killed build left; gbdoctor checks it before
     any DeepSpeed rank starts and names the directory to delete (exit 3)."""
     from gbdoctor.errors import ExitCode, SetupError
-    from gbdoctor.setup.deepspeed import SHM_OP, check_jit_lock, jit_build_dir
+    from gbdoctor.frameworks.deepspeed.setup import SHM_OP, check_jit_lock, jit_build_dir
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     build_dir = tmp_path / SHM_OP

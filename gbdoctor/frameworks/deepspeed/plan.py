@@ -17,11 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gbdoctor.plan.planner import _clean, _fullgraph_share, _representatives
+from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives
+from gbdoctor.frameworks.deepspeed.setup import (
+    DS_STRATEGIES,
+    ROOT_REGION,
+    DeepSpeedStrategy,
+    forward_strategy,
+    qualified_class,
+)
 from gbdoctor.records import BlockReport, DeepSpeedPlan, KindPlan, Plan, ScanReport, Spec
-from gbdoctor.setup.deepspeed import DS_STRATEGIES, ROOT_REGION, DeepSpeedStrategy, forward_strategy
 
 BASELINE = "engine"
+NAME = "deepspeed"
+"""``Plan.framework`` of a DeepSpeed plan (``frameworks.deepspeed.NAME``)."""
 
 
 def deepspeed_plan_strategy(plan: Plan) -> DeepSpeedStrategy:
@@ -41,8 +49,8 @@ def deepspeed_plan_strategy(plan: Plan) -> DeepSpeedStrategy:
 
 def _candidate(before: ScanReport, stage: int, fullgraph: bool) -> DeepSpeedStrategy:
     zero = any(b.cause == "zero-hook" for blk in before.blocks for b in blk.breaks)
-    clean = all(_clean(b) and not b.recompiles for b in before.blocks)
-    if clean or not zero:
+    all_clean = all(clean(b) and not b.recompiles for b in before.blocks)
+    if all_clean or not zero:
         return DeepSpeedStrategy(
             name="plan",
             mode="engine",
@@ -55,12 +63,9 @@ def _candidate(before: ScanReport, stage: int, fullgraph: bool) -> DeepSpeedStra
 def propose_deepspeed_plan(
     spec: Spec,
     *,
-    scan_fn: Callable[..., ScanReport] | None = None,
+    scan_fn: Callable[..., ScanReport],
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Plan:
-    from gbdoctor.scan import scan
-
-    scan_fn = scan_fn or scan
     say = progress or (lambda *_: None)
     stage = spec.deepspeed.zero_stage if spec.deepspeed else 0
     say("baseline scan (engine.compile())", 0, 4)
@@ -80,17 +85,16 @@ def propose_deepspeed_plan(
 
 
 def _verified_row(block: BlockReport, strategy: DeepSpeedStrategy) -> bool:
-    return _clean(block) and not any(r.limit_hit for r in block.recompiles)
+    return clean(block) and not any(r.limit_hit for r in block.recompiles)
 
 
 def _leaf_classes(spec: Spec) -> tuple[str, ...]:
     """Qualified class names of the model's blocks (built on meta: no memory, no weights)."""
     from gbdoctor.models import build_model
     from gbdoctor.setup.apply import block_slots
-    from gbdoctor.setup.deepspeed import _qualified_class
 
     model = build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
-    return tuple(sorted({_qualified_class(b) for _, _, b in block_slots(model)}))
+    return tuple(sorted({qualified_class(b) for _, _, b in block_slots(model)}))
 
 
 def _assemble(
@@ -170,15 +174,15 @@ def _assemble(
                 breaks_after=sum(b.count for blk in new for b in blk.breaks),
                 events_before=sum(len(b.events) for b in old),
                 events_after=sum(len(b.events) for b in new),
-                fullgraph_share_before=_fullgraph_share(old[0], total) if old else 0.0,
-                fullgraph_share_after=_fullgraph_share(new[0], total) if new else 0.0,
+                fullgraph_share_before=fullgraph_share(old[0], total) if old else 0.0,
+                fullgraph_share_after=fullgraph_share(new[0], total) if new else 0.0,
                 verified=verified,
                 detail=detail,
             )
         )
     leaf = _leaf_classes(spec) if strategy.leaf_blocks else ()
     suggestions = []
-    if any(b.cause == "zero-hook" for blk in _representatives(before) for b in blk.breaks):
+    if any(b.cause == "zero-hook" for blk in representatives(before) for b in blk.breaks):
         suggestions.append(
             "zero-hook: ZeRO-1/2 (no parameter partitioning) compiles the whole model in one graph "
             "when the parameters fit on every rank"
@@ -205,6 +209,6 @@ def _assemble(
         verified=all(k.verified for k in plans),
         rounds=rounds,
         suggestions=tuple(suggestions),
-        framework="deepspeed",
+        framework=NAME,
         deepspeed=ds,
     )

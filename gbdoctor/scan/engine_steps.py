@@ -1,22 +1,22 @@
-"""``scan`` of a DeepSpeed setup: several real training steps through the engine, captured whole.
+"""``scan`` of a framework that captures whole engine steps (``CaptureStyle.ENGINE_STEPS``):
+several real training steps through the engine, captured whole.
 
-Unlike the torchtitan scan (one fresh capture per block kind, replaying the block's recorded
-inputs), DeepSpeed's compiled region is usually the whole model (``engine.compile()``) and ZeRO-3's
-hooks depend on the engine's step bookkeeping (parameter-fetch trace, module stack), so a block
-cannot be driven alone the way training drives it. Each rank therefore runs
-``deepspeed.initialize`` + the strategy's compile (the DeepSpeed recipe), then
-:data:`CAPTURE_STEPS` training steps (``engine(x)``, ``engine.backward``, ``engine.step``) inside
-one capture, recording every break with its real user stack and the module instance whose frame
-broke, and every recompile with its guard failure (plus the ``recompile_limit`` hits). Breaks
-are reported per block (the block containing the module), everything outside the blocks on a
-``model`` row.
+Unlike the per-block scan (one fresh capture per block kind, replaying the block's recorded
+inputs), such a framework's compiled region is usually the whole model (DeepSpeed's
+``engine.compile()``) and its hooks depend on the engine's step bookkeeping (ZeRO-3's
+parameter-fetch trace, module stack), so a block cannot be driven alone the way training drives
+it. Each rank therefore runs the framework's setup and compile, then :data:`CAPTURE_STEPS`
+training steps inside one capture, recording every break with its real user stack and the
+module instance whose frame broke, and every recompile with its guard failure (plus the
+``recompile_limit`` hits). Breaks are reported per block (the block containing the module),
+everything outside the blocks on the framework's root row (``Framework.root_region``).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from gbdoctor.capture import (
     CaptureSession,
@@ -30,40 +30,45 @@ from gbdoctor.capture import (
 )
 from gbdoctor.capture.locate import portable_path
 from gbdoctor.capture.recompiles import watch_recompiles
-from gbdoctor.records import BlockReport, Event, EventKind, Recompile, ScanReport, SetupInfo, Spec
+from gbdoctor.errors import SetupError
+from gbdoctor.frameworks.interface import CaptureStyle, EngineStepFramework
+from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.records import BlockReport, Event, EventKind, Recompile, ScanReport, Spec
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import block_report, build_and_setup, event_order
 from gbdoctor.setup.apply import BlockSlot
-from gbdoctor.setup.deepspeed import ROOT_REGION, check_jit_lock, cleanup_shared_memory
 from gbdoctor.setup.dist import resolve_device, run_ranks
-from gbdoctor.setup.recipe import recipe_for
 from gbdoctor.setup.train import synthetic_batch
 
 CAPTURE_STEPS = 3
-"""Training steps per DeepSpeed capture: step 0 compiles, the later ones show whether the
+"""Training steps per engine-step capture: step 0 compiles, the later ones show whether the
 compiled code is reused or recompiled ("recompiles every few steps", measured)."""
 
 
-def scan_deepspeed(
+def scan_engine_steps(
     spec: Spec, *, strategy: Any, progress: Progress | None = None, strict: bool = False
 ) -> ScanReport:
-    """Scan a ``framework = "deepspeed"`` spec. Every rank (world size 1 too) is a spawned
-    process: DeepSpeed keeps process-wide state (its comm backend, ZeRO's module stack, the
-    nvtx switch ``engine.compile`` flips) that a second setup in one process would inherit."""
+    """Scan a spec whose framework captures whole engine steps. Every rank (world size 1 too)
+    is a spawned process: such an engine keeps process-wide state (DeepSpeed's comm backend,
+    ZeRO's module stack, the nvtx switch ``engine.compile`` flips) that a second setup in one
+    process would inherit."""
     from gbdoctor.scan.estimate import require_real
 
-    # DeepSpeed scans train real steps on local ranks: no simulation, and the same size limits
+    framework = _engine_framework(spec)
+    # These scans train real steps on local ranks: no simulation, and the same size limits
     # as `run` (exit 2 with how to shrink the spec).
     require_real(spec, command="scan")
     device = resolve_device(spec.gbdoctor.device)
     job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=False, strict=strict)
     world = spec.parallelism.world_size
-    check_jit_lock(device)
+    framework.prepare_ranks(device)
     if progress:
-        progress(f"deepspeed.initialize + {CAPTURE_STEPS} captured steps on {world} rank(s)", 0, 1)
+        progress(
+            f"{framework.set_up_words} + {CAPTURE_STEPS} captured steps on {world} rank(s)", 0, 1
+        )
     ranks = run_ranks(
-        scan_deepspeed_rank,
+        scan_engine_steps_rank,
         job,
         world_size=world,
         device_type=device,
@@ -74,15 +79,22 @@ def scan_deepspeed(
     return merge_ranks(spec, job, ranks)
 
 
-def scan_deepspeed_rank(job: ScanJob) -> RankScan:
-    """One rank: build, ``deepspeed.initialize`` + compile, capture ``CAPTURE_STEPS`` steps."""
+def _engine_framework(spec: Spec) -> EngineStepFramework:
+    framework = framework_for(spec)
+    if framework.capture_style != CaptureStyle.ENGINE_STEPS:
+        raise SetupError(f"{framework.name} scans capture per block, not whole engine steps")
+    return cast(EngineStepFramework, framework)
+
+
+def scan_engine_steps_rank(job: ScanJob) -> RankScan:
+    """One rank: build, the framework's setup + compile, capture ``CAPTURE_STEPS`` steps."""
     import torch.distributed as dist
 
     from gbdoctor.models import vocab_size
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
-    recipe = recipe_for(spec)
+    recipe = _engine_framework(spec)
     session = CaptureSession()
     setup, meshes = build_and_setup(job, session)
     session.locator = Locator(setup.model, setup.hooks)
@@ -119,36 +131,13 @@ def scan_deepspeed_rank(job: ScanJob) -> RankScan:
                     raw.error_traceback = error_traceback(exc)
                     break
     finally:
-        cleanup_shared_memory()
-    reports = split_by_block(setup, raw, recorder.records, ROOT_REGION, spec_root=spec.root or None)
-    stage = spec.deepspeed.zero_stage if spec.deepspeed else None
-    info = SetupInfo(
-        strategy=job.strategy.name,
-        device=job.device,
-        world_size=world,
-        ep_degree=1,
-        dp_shard=spec.parallelism.dp_shard,
-        ac_mode="none",
-        ac_option="",
-        fsdp=False,
-        dynamo_config=tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags)),
-        batch_size=spec.capture_batch_size,
-        seq_len=spec.capture_seq_len,
-        framework="deepspeed",
-        zero_stage=stage,
-        steps=CAPTURE_STEPS,
-        plan=job.strategy.plan,
+        recipe.release_rank()
+    reports = split_by_block(
+        setup, raw, recorder.records, recipe.root_region, spec_root=spec.root or None
     )
-    notes = [
-        f"DeepSpeed ZeRO-{stage}, {job.strategy.summary}; {CAPTURE_STEPS} training steps captured "
-        f"through the engine on every rank (losses {', '.join(f'{x:.4f}' for x in losses)})"
-    ]
-    if spec.deepspeed and spec.deepspeed.filled:
-        notes.append(
-            "gbdoctor filled in DeepSpeed config keys the spec leaves out: "
-            + ", ".join(spec.deepspeed.filled)
-        )
-    return tuple(reports), info, tuple(notes)
+    info = recipe.engine_setup_info(spec, job.strategy, job.device, setup, CAPTURE_STEPS)
+    notes = recipe.engine_notes(spec, job.strategy, CAPTURE_STEPS, losses)
+    return tuple(reports), info, notes
 
 
 def split_by_block(

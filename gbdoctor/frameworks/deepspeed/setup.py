@@ -1,6 +1,6 @@
-"""The DeepSpeed recipe (:class:`DeepSpeedRecipe`, the second implementation of
-``setup.recipe.Recipe``): ``deepspeed.initialize`` (ZeRO 0-3) on the real process group (gloo on
-CPU, nccl on CUDA), then the compile call users write. A model and a spec in, a
+"""The DeepSpeed setup (behind ``frameworks.deepspeed.DeepSpeed``, the seam's second
+implementation): ``deepspeed.initialize`` (ZeRO 0-3) on the real process group (gloo on CPU,
+nccl on CUDA), then the compile call users write. A model and a spec in, a
 :class:`~gbdoctor.setup.apply.Setup` out (blocks, compiled regions, the engine that runs the
 training step), so scan, plan, run and inspect drive both frameworks the same way.
 
@@ -37,8 +37,6 @@ from typing import Any
 from gbdoctor.errors import SetupError, SpecError
 
 DEFAULT_LR = 8e-4
-DS_STRATEGY_NAMES = ("engine", "block", "none")
-"""Strategies a ``framework = "deepspeed"`` spec may name (``forward`` is the plan's)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,7 +210,7 @@ def load_config_file(path: str, where: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- setup
 
 
-def _qualified_class(module: Any) -> str:
+def qualified_class(module: Any) -> str:
     """How ``zero_optimization.leaf_module.classes`` names a block class: ``package.module.Cls``,
     or the bare class name (DeepSpeed matches either) for a model file loaded by path, whose
     module name exists only inside gbdoctor."""
@@ -263,7 +261,7 @@ def apply_deepspeed(
         zero = cfg.setdefault("zero_optimization", {})
         leaf = zero.setdefault("leaf_module", {})
         classes = list(leaf.get("classes", []))
-        leaf["classes"] = classes + sorted({_qualified_class(b) for _, _, b in raw} - set(classes))
+        leaf["classes"] = classes + sorted({qualified_class(b) for _, _, b in raw} - set(classes))
     # DeepSpeed 0.19.8 calls collectives that torch 2.13 deprecates: one FutureWarning per call,
     # every step, on stderr. DeepSpeed ranks are processes of their own, so the filter is too.
     warnings.filterwarnings(
@@ -405,71 +403,31 @@ def check_jit_lock(
         waited += poll_s
 
 
-class DeepSpeedRecipe:
-    """DeepSpeed ZeRO 0-3: the model zoo (or a custom factory) set up by ``deepspeed.initialize``
-    with the spec's DeepSpeed config, then the strategy's compile (``engine.compile()``,
-    ``block.compile()``, or each block's forward between its ZeRO hooks)."""
+def timed_engine_step(
+    engine: Any, tokens: Any, labels: Any, sync: Any = None
+) -> tuple[float, tuple[float, float, float]]:
+    """The DeepSpeed step, timed per phase: ``engine(x)``, ``engine.backward``, ``engine.step``.
+    DeepSpeed averages gradients over data-parallel ranks, so the local loss is the mean over
+    this rank's tokens; the reported loss is the mean over ranks (the same global mean as the
+    torchtitan step). ``sync`` (``torch.cuda.synchronize`` on GPU) runs before each clock read."""
+    import torch.distributed as dist
 
-    name = "deepspeed"
+    from gbdoctor.setup.train import forward_loss
 
-    def build(
-        self, spec: Any, device_type: str, *, meta: bool = False, max_seq_len: int | None = None
-    ) -> tuple[Any, Any]:
-        import torch
-        import torch.distributed as dist
+    def now() -> float:
+        if sync is not None:
+            sync()
+        return time.perf_counter()
 
-        from gbdoctor.models import build_model
-        from gbdoctor.setup.dist import Meshes
-
-        torch.manual_seed(spec.training.seed)
-        if device_type == "cuda":
-            device = torch.device("cuda", torch.cuda.current_device())
-        else:
-            device = torch.device(device_type)
-        # ZeRO shards over every rank of the default group: no device mesh of gbdoctor's own.
-        meshes = Meshes(
-            rank=dist.get_rank(),
-            world_size=dist.get_world_size(),
-            device=device,
-            dp=None,
-            ep=None,
-            edp=None,
-        )
-        model = build_model(spec.model, device="meta" if meta else device, max_seq_len=max_seq_len)
-        return model, meshes
-
-    def set_up(
-        self,
-        model: Any,
-        spec: Any,
-        meshes: Any,
-        *,
-        strategy: Any,
-        compile_fn: Any = None,
-        backend: str | None = None,
-        build_optimizer: bool | None = None,
-        backend_for: Callable[[str], Any] | None = None,
-    ) -> Any:
-        if backend_for is None:
-            chosen = backend or spec.compile.backend
-            backend_for = lambda _fqn: chosen  # noqa: E731
-        return apply_deepspeed(
-            model, spec, strategy=strategy, backend_for=backend_for, device=meshes.device.type
-        )
-
-    def step_context(self, setup: Any) -> contextlib.AbstractContextManager[None]:
-        from gbdoctor.setup.apply import recipe_context
-
-        return recipe_context(setup.dynamo_flags, ac_enabled=False)
-
-    def train_step(self, setup: Any, tokens: Any, labels: Any) -> float:
-        from gbdoctor.setup.train import train_step
-
-        return train_step(setup, tokens, labels)
-
-    def timed_train_step(
-        self, setup: Any, tokens: Any, labels: Any, sync: Any = None
-    ) -> tuple[float, tuple[float, float, float]]:
-        from gbdoctor.setup.train import timed_train_step
-
-        return timed_train_step(setup, tokens, labels, sync)
+    t0 = now()
+    loss = forward_loss(engine, tokens, labels, 1)
+    t1 = now()
+    engine.backward(loss)
+    t2 = now()
+    engine.step()
+    t3 = now()
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    reported = loss.detach().clone()
+    if world > 1:
+        dist.all_reduce(reported, op=dist.ReduceOp.SUM)
+    return float(reported) / world, (t1 - t0, t2 - t1, t3 - t2)

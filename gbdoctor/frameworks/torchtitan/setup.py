@@ -395,13 +395,6 @@ def _dynamo_settings() -> dict[str, Any]:
     }
 
 
-def build_setup(run: TitanRun, session: Any, device: str = "cpu") -> TitanSetup:
-    """Build and set up the model on this rank with torchtitan's own code (the process group
-    must be initialized). Mirrors ``Trainer.__init__`` up to the optimizer, minus checkpoint,
-    metrics, tokenizer and dataloader, which cannot change what is compiled."""
-    return RECIPE.set_up(RECIPE.build(run, device), run, session=session, device_type=device)
-
-
 def _build_model(run: TitanRun, config: Any) -> tuple[nn.Module, Any]:
     import torch.distributed as dist
     from torchtitan.config import TORCH_DTYPE_MAP
@@ -552,7 +545,8 @@ def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) ->
 
 
 class InstalledTorchtitanRecipe:
-    """The setup seam (``setup.recipe.Recipe``) implemented by the installed torchtitan.
+    """The setup seam (``frameworks.interface.Framework``: build, set up, step) implemented by
+    the installed torchtitan.
 
     Same four steps as the built-in recipe, but its "spec" is a :class:`TitanRun` (torchtitan
     >= 0.3 has no TOML) and its compile is in place (``Module.compile``), so ``set_up`` takes
