@@ -323,24 +323,26 @@ def stable_root(path: str) -> str:
 
 
 def _read_toml(path: str) -> dict[str, Any]:
+    from gbdoctor.records.io import read_regular_file
+
+    data = read_regular_file(
+        path,
+        "spec",
+        "pass the path of a TOML spec, e.g. fixtures/llama3_debug.toml",
+        error=SpecError,
+    )
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise SpecError(
-            f"{path}: spec file not found",
-            "pass the path of a TOML spec, e.g. fixtures/llama3_debug.toml",
-        ) from None
-    except IsADirectoryError:
-        raise SpecError(
-            f"{path}: is a directory, not a spec file", "pass the path of a TOML spec file"
-        ) from None
+        # A UTF-8 byte-order mark (some Windows editors write one) is not TOML, but it is
+        # harmless: drop it instead of calling the whole file invalid.
+        return tomllib.loads(data.decode("utf-8").removeprefix("\ufeff"))
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{path}: invalid TOML: {e}", "fix the TOML syntax at that line") from None
     except UnicodeDecodeError as e:
         raise SpecError(f"{path}: invalid TOML: not UTF-8 text ({e.reason})") from None
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read spec file: {e.strerror or e}") from None
+    except RecursionError:
+        raise SpecError(
+            f"{path}: invalid TOML: nested too deeply to read", "flatten the nested tables"
+        ) from None
 
 
 def _apply_override(data: dict[str, Any], text: str, ctx: _Ctx) -> None:

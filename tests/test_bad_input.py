@@ -125,7 +125,7 @@ _STDLIB_OS = os.path.join(os.path.dirname(os.__file__), "os.py")
 
 CASES: list[Case] = [
     # ---- spec files
-    Case("spec-missing", ["scan", "{tmp}/nope.toml"], 2, ("nope.toml", "spec file not found")),
+    Case("spec-missing", ["scan", "{tmp}/nope.toml"], 2, ("nope.toml", "no such spec file")),
     Case("spec-directory", ["scan", "{tmp}"], 2, ("is a directory",)),
     Case(
         "spec-binary",

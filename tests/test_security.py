@@ -207,6 +207,29 @@ def test_a_device_or_fifo_as_input_is_one_line_at_once(tmp_path) -> None:
         assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_spec_that_is_a_device_a_fifo_or_nested_too_deep_is_one_line(tmp_path) -> None:
+    fifo = tmp_path / "spec.fifo"
+    os.mkfifo(fifo)
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    for path, needle in (
+        ("/dev/zero", "not a regular file"),
+        (str(fifo), "not a regular file"),
+        (str(deep), "nested too deeply"),
+    ):
+        done = gbdoctor("scan", path, timeout=60)
+        assert done.returncode == 2, done.stderr
+        assert needle in done.stderr and path in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_spec_with_a_utf8_byte_order_mark_loads(tmp_path) -> None:
+    from gbdoctor.spec import load_spec
+
+    spec = tmp_path / "bom.toml"
+    spec.write_bytes(b"\xef\xbb\xbf" + (FIXTURES / "llama3_debug.toml").read_bytes())
+    assert load_spec(spec).model.name == "llama3"
+
+
 def test_an_integer_too_long_for_python_is_bad_input_not_an_internal_error() -> None:
     with pytest.raises(BaselineError, match="not valid JSON"):
         parse_json_object('{"breaks": ' + "9" * 5000 + "}", "scan.json")

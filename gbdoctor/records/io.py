@@ -149,10 +149,16 @@ MAX_READ_BYTES = 256 * 2**20
 or ``/dev/zero``, is refused before it is read, not read until memory runs out."""
 
 
-def read_text(path: str | Path, what: str, hint: str) -> str:
-    """A JSON file's text; one-line BaselineError when it is missing (with ``hint``),
-    unreadable, not a regular file (a FIFO would block, ``/dev/zero`` never ends) or larger
-    than :data:`MAX_READ_BYTES`."""
+def read_regular_file(
+    path: str | Path,
+    what: str,
+    hint: str,
+    *,
+    error: type[GbdoctorError] = BaselineError,
+) -> bytes:
+    """The bytes of the regular file ``path``, at most :data:`MAX_READ_BYTES`; one-line
+    ``error`` (exit 2) when it is missing (with ``hint``), unreadable, a directory, not a
+    regular file (a FIFO would block, ``/dev/zero`` never ends) or larger than the limit."""
     path = Path(path)
     try:
         # Opened without blocking (a FIFO with no writer would block the open itself), then
@@ -161,31 +167,36 @@ def read_text(path: str | Path, what: str, hint: str) -> str:
         with os.fdopen(fd, "rb") as handle:
             info = os.fstat(fd)
             if stat.S_ISDIR(info.st_mode):
-                raise BaselineError(f"{path}: is a directory, not a {what} file", hint=hint)
+                raise error(f"{path}: is a directory, not a {what} file", hint=hint)
             if not stat.S_ISREG(info.st_mode):
-                raise BaselineError(
+                raise error(
                     f"{path}: not a regular file (a device, FIFO or socket), not a {what} file",
                     hint=hint,
                 )
             if info.st_size > MAX_READ_BYTES:
-                raise BaselineError(
+                raise error(
                     f"{path}: {info.st_size} bytes, larger than the "
                     f"{MAX_READ_BYTES // 2**20} MiB a {what} file may have",
                     hint=hint,
                 )
             os.set_blocking(fd, True)
-            return handle.read(MAX_READ_BYTES + 1).decode("utf-8")
+            return handle.read(MAX_READ_BYTES + 1)
     except FileNotFoundError:
-        raise BaselineError(f"{path}: no such {what} file", hint=hint) from None
+        raise error(f"{path}: no such {what} file (not found)", hint=hint) from None
     except IsADirectoryError:
-        raise BaselineError(f"{path}: is a directory, not a {what} file", hint=hint) from None
+        raise error(f"{path}: is a directory, not a {what} file", hint=hint) from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+
+
+def read_text(path: str | Path, what: str, hint: str) -> str:
+    """A JSON file's text (:func:`read_regular_file`, decoded); BaselineError when it is not
+    UTF-8 text."""
+    try:
+        return read_regular_file(path, what, hint).decode("utf-8")
     except UnicodeDecodeError:
         raise BaselineError(
             f"{path}: not a {what} file (binary data, not UTF-8 text)", hint=hint
-        ) from None
-    except OSError as exc:
-        raise BaselineError(
-            f"{path}: cannot read {what} ({exc.__class__.__name__}: {exc})"
         ) from None
 
 
