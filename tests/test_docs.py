@@ -196,6 +196,30 @@ def test_relative_links_resolve(page: Path) -> None:
     assert not broken, f"{page.relative_to(REPO)}: links to missing files {broken}"
 
 
+CODE_PATH = re.compile(
+    r"`([A-Za-z0-9_./-]+/[A-Za-z0-9_.-]+\.(?:py|toml|json|md))(?::\d+(?:-\d+)?)?`"
+)
+"""A file path in backticks (``gbdoctor/models/moe.py``, ``fixtures/llama4_debug.toml:12``)."""
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_code_paths_named_in_docs_exist(page: Path) -> None:
+    """A path that names one of this repository's files exists (relative to the repository,
+    ``gbdoctor/`` or ``tests/``): files move, and prose that points at the old place lies. A
+    path whose first part is none of this repository's folders is another library's
+    (``torch/_dynamo/...``, ``deepspeed/runtime/engine.py``) and is not checked."""
+    bases = (REPO, REPO / "gbdoctor", REPO / "tests")
+    ours = {entry.name for base in bases for entry in base.iterdir() if entry.is_dir()}
+    missing = []
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        for path in CODE_PATH.findall(line):
+            if path.split("/", 1)[0] not in ours:
+                continue
+            if not any((base / path).exists() for base in bases):
+                missing.append(f"{page.relative_to(REPO)}:{number}: {path}")
+    assert not missing, "docs name files that do not exist:\n" + "\n".join(missing)
+
+
 def test_every_documented_command_parses() -> None:
     commands = _documented_commands()
     assert len(commands) >= 10, "the command extraction found almost nothing: is it broken?"

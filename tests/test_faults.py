@@ -55,6 +55,7 @@ class Job:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            preexec_fn=_interruptible,
         )
         self.pids: set[int] = set()
         self.shm: set[str] = set()
@@ -127,6 +128,14 @@ class Job:
         assert len(self.pids) >= 3, "the sampler never saw the ranks"
         left = {f for f in self.shm if os.path.exists(f)}
         assert not left, f"/dev/shm files left behind: {left}"
+
+
+def _interruptible() -> None:
+    """SIGINT back to its default in the job, whatever the test run inherited: a shell without
+    job control starts background commands (``pytest ... &``) with SIGINT ignored, children
+    inherit that, and a process started that way rightly ignores Ctrl-C (the signal tests then
+    timed out in such runs, and only there)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _alive(pid: int) -> bool:
@@ -220,8 +229,11 @@ def test_kill_9_of_a_rank_is_reported_as_that_rank(tmp_path) -> None:
     job.assert_clean()
 
 
-def test_a_keyboard_interrupt_raised_by_user_code_is_a_user_code_failure(tmp_path) -> None:
-    """Exit 3 naming the line, not "Interrupted." and 130: no one pressed Ctrl-C."""
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_a_keyboard_interrupt_raised_by_user_code_is_a_user_code_failure(tmp_path, sigint) -> None:
+    """Exit 3 naming the line, not "Interrupted." and 130: no one pressed Ctrl-C. Also when
+    gbdoctor starts with SIGINT ignored (a background job), where its own handler is not
+    installed."""
     spec = tmp_path / "ki.toml"
     spec.write_text(
         f'[model]\nname = "custom"\nflavor = "keyboard-interrupt"\n'
@@ -234,6 +246,9 @@ def test_a_keyboard_interrupt_raised_by_user_code_is_a_user_code_failure(tmp_pat
         text=True,
         timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO)},
+        preexec_fn=_interruptible
+        if sigint == "default"
+        else lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     assert done.returncode == 3, done.stderr
     check_one_error_line(

@@ -63,9 +63,13 @@ def install_signal_handlers() -> None:
 
 
 def _from_user_code(exc: KeyboardInterrupt) -> bool:
-    """A KeyboardInterrupt no SIGINT raised: user code raised it (only knowable when
-    :func:`install_signal_handlers` ran, as the console script does)."""
-    return signal.getsignal(signal.SIGINT) is on_sigint and not isinstance(exc, Interrupted)
+    """A KeyboardInterrupt no SIGINT raised: user code raised it. Knowable when SIGINT is
+    ignored (started in the background: no Ctrl-C can arrive) or when
+    :func:`install_signal_handlers` ran, as the console script does."""
+    handler = signal.getsignal(signal.SIGINT)
+    if handler is signal.SIG_IGN:
+        return True
+    return handler is on_sigint and not isinstance(exc, Interrupted)
 
 
 class Terminated(BaseException):
