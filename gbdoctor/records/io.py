@@ -145,8 +145,9 @@ MAX_INT = 2**63 - 1
 """The largest integer a record holds (a count, size or line); JSON may spell any integer."""
 
 MAX_READ_BYTES = 256 * 2**20
-"""The largest JSON file gbdoctor reads (a 48-layer scan is well under 1 MiB): a larger one,
-or ``/dev/zero``, is refused before it is read, not read until memory runs out."""
+"""The largest file gbdoctor reads as input (a spec, scan, plan or baseline; a 48-layer scan is
+well under 1 MiB): a larger one, or ``/dev/zero``, is refused before it is read, not read until
+memory runs out (docs/security.md)."""
 
 
 def read_regular_file(
