@@ -47,7 +47,7 @@ class CaptureStyle(StrEnum):
 
 
 class SpecContext(Protocol):
-    """What a framework's spec check may use of the loader's context (``spec._Ctx``)."""
+    """What a framework's spec check may use of the loader's context (``frameworks.common.specfile.SpecContext``)."""
 
     path: str
 
