@@ -1,4 +1,4 @@
-"""The import graph of ``gbdoctor/`` keeps the layering of DESIGN.md section 8 and README "Layout".
+"""The import graph of ``gbdoctor/`` keeps the layering of DESIGN.md section 8 and docs/architecture.md.
 
 Read with ``ast`` (nothing is imported), every ``import``/``from ... import`` in every module,
 at any depth (function-level lazy imports count: they are still dependencies), is an edge:

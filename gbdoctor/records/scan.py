@@ -1,5 +1,5 @@
 """Scan and inspect records: what ``capture/`` produces and formatters, the gate and the planner
-consume. Field names are the JSON contract (see README, "JSON schema"). No torch import here.
+consume. Field names are the JSON contract (see docs/json-schema.md). No torch import here.
 """
 
 from __future__ import annotations

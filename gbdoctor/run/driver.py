@@ -17,7 +17,7 @@ training steps (compilation happens here) -> ``steps`` measured training steps, 
 own (after a barrier on multi-rank jobs, with CUDA synchronizes on GPU) and split into forward,
 backward and optimizer. Recompiles are recorded with ``capture.recompiles.watch_recompiles``.
 
-Definitions (also in the README):
+Definitions (also in docs/run.md):
 
 * step time: wall time of one training step (forward, backward, optimizer step, loss
   all-reduce); with N ranks, the slowest rank's time for that step.

@@ -3,7 +3,7 @@
 Models gbdoctor did not write return many things: torchtitan's decoders return logits
 ``(batch, seq, vocab)``; a Hugging Face base model returns a ``ModelOutput`` holding
 ``last_hidden_state``; a causal-LM head returns one holding ``logits``; research code returns
-tuples, dicts or a scalar loss. The contract (README, "Custom models"):
+tuples, dicts or a scalar loss. The contract (docs/specs.md, "Custom models"):
 
 1. A dict or a ``ModelOutput``-like object is looked up by ``loss``, ``logits``,
    ``last_hidden_state``, in that order (the first present and not None); a tuple or list by its

@@ -431,7 +431,7 @@ def check_tool(values: dict[str, Any], ctx: SpecContext) -> ToolSpec:
             f"{ctx.where('gbdoctor', 'strategy')} = '{t.strategy}' is not a known strategy "
             f"(framework '{t.framework}'){did_you_mean(t.strategy, names)}; choose one of: "
             f"{', '.join(names)}",
-            f'see the README\'s compile strategies; the default is "{default}"',
+            f'see docs/plan.md, "Compile strategies"; the default is "{default}"',
         )
     if t.device not in DEVICES:
         ctx.fail(
