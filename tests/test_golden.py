@@ -45,7 +45,7 @@ import sysconfig
 from dataclasses import dataclass
 
 import pytest
-from repo_paths import FIXTURES, REPO
+from repo_paths import EXTRA_INSTALL, FIXTURES, REPO
 
 GOLDEN = FIXTURES / "golden"
 VERSIONS = GOLDEN / "versions.json"
@@ -240,7 +240,17 @@ def _environment() -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, id=c.id, marks=[pytest.mark.slow] if c.slow else []) for c in CASES],
+    [
+        pytest.param(
+            c,
+            id=c.id,
+            # A case of an optional extra skips without it (naming the install command) and
+            # runs in .ci/run's extras stage (-m extra).
+            marks=[pytest.mark.slow] * c.slow
+            + [pytest.mark.extra(dist) for dist in c.needs if dist in EXTRA_INSTALL],
+        )
+        for c in CASES
+    ],
 )
 def test_command_json_matches_its_golden(case: Case, tmp_path):
     if case.full and not ALL:
