@@ -71,11 +71,9 @@ from gbdoctor.records import (
 )
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
+from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import STRATEGIES, Strategy
 from gbdoctor.spec import with_overrides
-
-Progress = Callable[[str, int, int], None]
-"""(message, done, total) callback for progress bars."""
 
 _DEFAULT_MODES = default_framework().run_modes
 MODE_STRATEGIES: dict[str, str] = dict(_DEFAULT_MODES.strategies)
