@@ -304,10 +304,11 @@ replace the device node with a regular file for every process on the machine."""
 
 def check_writable(
     path: str | os.PathLike[str], what: str = "output", *, inputs: tuple[Path, ...] = ()
-) -> None:
+) -> bool:
     """:class:`OutputError` unless ``path`` can be created or replaced, or written in place (a
     character device or a FIFO). ``inputs``: files the command reads; writing one of them would
-    destroy it, so an output that is one of them is refused. Creates nothing."""
+    destroy it, so an output that is one of them is refused. Creates nothing. Returns whether
+    the output is written in place (never renamed over)."""
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{what} {path} is a directory", hint="give a file path")
@@ -323,9 +324,9 @@ def check_writable(
         if stat.S_ISCHR(special.st_mode) or stat.S_ISFIFO(special.st_mode):
             if not os.access(path, os.W_OK):
                 raise OutputError(f"{what} {path}: no permission to write it")
-            return
+            return True
         if stat.S_ISREG(special.st_mode):
-            return  # a regular file reached through /dev or /proc (/dev/stdout > file)
+            return True  # a regular file reached through /dev or /proc (/dev/stdout > file)
         raise OutputError(
             f"{what} {path} is a {_kind(special)}, not a file",
             hint="give a regular file path (or /dev/stdout)",
@@ -342,6 +343,7 @@ def check_writable(
             f"{what} {path}: no permission to write in {existing}",
             hint="choose a writable location (or fix the directory's permissions)",
         )
+    return False
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -383,9 +385,9 @@ def write_atomic(
     On any failure the previous file is untouched and the temporary file is removed:
     :class:`OutputError` (exit 2) when the location is not writable or is an input,
     :class:`WriteError` (exit 3) when writing failed part-way."""
-    check_writable(path, what, inputs=inputs)
+    in_place = check_writable(path, what, inputs=inputs)
     data = text.encode("utf-8")
-    if _special_file(Path(path)) is not None:
+    if in_place:
         _write_in_place(Path(path), data, what)
         return
     target = Path(os.path.realpath(path))
