@@ -1,0 +1,106 @@
+"""``--format html`` and ``gbdoctor report``: one self-contained HTML page of one or more results
+(scan, plan, run, gate), each with its JSON twin embedded.
+
+The page opens offline: its CSS, its script and the chart library are inline, and its
+Content-Security-Policy forbids any request. Every number on it is a field of the records (or a
+count of :mod:`gbdoctor.summary`, where the JSON's ``totals`` come from); nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gbdoctor.records import GateResult, Plan, RunReport, ScanReport
+from gbdoctor.records.io import dumps, to_jsonable
+from gbdoctor.report.html.documents import Document, document_kind, load_document
+from gbdoctor.report.html.gate import gate_article
+from gbdoctor.report.html.page import Page, h, tag
+from gbdoctor.report.html.plan_run import plan_article, run_article
+from gbdoctor.report.html.scan import scan_article
+from gbdoctor.report.html.source import SourceReader
+
+__all__ = [
+    "Document",
+    "HtmlFormat",
+    "HtmlGateFormat",
+    "document_kind",
+    "gate_document",
+    "load_document",
+    "plan_document",
+    "render_html",
+    "run_document",
+    "scan_document",
+]
+
+_TITLES = {"scan": "Scan", "plan": "Plan", "run": "Run", "gate": "Gate"}
+
+
+def _subject(doc: Document) -> str:
+    record = doc.record
+    if isinstance(record, GateResult):
+        return ", ".join(record.specs) or doc.name
+    return f"{record.spec} ({record.model})"
+
+
+def render_html(documents: Sequence[Document], source_roots: Sequence[Path] = ()) -> str:
+    """The page of ``documents``, in the order given; source lines are looked up under
+    ``source_roots`` first (see :class:`SourceReader`)."""
+    reader = SourceReader(tuple(source_roots))
+    kinds = ", ".join(dict.fromkeys(_TITLES[d.kind].lower() for d in documents))
+    page = Page(title=f"gbdoctor report: {kinds}")
+    for i, doc in enumerate(documents):
+        ident = f"d{i}"
+        record = doc.record
+        if isinstance(record, ScanReport):
+            body = scan_article(page, record, ident, reader)
+        elif isinstance(record, Plan):
+            body = plan_article(page, record, ident, doc.emitted)
+        elif isinstance(record, RunReport):
+            body = run_article(page, record, ident)
+        else:
+            body = gate_article(record, ident)
+        title = f"{_TITLES[doc.kind]}: {_subject(doc)}"
+        twin_name = Path(doc.name).name if doc.name.endswith(".json") else f"{doc.kind}.json"
+        twin = tag("p", page.twin(doc.json_text, twin_name), class_="no-print")
+        page.nav.append((ident, _TITLES[doc.kind]))
+        page.articles.append(
+            tag("article", tag("h2", h(title)) + twin + body, id=ident, class_=f"doc doc-{doc.kind}")
+        )
+    return page.render()
+
+
+def scan_document(report: ScanReport, name: str = "scan") -> Document:
+    from gbdoctor.report.json import render_json
+
+    return Document("scan", report, name, render_json(report))
+
+
+def plan_document(plan: Plan, plan_json: str, emitted: tuple[tuple[str, str], ...] = ()) -> Document:
+    """``plan_json``: the plan file's text (``plan --emit-config json``), made by the caller
+    (report/ does not import plan/)."""
+    return Document("plan", plan, "plan", plan_json, emitted)
+
+
+def run_document(report: RunReport, name: str = "run") -> Document:
+    return Document("run", report, name, dumps(to_jsonable(report)))
+
+
+def gate_document(result: GateResult, name: str = "gate") -> Document:
+    from gbdoctor.report.gate_formats import GateJsonFormat
+
+    return Document("gate", result, name, GateJsonFormat().render(result))
+
+
+class HtmlFormat:
+    """Formatter for ``scan --format html``."""
+
+    def render(self, report: ScanReport) -> str:
+        return render_html([scan_document(report)])
+
+
+class HtmlGateFormat:
+    """Gate formatter for ``--format html``."""
+
+    def render(self, result: GateResult) -> str:
+        return render_html([gate_document(result)])
