@@ -7,7 +7,14 @@ from typing import Annotated
 import typer
 
 from gbdoctor.cli.inputs import load_spec_options
-from gbdoctor.cli.options import OutputOpt, SetOpt, SimulateOpt, SpecArg, WorldSizeOpt
+from gbdoctor.cli.options import (
+    OutputOpt,
+    PlanFormatOpt,
+    SetOpt,
+    SimulateOpt,
+    SpecArg,
+    WorldSizeOpt,
+)
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
 from gbdoctor.errors import ExitCode
 
@@ -18,6 +25,7 @@ def plan(
     emit_config: Annotated[
         str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
     ] = None,
+    format: PlanFormatOpt = "table",
     output: OutputOpt = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
@@ -32,11 +40,16 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    preflight(None, "plan", output, inputs=(spec,))
+    preflight(format, "plan", output, inputs=(spec,))
     loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
-    if emit_config is None:
+    if format == "html":
+        # The page shows the emitted config (--emit-config's, else the framework's own).
+        from gbdoctor.cli.report import plan_html
+
+        emit(plan_html(result, emit_config), output)
+    elif emit_config is None:
         emit(render_plan_table(result), output)
     else:
         # The table still shows (on stderr): stdout or --output holds only the emitted config.

@@ -17,6 +17,7 @@ from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
 from gbdoctor.cli.output import say
 from gbdoctor.cli.plan import plan
+from gbdoctor.cli.report import report
 from gbdoctor.cli.run import run
 from gbdoctor.cli.scan import scan
 
@@ -139,7 +140,7 @@ def _root(
 
 # ``scan --torchtitan MODULE:CONFIG`` passes torchtitan's own --section.key options through.
 app.command(context_settings={"ignore_unknown_options": True})(handle_errors(scan))
-for _command in (inspect, causes, plan, run, gate, diff):
+for _command in (inspect, causes, plan, run, gate, diff, report):
     app.command()(handle_errors(_command))
 
 

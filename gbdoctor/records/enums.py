@@ -183,3 +183,4 @@ class OutputFormat(StrEnum):
     MARKDOWN = "markdown"
     JUNIT = "junit"
     GITHUB = "github"
+    HTML = "html"

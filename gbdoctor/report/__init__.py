@@ -17,15 +17,17 @@ _SCAN = (
     OutputFormat.MARKDOWN,
     OutputFormat.JUNIT,
     OutputFormat.GITHUB,
+    OutputFormat.HTML,
 )
 COMMAND_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
     "scan": _SCAN,
     "inspect": (OutputFormat.TABLE, OutputFormat.JSON),
     "causes": (OutputFormat.TABLE, OutputFormat.JSON),
-    "plan": (),
-    "run": (OutputFormat.TABLE, OutputFormat.JSON, OutputFormat.MARKDOWN),
+    "plan": (OutputFormat.TABLE, OutputFormat.HTML),
+    "run": (OutputFormat.TABLE, OutputFormat.JSON, OutputFormat.MARKDOWN, OutputFormat.HTML),
     "gate": _SCAN,
     "diff": _SCAN,
+    "report": (),
 }
 """The one registry of ``--format`` values per command (the CLI's option and its check read
 it without importing a formatter; a test checks it against the formatter registries)."""

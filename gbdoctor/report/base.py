@@ -12,6 +12,7 @@ from typing import Protocol
 from gbdoctor.errors import SpecError
 from gbdoctor.records import ScanReport
 from gbdoctor.report.github import GithubFormat
+from gbdoctor.report.html import HtmlFormat
 from gbdoctor.report.json import JsonFormat
 from gbdoctor.report.junit import JunitFormat
 from gbdoctor.report.markdown import MarkdownFormat
@@ -32,6 +33,7 @@ FORMATS: dict[str, type[Formatter]] = {
     "markdown": MarkdownFormat,
     "junit": JunitFormat,
     "github": GithubFormat,
+    "html": HtmlFormat,
 }
 """``--format`` name -> formatter class (constructed without arguments)."""
 

@@ -13,6 +13,7 @@ from gbdoctor.errors import SpecError
 from gbdoctor.records import SEVERITIES, Finding, GateResult
 from gbdoctor.records.io import dumps, to_jsonable
 from gbdoctor.report.github import command
+from gbdoctor.report.html import gate_document, render_html
 from gbdoctor.report.junit import element, xml_safe, xml_text
 from gbdoctor.report.layout import short_location
 from gbdoctor.report.markdown import code, md_table
@@ -38,6 +39,13 @@ class GateJsonFormat:
             counts={s: result.count(s) for s in SEVERITIES},
         )
         return dumps(data)
+
+
+class GateHtmlFormat:
+    """``--format html``: the verdict and what went up first, as one page (its JSON embedded)."""
+
+    def render(self, result: GateResult) -> str:
+        return render_html([gate_document(result, GateJsonFormat().render(result))])
 
 
 def _where(f: Finding) -> str:
@@ -163,6 +171,7 @@ GATE_FORMATS: dict[str, type[GateFormatter]] = {
     "markdown": GateMarkdownFormat,
     "junit": GateJunitFormat,
     "github": GateGithubFormat,
+    "html": GateHtmlFormat,
 }
 """``--format`` name -> gate formatter class (constructed without arguments)."""
 

@@ -18,7 +18,7 @@ from gbdoctor.records.io import dumps
 
 __all__ = ["RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
 
-RUN_FORMAT_NAMES: tuple[str, ...] = ("table", "json", "markdown")
+RUN_FORMAT_NAMES: tuple[str, ...] = ("table", "json", "markdown", "html")
 WIDTH = 120
 BAR_WIDTH = 40
 _EIGHTHS = " ▏▎▍▌▋▊▉"
@@ -34,6 +34,10 @@ def render_run(report: RunReport, fmt: str) -> str:
         return render_markdown(report)
     if fmt == "table":
         return render_table(report)
+    if fmt == "html":
+        from gbdoctor.report.html import render_html, run_document
+
+        return render_html([run_document(report)])
     raise SpecError(
         f"unknown format {fmt!r} for run",
         hint=f"valid formats: {', '.join(RUN_FORMAT_NAMES)} (and --csv FILE)",

@@ -112,9 +112,7 @@ class Browser:
         return self._session("POST", "/execute/sync", {"script": script, "args": list(args)})
 
     def click(self, css: str) -> None:
-        element = self._session(
-            "POST", "/element", {"using": "css selector", "value": css}
-        )
+        element = self._session("POST", "/element", {"using": "css selector", "value": css})
         ident = next(iter(element.values()))
         self._session("POST", f"/element/{ident}/click", {})
 

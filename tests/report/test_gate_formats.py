@@ -24,14 +24,14 @@ def passing():
 
 
 def test_every_gate_format_name_has_a_formatter() -> None:
-    assert set(GATE_FORMATS) == {"table", "json", "markdown", "junit", "github"}
+    assert set(GATE_FORMATS) == {"table", "json", "markdown", "junit", "github", "html"}
     for name in GATE_FORMATS:
         assert render_gate(failing(), name).endswith("\n")
     with pytest.raises(SpecError, match="unknown format"):
-        render_gate(failing(), "html")
+        render_gate(failing(), "yaml")
 
 
-@pytest.mark.parametrize("fmt", sorted(GATE_FORMATS))
+@pytest.mark.parametrize("fmt", sorted(set(GATE_FORMATS) - {"html"}))  # html: test_html*.py
 @pytest.mark.parametrize("case", ["failing", "passing"])
 def test_gate_golden(fmt: str, case: str) -> None:
     text = render_gate({"failing": failing, "passing": passing}[case](), fmt)

@@ -23,7 +23,6 @@ from gbdoctor.report.html.source import SourceReader
 __all__ = [
     "Document",
     "HtmlFormat",
-    "HtmlGateFormat",
     "document_kind",
     "gate_document",
     "load_document",
@@ -65,7 +64,9 @@ def render_html(documents: Sequence[Document], source_roots: Sequence[Path] = ()
         twin = tag("p", page.twin(doc.json_text, twin_name), class_="no-print")
         page.nav.append((ident, _TITLES[doc.kind]))
         page.articles.append(
-            tag("article", tag("h2", h(title)) + twin + body, id=ident, class_=f"doc doc-{doc.kind}")
+            tag(
+                "article", tag("h2", h(title)) + twin + body, id=ident, class_=f"doc doc-{doc.kind}"
+            )
         )
     return page.render()
 
@@ -76,7 +77,9 @@ def scan_document(report: ScanReport, name: str = "scan") -> Document:
     return Document("scan", report, name, render_json(report))
 
 
-def plan_document(plan: Plan, plan_json: str, emitted: tuple[tuple[str, str], ...] = ()) -> Document:
+def plan_document(
+    plan: Plan, plan_json: str, emitted: tuple[tuple[str, str], ...] = ()
+) -> Document:
     """``plan_json``: the plan file's text (``plan --emit-config json``), made by the caller
     (report/ does not import plan/)."""
     return Document("plan", plan, "plan", plan_json, emitted)
@@ -86,10 +89,9 @@ def run_document(report: RunReport, name: str = "run") -> Document:
     return Document("run", report, name, dumps(to_jsonable(report)))
 
 
-def gate_document(result: GateResult, name: str = "gate") -> Document:
-    from gbdoctor.report.gate_formats import GateJsonFormat
-
-    return Document("gate", result, name, GateJsonFormat().render(result))
+def gate_document(result: GateResult, gate_json: str, name: str = "gate") -> Document:
+    """``gate_json``: the result as ``gate --format json`` writes it."""
+    return Document("gate", result, name, gate_json)
 
 
 class HtmlFormat:
@@ -97,10 +99,3 @@ class HtmlFormat:
 
     def render(self, report: ScanReport) -> str:
         return render_html([scan_document(report)])
-
-
-class HtmlGateFormat:
-    """Gate formatter for ``--format html``."""
-
-    def render(self, result: GateResult) -> str:
-        return render_html([gate_document(result)])

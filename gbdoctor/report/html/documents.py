@@ -69,7 +69,9 @@ def load_document(path: str | Path) -> Document:
         record = load_scan_json(path)
     elif kind == "plan":
         check_schema_version(data, READABLE_PLAN_SCHEMA_VERSIONS, name, "plan", hint=_HINT)
-        record = load_record(Plan, data | {"schema_version": PLAN_SCHEMA_VERSION}, name, counts=True)
+        record = load_record(
+            Plan, data | {"schema_version": PLAN_SCHEMA_VERSION}, name, counts=True
+        )
     elif kind == "run":
         check_schema_version(data, READABLE_RUN_SCHEMA_VERSIONS, name, "run", hint=_HINT)
         record = load_record(RunReport, data | {"schema_version": RUN_SCHEMA_VERSION}, name)

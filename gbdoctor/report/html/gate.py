@@ -9,7 +9,7 @@ from gbdoctor.report.layout import short_location
 
 __all__ = ["gate_article"]
 
-_TONE = {
+_TONE: dict[str, str] = {
     Severity.REGRESSION: "bad",
     Severity.IMPROVEMENT: "good",
     Severity.WARNING: "warn",
@@ -20,7 +20,9 @@ _TONE = {
 def _rows(result: GateResult, findings: list[Finding]) -> list[tuple[str, ...]]:
     return [
         (
-            badge(f.severity + (" (fails)" if result.fails(f) else ""), _TONE.get(f.severity, "info")),
+            badge(
+                f.severity + (" (fails)" if result.fails(f) else ""), _TONE.get(f.severity, "info")
+            ),
             h(f.spec),
             h(f.kind or "-"),
             h(f.what),

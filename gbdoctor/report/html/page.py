@@ -202,7 +202,7 @@ class Page:
             '<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             # No request leaves the page: everything it needs is inline.
-            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+            '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
             "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
             'connect-src blob:">'
             f"{tag('title', h(self.title))}{tag('style', _static('report.css'))}</head>\n"

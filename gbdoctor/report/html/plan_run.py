@@ -121,7 +121,11 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
         parts.append(_section(f"{doc}-suggestions", "Suggestions", _list(plan.suggestions)))
     for name, text in emitted:
         parts.append(
-            _section(f"{doc}-config-{name}", f"Emitted config ({name})", tag("pre", h(text), class_="config"))
+            _section(
+                f"{doc}-config-{name}",
+                f"Emitted config ({name})",
+                tag("pre", h(text), class_="config"),
+            )
         )
     return "".join(parts)
 
@@ -145,7 +149,8 @@ def _verdict(mode: ModeResult) -> str:
     text = f"{mode.speedup_vs_eager:.2f}x" + (
         f" ({low_high[0]:.2f}..{low_high[1]:.2f})" if low_high is not None else ""
     )
-    tone = {Verdict.FASTER: "good", Verdict.SLOWER: "bad"}.get(mode.verdict_vs_eager, "info")
+    tones: dict[str, str] = {Verdict.FASTER: "good", Verdict.SLOWER: "bad"}
+    tone = tones.get(mode.verdict_vs_eager, "info")
     return h(text + " ") + (badge(mode.verdict_vs_eager, tone) if mode.verdict_vs_eager else "")
 
 
@@ -161,7 +166,10 @@ def run_article(page: Page, report: RunReport, doc: str) -> str:
             ("backend", h(report.backend)),
             ("ranks", h(report.world_size)),
             ("batch x seq", h(f"{report.batch_size} x {report.seq_len} per rank")),
-            ("steps", h(f"{report.warmup} warm-up + {report.steps} measured, {report.rounds} round(s)")),
+            (
+                "steps",
+                h(f"{report.warmup} warm-up + {report.steps} measured, {report.rounds} round(s)"),
+            ),
             ("optimizer", h(report.optimizer or "-")),
             ("plan", h(report.plan_source or "none") + " " + _verified(report.plan_verified)),
             *(("plan kind", h(line)) for line in report.plan_kinds),
@@ -209,7 +217,9 @@ def run_article(page: Page, report: RunReport, doc: str) -> str:
         else None
         for m in modes
     ]
-    speed_range = [list(m.speedup_vs_eager_range) if m.speedup_vs_eager_range else None for m in modes]
+    speed_range = [
+        list(m.speedup_vs_eager_range) if m.speedup_vs_eager_range else None for m in modes
+    ]
     charts = [
         Chart(
             "bar",
@@ -253,8 +263,14 @@ def run_article(page: Page, report: RunReport, doc: str) -> str:
             "Compile time",
             names,
             (
-                Series("first round (cold cache)", [m.compile_time_s for m in modes], KIND_COLORS[4]),
-                Series("later rounds (warm cache)", [m.compile_time_warm_s for m in modes], KIND_COLORS[5]),
+                Series(
+                    "first round (cold cache)", [m.compile_time_s for m in modes], KIND_COLORS[4]
+                ),
+                Series(
+                    "later rounds (warm cache)",
+                    [m.compile_time_warm_s for m in modes],
+                    KIND_COLORS[5],
+                ),
             ),
             unit="s",
         ),
@@ -277,7 +293,11 @@ def run_article(page: Page, report: RunReport, doc: str) -> str:
             )
         )
     figures = tag("div", "".join(page.chart(c) for c in charts), class_="charts")
-    parts = [head, _section(f"{doc}-modes", "Modes", table_html), _section(f"{doc}-charts", "Charts", figures)]
+    parts = [
+        head,
+        _section(f"{doc}-modes", "Modes", table_html),
+        _section(f"{doc}-charts", "Charts", figures),
+    ]
     if report.findings:
         parts.append(_section(f"{doc}-findings", "Findings", _list(report.findings)))
     return "".join(parts)

@@ -18,7 +18,9 @@ from gbdoctor.summary import summarize
 
 __all__ = ["scan_article"]
 
-EAGER_EVENTS = frozenset({EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED, EventKind.RECOMPILE_LIMIT})
+EAGER_EVENTS = frozenset(
+    {EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED, EventKind.RECOMPILE_LIMIT}
+)
 """Events after which (part of) a block runs eagerly: the strip hatches its cell."""
 _READINESS_TONE = {"ready": "good", "blocked": "bad"}
 
@@ -61,9 +63,8 @@ def _overview(summary: ScanSummary) -> str:
         tag("div", tag("b", h(value)) + h(label), class_="card") for label, value in cards
     )
     by_cause = ", ".join(f"{cause} {n}" for cause, n in summary.by_cause) or "none"
-    return (
-        tag("div", card_html, class_="cards")
-        + tag("p", h(f"Breaks by cause (every layer counts its own copy): {by_cause}"))
+    return tag("div", card_html, class_="cards") + tag(
+        "p", h(f"Breaks by cause (every layer counts its own copy): {by_cause}")
     )
 
 
@@ -80,7 +81,9 @@ def _strip(report: ScanReport, summary: ScanSummary, doc: str, colors: dict[str,
             "eager" if _eager(block.events) else "",
             "error" if block.error is not None else "",
         ]
-        words = [w for w, mark in zip(("breaks", "runs eager", "error"), marks, strict=True) if mark]
+        words = [
+            w for w, mark in zip(("breaks", "runs eager", "error"), marks, strict=True) if mark
+        ]
         title = f"{block.fqn}: {block.kind}" + (f" ({', '.join(words)})" if words else "")
         cells.append(
             tag(
@@ -209,7 +212,9 @@ def _break(brk: Break, reader: SourceReader, entry: Any) -> str:
             )
             pairs.append(("source", tag("pre", lines, class_="src")))
         else:
-            pairs.append(("source", h("not found at report time (run the report where the code is)")))
+            pairs.append(
+                ("source", h("not found at report time (run the report where the code is)"))
+            )
     else:
         pairs.append(("where", h("no user frame (torch internals only)")))
     pairs.append(("module", tag("code", h(brk.module))))
@@ -266,7 +271,13 @@ def _events(summary: ScanSummary, doc: str) -> str:
             )
         if row.error is not None:
             rows.append(
-                (h(row.kind), badge("error", "bad"), h(row.layers_label), "-", h(one_line(row.error)))
+                (
+                    h(row.kind),
+                    badge("error", "bad"),
+                    h(row.layers_label),
+                    "-",
+                    h(one_line(row.error)),
+                )
             )
     if not rows:
         return ""
@@ -342,7 +353,11 @@ def _cudagraphs(summary: ScanSummary, doc: str) -> str:
                     f"{ready.static_copies} static input copies"
                 ),
             )
-            + (table(("finding", "region", "graph: node", "location", "detail"), lines) if lines else "")
+            + (
+                table(("finding", "region", "graph: node", "location", "detail"), lines)
+                if lines
+                else ""
+            )
         )
     return _section(f"{doc}-cudagraphs", "CUDA-graph readiness per kind and region", "".join(body))
 
@@ -365,8 +380,7 @@ def _divergence(report: ScanReport, doc: str) -> str:
         return ""
     ranks = sorted({rank for rank, _ in cells})
     rows = [
-        (h(f"rank {rank}"), *(h(cells.get((rank, fqn), "-")) for fqn in columns))
-        for rank in ranks
+        (h(f"rank {rank}"), *(h(cells.get((rank, fqn), "-")) for fqn in columns)) for rank in ranks
     ]
     return _section(
         f"{doc}-divergence",

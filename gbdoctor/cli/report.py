@@ -1,0 +1,76 @@
+"""``gbdoctor report``: one self-contained HTML page of saved results
+(``gbdoctor.report.html.render_html``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from gbdoctor.cli.options import OutputOpt
+from gbdoctor.cli.output import emit, preflight
+
+if TYPE_CHECKING:
+    from gbdoctor.records import Plan
+    from gbdoctor.report.html import Document
+
+
+def report(
+    results: Annotated[
+        list[Path],
+        typer.Argument(
+            metavar="RESULT",
+            help="JSON of scan, run or gate (--format json) and plans (plan --emit-config json)",
+            show_default=False,
+        ),
+    ],
+    output: OutputOpt = None,
+    source_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--source-root",
+            help="Where the scanned code lives, to show the lines around each break "
+            "(default: the results' folders, the working directory and their parents)",
+        ),
+    ] = None,
+) -> None:
+    """Write one HTML page (offline: no network at view time) of scan, plan, run and gate results."""
+    from gbdoctor.report.html import load_document, render_html
+
+    preflight(None, "report", output, inputs=results)
+    documents = []
+    for path in results:
+        doc = load_document(path)
+        if doc.kind == "plan":
+            doc = _with_config(doc)
+        documents.append(doc)
+    roots = [*(source_root or []), *(p.resolve().parent for p in results)]
+    emit(render_html(documents, source_roots=roots), output)
+
+
+def _with_config(doc: Document) -> Document:
+    from dataclasses import replace
+
+    from gbdoctor.records import Plan
+
+    assert isinstance(doc.record, Plan)
+    return replace(doc, emitted=plan_configs(doc.record, None))
+
+
+def plan_configs(plan: Plan, emitter: str | None) -> tuple[tuple[str, str], ...]:
+    """(name, text) of the config a plan emits for the page: ``emitter``'s, else the plan's
+    framework's own (plain PyTorch when the framework has none)."""
+    from gbdoctor.plan.emit import EMITTERS
+    from gbdoctor.plan.emit import emit as emit_plan
+
+    name = emitter or (plan.framework if plan.framework in EMITTERS else "python")
+    return ((name, emit_plan(plan, name)),)
+
+
+def plan_html(plan: Plan, emitter: str | None) -> str:
+    """``plan --format html``: the plan's page, with its JSON twin and emitted config."""
+    from gbdoctor.plan.planner import dump_plan
+    from gbdoctor.report.html import plan_document, render_html
+
+    return render_html([plan_document(plan, dump_plan(plan), plan_configs(plan, emitter))])

@@ -1,0 +1,246 @@
+"""The HTML report without a browser: what each section holds, read back with ``html.parser``
+and compared with the JSON it was made from (counted here independently of ``summary``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from html import escape, unescape
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from repo_paths import FIXTURES, REPO
+from typer.testing import CliRunner
+
+from gbdoctor.cli.root import app
+from gbdoctor.records import ModeResult, RunReport
+from gbdoctor.report.html import load_document, render_html, run_document
+
+GOLDEN = FIXTURES / "golden"
+SCANS = sorted((GOLDEN / "scan").glob("*.json"))
+
+
+class Elements(HTMLParser):
+    """Every start tag as (tag, attributes), and the text of the page."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def with_class(self, name: str) -> list[dict[str, str | None]]:
+        return [a for _, a in self.tags if name in (a.get("class") or "").split()]
+
+
+def distinct_breaks(data: dict) -> int:
+    """Breaks of the captured blocks (``same_as`` null), once per kind: the JSON's distinct
+    breaks, counted from the file itself."""
+    per_kind: dict[str, set[str]] = {}
+    for block in data["blocks"]:
+        if block["same_as"] is None:
+            seen = per_kind.setdefault(block["kind"], set())
+            seen.update(json.dumps(b, sort_keys=True) for b in block["breaks"])
+    return sum(len(s) for s in per_kind.values())
+
+
+@pytest.mark.parametrize("path", SCANS, ids=lambda p: p.stem)
+def test_scan_page_matches_its_json(path: Path) -> None:
+    data = json.loads(path.read_text())
+    page = Elements(render_html([load_document(path)]))
+    cells = page.with_class("cell")
+    assert [c["data-fqn"] for c in cells] == [b["fqn"] for b in data["blocks"]]
+    assert [c["data-kind"] for c in cells] == [b["kind"] for b in data["blocks"]]
+    assert len(page.with_class("break-row")) == distinct_breaks(data)
+    kinds = {c["data-kind"] for c in page.with_class("kind-card")}
+    assert kinds == {b["kind"] for b in data["blocks"]}
+    # Every cell opens an existing card of its own kind.
+    cards = {c["id"]: c["data-kind"] for c in page.with_class("kind-card")}
+    assert all(cards[c["data-card"]] == c["data-kind"] for c in cells)
+    cards_text = " ".join(page.text)
+    totals = data["totals"]
+    for value, label in ((totals["breaks"], "graph breaks"), (totals["graphs"], "graphs")):
+        assert re.search(rf"\b{value}\s*{label}", cards_text), label
+
+
+def test_strip_marks_breaks_and_eager_regions() -> None:
+    path = GOLDEN / "scan" / "llama4_debug_ep2.json"
+    data = json.loads(path.read_text())
+    cells = Elements(render_html([load_document(path)])).with_class("cell")
+    for block, cell in zip(data["blocks"], cells, strict=True):
+        marks = set((cell["class"] or "").split())
+        assert ("breaks" in marks) == bool(block["breaks"])
+        eager = any(e["kind"] in ("region_eager", "frame_skipped") for e in block["events"])
+        assert ("eager" in marks) == eager
+    assert any("eager" in (c["class"] or "") for c in cells)
+
+
+def test_break_shows_the_source_lines_read_at_report_time() -> None:
+    path = GOLDEN / "scan" / "llama4_debug_ep2.json"
+    data = json.loads(path.read_text())
+    brk = next(b for block in data["blocks"] for b in block["breaks"])
+    loc = brk["location"]
+    line = (REPO / loc["file"]).read_text().splitlines()[loc["line"] - 1]
+    text = render_html([load_document(path)], source_roots=[REPO])
+    assert f"{loc['file']}:{loc['line']}" in text
+    hit = re.search(r'<span class="hit"><i>(\d+)</i>(.*?)</span>', text)
+    assert hit is not None and int(hit.group(1)) == loc["line"]
+    assert unescape(hit.group(2)) == line
+    assert brk["gb_id"] in text and "fsdp" in text
+
+
+def test_a_location_not_found_says_so(tmp_path: Path) -> None:
+    data = json.loads((GOLDEN / "scan" / "llama4_debug_ep2.json").read_text())
+    for block in data["blocks"]:
+        for brk in block["breaks"]:
+            brk["location"]["file"] = "nowhere/missing_module.py"
+    path = tmp_path / "scan.json"
+    path.write_text(json.dumps(data))
+    text = render_html([load_document(path)])
+    assert "not found at report time" in text and "nowhere/missing_module.py" in text
+
+
+def test_page_is_self_contained() -> None:
+    docs = [load_document(p) for p in (SCANS[0], GOLDEN / "plan" / "llama4_debug.json")]
+    text = render_html(docs)
+    assert "default-src 'none'" in text  # the browser refuses any request the page would make
+    assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=", text)
+    assert "sourceMappingURL" not in text and "@import" not in text
+    assert text.count("<html") == 1 and text.endswith("</html>\n")
+
+
+def test_same_input_gives_the_same_page() -> None:
+    doc = load_document(GOLDEN / "scan" / "deepseek_v3_debug_ep2.json")
+    assert render_html([doc]) == render_html([doc])
+
+
+def test_plan_page_shows_before_after_and_the_emitted_config() -> None:
+    path = GOLDEN / "plan" / "llama4_debug.json"
+    data = json.loads(path.read_text())
+    result = CliRunner().invoke(app, ["report", str(path)])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for kind in data["kinds"]:
+        assert f"{kind['breaks_before']} -&gt; {kind['breaks_after']}" in text
+    assert "Emitted config (torchtitan)" in text
+    assert text.count('badge good">verified') >= sum(k["verified"] for k in data["kinds"])
+
+
+def test_gate_page_puts_what_went_up_first() -> None:
+    path = GOLDEN / "gate" / "debug_specs_and_custom.json"
+    data = json.loads(path.read_text())
+    text = render_html([load_document(path)])
+    assert "FAILED" in text and data["passed"] is False
+    first = text.index("What went up")
+    for finding in data["findings"]:
+        if finding["severity"] == "regression":
+            assert text.index(escape(finding["what"])) > first
+
+
+def run_report() -> RunReport:
+    """A run's records, as ``gbdoctor run`` writes them (two modes, two rounds)."""
+    eager = ModeResult(
+        mode="eager",
+        strategy="none",
+        status="ok",
+        step_times_s=(0.5, 0.52, 0.49, 0.51),
+        step_time_median_s=0.505,
+        step_time_min_s=0.49,
+        step_time_max_s=0.52,
+        tokens_per_s=1014.0,
+        peak_memory_mib=812.5,
+        losses=(10.4, 10.1, 9.8),
+    )
+    plan = ModeResult(
+        mode="plan",
+        strategy="plan",
+        status="ok",
+        step_times_s=(0.41, 0.4, 0.43, 0.42),
+        step_time_median_s=0.415,
+        step_time_min_s=0.4,
+        step_time_max_s=0.43,
+        tokens_per_s=1234.0,
+        peak_memory_mib=790.0,
+        compile_time_s=12.5,
+        compile_time_warm_s=3.25,
+        losses=(10.4, 10.11, 9.79),
+        speedup_vs_eager=1.217,
+        speedup_vs_eager_range=(1.1, 1.3),
+        verdict_vs_eager="faster",
+        plan_verified=True,
+    )
+    return RunReport(
+        spec="fixtures/llama4_debug.toml",
+        model="llama4/debugmodel",
+        torch_version="2.13.0+cpu",
+        device="cpu",
+        backend="aot_eager",
+        world_size=2,
+        batch_size=2,
+        seq_len=64,
+        warmup=1,
+        steps=2,
+        seed=0,
+        tokens_per_step=256,
+        ac_mode="none",
+        ac_option="op",
+        modes=(eager, plan),
+        rounds=2,
+    )
+
+
+def test_run_charts_carry_the_records_numbers() -> None:
+    report = run_report()
+    text = render_html([run_document(report)])
+    charts = [
+        json.loads(body)
+        for ident, body in re.findall(
+            r'<script type="application/json" id="(chart-\d+)">(.*?)</script>', text
+        )
+    ]
+    by_title = {}
+    for canvas, spec in zip(re.findall(r'aria-label="([^"]+)"', text), charts, strict=True):
+        by_title[canvas] = spec
+    step = by_title["Step time per mode"]["datasets"]
+    assert step[0]["data"] == [m.step_time_median_s for m in report.modes]
+    assert step[1]["data"] == [[m.step_time_min_s, m.step_time_max_s] for m in report.modes]
+    speed = by_title["Speed-up vs eager"]["datasets"]
+    assert speed[1]["data"] == [None, [1.1, 1.3]]
+    loss = by_title["Loss per step"]["datasets"]
+    assert [d["data"] for d in loss] == [list(m.losses) for m in report.modes]
+
+
+def test_report_cli_refuses_what_is_not_a_result(tmp_path: Path) -> None:
+    other = tmp_path / "other.json"
+    other.write_text('{"hello": 1}')
+    result = CliRunner().invoke(app, ["report", str(other)])
+    assert result.exit_code == 2
+    assert "not a gbdoctor scan, plan, run or gate result" in result.output
+
+
+def test_gate_format_html_from_saved_scans(tmp_path: Path) -> None:
+    out = tmp_path / "gate.html"
+    result = CliRunner().invoke(
+        app,
+        [
+            "gate",
+            "--scan",
+            str(GOLDEN / "scan" / "llama4_debug.json"),
+            "--baseline",
+            str(FIXTURES / "baselines" / "debug-specs.json"),
+            "--format",
+            "html",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code in (0, 1), result.output
+    text = out.read_text()
+    assert "gbdoctor report: gate" in text and ("PASSED" in text or "FAILED" in text)
