@@ -57,20 +57,30 @@ def gate(
     strategy: StrategyOpt = None,
     format: GateFormatOpt = "table",
     output: OutputOpt = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write the HTML report (findings, then every gated scan) to FILE",
+            show_default=False,
+        ),
+    ] = None,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
+    from gbdoctor.cli.report import gate_html, write_step_summary
     from gbdoctor.gate import open_baseline, run_gate
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
     if not specs and not scan_json:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    preflight(format, "gate", output, inputs=(baseline, *(specs or []), *(scan_json or [])))
+    preflight(format, "gate", output, html, inputs=(baseline, *(specs or []), *(scan_json or [])))
     # Everything that can be wrong with the inputs is found before the first scan starts.
     accepted = open_baseline(baseline, update=update_baseline)
     reports = [load_scan_json(path) for path in scan_json or []]
+    scanned: list[ScanReport] = []
     loaded_specs = [
         load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
         for spec in specs or []
@@ -79,7 +89,13 @@ def gate(
     # The probe costs about two eager steps per kind: only when recompiles are gated.
     scans = [
         functools.partial(
-            _scan, loaded, chosen, recompiles=recompiles, output=output, format=format
+            _scan,
+            loaded,
+            chosen,
+            recompiles=recompiles,
+            output=output,
+            format=format,
+            into=scanned,
         )
         for loaded, chosen in zip(loaded_specs, strategies, strict=True)
     ]
@@ -96,14 +112,26 @@ def gate(
     if result is None:
         print_err(f"baseline written: {baseline}")
         return
-    emit(render_gate(result, format), output)
+    gated = [*reports, *scanned]
+    emit(gate_html(result, gated) if format == "html" else render_gate(result, format), output)
+    if html is not None:
+        emit(gate_html(result, gated), html)
+    write_step_summary(result, html if html is not None else output if format == "html" else None)
     raise typer.Exit(result.exit_code)
 
 
 def _scan(
-    spec: Spec, strategy: Any, *, recompiles: bool, output: Path | None, format: str
+    spec: Spec,
+    strategy: Any,
+    *,
+    recompiles: bool,
+    output: Path | None,
+    format: str,
+    into: list[ScanReport],
 ) -> ScanReport:
-    """One gated spec's scan, its automatic-simulation notice shown as soon as it is done."""
+    """One gated spec's scan, its automatic-simulation notice shown as soon as it is done; kept
+    in ``into`` for the HTML report."""
     report = scan_with_progress(spec, strategy, recompiles=recompiles)
     notice(report.notes, output, format)
+    into.append(report)
     return report

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -12,7 +13,7 @@ from gbdoctor.cli.options import OutputOpt
 from gbdoctor.cli.output import emit, preflight
 
 if TYPE_CHECKING:
-    from gbdoctor.records import Plan
+    from gbdoctor.records import GateResult, Plan, ScanReport
     from gbdoctor.report.html import Document
 
 
@@ -74,3 +75,36 @@ def plan_html(plan: Plan, emitter: str | None) -> str:
     from gbdoctor.report.html import plan_document, render_html
 
     return render_html([plan_document(plan, dump_plan(plan), plan_configs(plan, emitter))])
+
+
+def gate_html(result: GateResult, scans: Sequence[ScanReport]) -> str:
+    """The gate's page: its verdict and findings first, then every scan it gated."""
+    from gbdoctor.report.gate_formats import GateJsonFormat
+    from gbdoctor.report.html import gate_document, render_html, scan_document
+
+    gate_doc = gate_document(result, GateJsonFormat().render(result))
+    return render_html([gate_doc, *(scan_document(s, f"scan-{i}") for i, s in enumerate(scans))])
+
+
+def write_step_summary(result: GateResult, html: Path | None) -> None:
+    """In GitHub Actions, append the gate's markdown to ``$GITHUB_STEP_SUMMARY`` (the run's
+    summary page), with where the HTML report is: the artifact ``$GBDOCTOR_REPORT_ARTIFACT``
+    names (the action in action.yml sets it), else the file."""
+    import os
+
+    from gbdoctor.report.gate_formats import render_gate
+
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    text = render_gate(result, "markdown")
+    if html is not None:
+        artifact = os.environ.get("GBDOCTOR_REPORT_ARTIFACT")
+        where = (
+            f"the artifact `{artifact}` of this run (Summary -> Artifacts)"
+            if artifact
+            else f"`{html}` (upload it with actions/upload-artifact to see it here)"
+        )
+        text += f"\nHTML report (the breaks, their source lines and fixes): {where}.\n"
+    with open(summary, "a", encoding="utf-8") as out:
+        out.write(text + "\n")
