@@ -20,6 +20,7 @@ __all__ = [
     "badge",
     "fields",
     "h",
+    "section",
     "table",
     "tag",
 ]
@@ -55,6 +56,11 @@ def tag(name: str, body: str = "", **attrs: object) -> str:
         attr = key.rstrip("_").replace("_", "-")
         parts.append(attr if value is True else f'{attr}="{h(value)}"')
     return f"<{' '.join(parts)}>{body}</{name}>"
+
+
+def section(ident: str, title: str, body: str) -> str:
+    """A titled section of an article (``ident``: its anchor, unique on the page)."""
+    return tag("section", tag("h3", h(title)) + body, id=ident)
 
 
 def badge(text: str, tone: str) -> str:

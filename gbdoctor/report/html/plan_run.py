@@ -13,6 +13,7 @@ from gbdoctor.report.html.page import (
     fields,
     h,
     number,
+    section,
     table,
     tag,
 )
@@ -21,10 +22,6 @@ from gbdoctor.report.layout import one_line
 __all__ = ["plan_article", "run_article"]
 
 _BEFORE, _AFTER, _SPREAD = "#9aa5b1", "#2e7d32", "rgba(29,35,42,.75)"
-
-
-def _section(ident: str, title: str, body: str) -> str:
-    return tag("section", tag("h3", h(title)) + body, id=ident)
 
 
 def _list(items: tuple[str, ...]) -> str:
@@ -99,12 +96,12 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
     )
     parts = [
         head,
-        _section(f"{doc}-kinds", "Before -> after, per kind", chart + body),
+        section(f"{doc}-kinds", "Before -> after, per kind", chart + body),
     ]
     if plan.deepspeed is not None:
         ds = plan.deepspeed
         parts.append(
-            _section(
+            section(
                 f"{doc}-deepspeed",
                 "DeepSpeed",
                 fields(
@@ -118,10 +115,10 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
             )
         )
     if plan.suggestions:
-        parts.append(_section(f"{doc}-suggestions", "Suggestions", _list(plan.suggestions)))
+        parts.append(section(f"{doc}-suggestions", "Suggestions", _list(plan.suggestions)))
     for name, text in emitted:
         parts.append(
-            _section(
+            section(
                 f"{doc}-config-{name}",
                 f"Emitted config ({name})",
                 tag("pre", h(text), class_="config"),
@@ -295,9 +292,9 @@ def run_article(page: Page, report: RunReport, doc: str) -> str:
     figures = tag("div", "".join(page.chart(c) for c in charts), class_="charts")
     parts = [
         head,
-        _section(f"{doc}-modes", "Modes", table_html),
-        _section(f"{doc}-charts", "Charts", figures),
+        section(f"{doc}-modes", "Modes", table_html),
+        section(f"{doc}-charts", "Charts", figures),
     ]
     if report.findings:
-        parts.append(_section(f"{doc}-findings", "Findings", _list(report.findings)))
+        parts.append(section(f"{doc}-findings", "Findings", _list(report.findings)))
     return "".join(parts)

@@ -11,7 +11,17 @@ from dataclasses import is_dataclass
 from typing import Any
 
 from gbdoctor.records import Break, EventKind, KindSummary, ScanReport, ScanSummary
-from gbdoctor.report.html.page import KIND_COLORS, Page, badge, fields, h, number, table, tag
+from gbdoctor.report.html.page import (
+    KIND_COLORS,
+    Page,
+    badge,
+    fields,
+    h,
+    number,
+    section,
+    table,
+    tag,
+)
 from gbdoctor.report.html.source import SourceReader
 from gbdoctor.report.layout import header_fields, one_line
 from gbdoctor.summary import summarize
@@ -38,17 +48,13 @@ def scan_article(page: Page, report: ScanReport, doc: str, reader: SourceReader)
         _timeline(report, doc),
         _cudagraphs(summary, doc),
         _divergence(report, doc),
-        _section(
+        section(
             f"{doc}-setup",
             "Setup and notes",
             fields((label, h(value)) for label, value in header_fields(report)),
         ),
     ]
     return "".join(s for s in sections if s)
-
-
-def _section(ident: str, title: str, body: str) -> str:
-    return tag("section", tag("h3", h(title)) + body, id=ident)
 
 
 def _overview(summary: ScanSummary) -> str:
@@ -112,7 +118,7 @@ def _strip(report: ScanReport, summary: ScanSummary, doc: str, colors: dict[str,
         + tag("p", h("Click a layer for its kind."), class_="muted no-print")
         + tag("div", cards, class_="kind-details")
     )
-    return _section(f"{doc}-strip", f"Model ({summary.blocks} layers)", body)
+    return section(f"{doc}-strip", f"Model ({summary.blocks} layers)", body)
 
 
 def _kind_card(row: KindSummary, doc: str, color: str) -> str:
@@ -155,7 +161,7 @@ def _breaks(
     from gbdoctor.causes import CAUSES
 
     if not any(row.break_records for row in summary.kinds):
-        return _section(
+        return section(
             f"{doc}-breaks",
             "Graph breaks",
             tag("p", badge("no graph breaks", "good") + h(f" in {summary.blocks} block(s)")),
@@ -181,7 +187,7 @@ def _breaks(
             why = tag("p", h(entry.explanation), class_="muted") if entry is not None else ""
             rows = "".join(_break(brk, reader, entry) for brk in records)
             parts.append(tag("div", tag("p", head) + why + rows, class_="cause"))
-    return _section(f"{doc}-breaks", "Distinct graph breaks, by kind and cause", "".join(parts))
+    return section(f"{doc}-breaks", "Distinct graph breaks, by kind and cause", "".join(parts))
 
 
 def _break(brk: Break, reader: SourceReader, entry: Any) -> str:
@@ -281,7 +287,7 @@ def _events(summary: ScanSummary, doc: str) -> str:
             )
     if not rows:
         return ""
-    return _section(
+    return section(
         f"{doc}-events",
         "Events and errors (what runs eager or fails)",
         table(("kind", "event", "module", "location", "detail"), rows),
@@ -290,7 +296,7 @@ def _events(summary: ScanSummary, doc: str) -> str:
 
 def _recompiles(report: ScanReport, doc: str) -> str:
     if not report.setup.probed_recompiles:
-        return _section(
+        return section(
             f"{doc}-recompiles",
             "Recompiles",
             tag("p", h("not probed (scan with --recompile-probe to record them)"), class_="muted"),
@@ -309,8 +315,8 @@ def _recompiles(report: ScanReport, doc: str) -> str:
         for rec in block.recompiles
     ]
     if not rows:
-        return _section(f"{doc}-recompiles", "Recompiles", tag("p", badge("none", "good")))
-    return _section(
+        return section(f"{doc}-recompiles", "Recompiles", tag("p", badge("none", "good")))
+    return section(
         f"{doc}-recompiles",
         "Recompiles when a block runs again with changed inputs (probe step 2 = on every step)",
         table(("kind", "step", "guard that failed", "location", "code", ""), rows),
@@ -322,7 +328,7 @@ def _timeline(report: ScanReport, doc: str) -> str:
     timeline = getattr(report, "timeline", None)
     if not timeline:
         return ""
-    return _section(f"{doc}-timeline", "Per-step timeline", tag("p", _plain(timeline)))
+    return section(f"{doc}-timeline", "Per-step timeline", tag("p", _plain(timeline)))
 
 
 def _cudagraphs(summary: ScanSummary, doc: str) -> str:
@@ -359,7 +365,7 @@ def _cudagraphs(summary: ScanSummary, doc: str) -> str:
                 else ""
             )
         )
-    return _section(f"{doc}-cudagraphs", "CUDA-graph readiness per kind and region", "".join(body))
+    return section(f"{doc}-cudagraphs", "CUDA-graph readiness per kind and region", "".join(body))
 
 
 _RANK = re.compile(r"rank (\d+): ([^;]*)")
@@ -382,7 +388,7 @@ def _divergence(report: ScanReport, doc: str) -> str:
     rows = [
         (h(f"rank {rank}"), *(h(cells.get((rank, fqn), "-")) for fqn in columns)) for rank in ranks
     ]
-    return _section(
+    return section(
         f"{doc}-divergence",
         "Rank divergence (ranks that captured something else than rank 0)",
         table(("rank", *columns), rows),
