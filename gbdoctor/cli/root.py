@@ -20,6 +20,7 @@ from gbdoctor.cli.plan import plan
 from gbdoctor.cli.report import report
 from gbdoctor.cli.run import run
 from gbdoctor.cli.scan import scan
+from gbdoctor.cli.timeline import timeline
 
 # typer vendors click (``typer._click``) in recent releases and uses the real package in older
 # ones: find click's base exception through a public class instead of importing either.
@@ -140,7 +141,7 @@ def _root(
 
 # ``scan --torchtitan MODULE:CONFIG`` passes torchtitan's own --section.key options through.
 app.command(context_settings={"ignore_unknown_options": True})(handle_errors(scan))
-for _command in (inspect, causes, plan, run, gate, diff, report):
+for _command in (inspect, causes, plan, run, timeline, gate, diff, report):
     app.command()(handle_errors(_command))
 
 

@@ -184,3 +184,47 @@ class OutputFormat(StrEnum):
     JUNIT = "junit"
     GITHUB = "github"
     HTML = "html"
+
+
+class SlowCause(StrEnum):
+    """What makes a training step of ``gbdoctor timeline`` slow (``TimelineFinding.cause``)."""
+
+    RECOMPILE = "recompile"
+    """A guard of a compiled frame failed and Dynamo compiled it again in this step."""
+    EAGER_FALLBACK = "eager-fallback"
+    """The frame hit ``recompile_limit``; calls that match no cache entry run eagerly."""
+    ACCUMULATION_BOUNDARY = "accumulation-boundary"
+    """Periodic by design: the gradient accumulation boundary (gradient reduction, the
+    optimizer step) runs every k-th micro-step."""
+    INPUT_SIZE = "input-size"
+    """Periodic by design: the step has more tokens than the others."""
+
+
+class GuardKind(StrEnum):
+    """The kind of guard that failed (``TimelineFinding.guard_kind``)."""
+
+    INT_ATTRIBUTE = "int-attribute"
+    """An ``int`` attribute of a module (or object) specialised as a constant."""
+    CONSTANT = "constant"
+    """Another Python value (str, float, bool, ...) specialised as a constant."""
+    TENSOR_SIZE = "tensor-size"
+    """A tensor's size (or stride) differs from the compiled one."""
+    LENGTH = "length"
+    """The length of a list, tuple or dict changed."""
+    IDENTITY = "identity"
+    """A different object (id or type match)."""
+    OTHER = "other"
+
+
+class FixKind(StrEnum):
+    """A fix ``gbdoctor timeline --fix`` can apply and verify (``TimelineFix.kind``)."""
+
+    UNSPEC_INT = "unspec-int"
+    """``torch._dynamo.config.allow_unspec_int_on_nn_module = True`` (or move the counter out
+    of the module / into a tensor)."""
+    DYNAMIC_SHAPES = "dynamic-shapes"
+    """Compile the sizes as dynamic from the start (``mark_dynamic`` / ``dynamic=True``)."""
+    WIDER_CACHE = "wider-cache"
+    """A larger ``recompile_limit``: only where the variants are few and bounded."""
+    NONE = "none"
+    """Nothing to fix (periodic by design)."""

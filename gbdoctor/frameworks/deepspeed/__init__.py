@@ -138,6 +138,16 @@ class DeepSpeed:
 
         return timed_engine_step(setup.engine, tokens, labels, sync)
 
+    def accumulation(self, setup: Any) -> tuple[int, bool]:
+        """(gradient_accumulation_steps, whether the next micro-step ends at the accumulation
+        boundary: its ``engine.step()`` reduces the gradients and steps the optimizer). An
+        optional framework capability ``gbdoctor timeline`` reads when present."""
+        engine = setup.engine
+        return (
+            int(engine.gradient_accumulation_steps()),
+            bool(engine.is_gradient_accumulation_boundary()),
+        )
+
     def prepare_ranks(self, device: str) -> None:
         from gbdoctor.frameworks.deepspeed.setup import check_jit_lock
 

@@ -1,0 +1,129 @@
+"""``gbdoctor timeline``: train N steps in one mode and explain the step-time pattern
+(``gbdoctor.run.timeline.run_timeline``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gbdoctor.cli.inputs import load_spec_options
+from gbdoctor.cli.options import OutputOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
+from gbdoctor.cli.output import emit, preflight, print_err
+from gbdoctor.errors import ExitCode, SpecError
+
+TIMELINE_FORMATS = ("table", "json")
+
+
+def _pairs(values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    out = []
+    for text in values or []:
+        name, sep, value = text.partition("=")
+        if not sep or not name.strip():
+            raise SpecError(
+                f"--dynamo-config {text!r} is not NAME=VALUE",
+                hint="e.g. --dynamo-config recompile_limit=16",
+            )
+        out.append((name.strip(), value.strip()))
+    return tuple(out)
+
+
+def _lengths(text: str | None) -> tuple[int, ...]:
+    if not text:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise SpecError(
+            f"--seq-lens {text!r} is not a comma-separated list of lengths",
+            hint="e.g. --seq-lens 64,64,96 (the steps cycle through them)",
+        ) from None
+
+
+def timeline(
+    spec: SpecArg,
+    set_: SetOpt = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            "--mode",
+            help="as-is (the spec's own compile strategy), eager, or plan (with --plan FILE)",
+        ),
+    ] = "as-is",
+    steps: Annotated[int, typer.Option("--steps", help="Training steps to record")] = 24,
+    seq_lens: Annotated[
+        str | None,
+        typer.Option(
+            "--seq-lens",
+            help="Sequence lengths the steps cycle through, e.g. 64,64,96 (default: the "
+            "spec's capture length)",
+        ),
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", help="Local batch (default: the spec's)")
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="inductor or aot_eager (traces only: quick runs); default: the spec's [compile] "
+            "backend when it names one, else inductor",
+        ),
+    ] = None,
+    plan_file: Annotated[
+        Path | None, typer.Option("--plan", help="Plan JSON for --mode plan")
+    ] = None,
+    dynamo_config: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--dynamo-config",
+            help="Set torch._dynamo.config NAME=VALUE for the run (repeatable)",
+        ),
+    ] = None,
+    fix: Annotated[
+        bool,
+        typer.Option("--fix", help="Apply the proposed fixes, run again and compare"),
+    ] = False,
+    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Also write the step times as an SVG plot")
+    ] = None,
+    output: OutputOpt = None,
+    strict: StrictOpt = False,
+    world_size: WorldSizeOpt = None,
+) -> None:
+    """Train N steps in one mode on the spec's setup and explain the step-time pattern: per
+    step its phases, compile time, recompiles with the failed guard in plain words, frames
+    past recompile_limit running eagerly; warm-up vs steady state, periods, causes, fixes.
+
+    Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
+    from gbdoctor.run.timeline import run_timeline
+    from gbdoctor.run.timeline_render import render_json, render_svg, render_table
+
+    if format not in TIMELINE_FORMATS:
+        raise SpecError(
+            f"unknown --format {format!r}", hint=f"valid formats: {', '.join(TIMELINE_FORMATS)}"
+        )
+    preflight(None, "timeline", output, plot, inputs=(spec, plan_file))
+    loaded = load_spec_options(spec, set_, world_size=world_size)
+    print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
+    report = run_timeline(
+        loaded,
+        mode=mode,
+        steps=steps,
+        seq_lens=_lengths(seq_lens),
+        batch_size=batch_size,
+        backend=backend,
+        plan_path=str(plan_file) if plan_file else None,
+        dynamo_config=_pairs(dynamo_config),
+        fix=fix,
+    )
+    emit(render_json(report) if format == "json" else render_table(report), output)
+    if plot is not None:
+        from gbdoctor.records.io import write_atomic
+
+        write_atomic(plot, render_svg(report))
+        print_err(f"wrote {plot}")
+    if strict and any(f.problem for f in report.findings):
+        raise typer.Exit(int(ExitCode.FINDINGS))

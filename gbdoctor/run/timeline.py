@@ -1,0 +1,395 @@
+"""``gbdoctor timeline``: train N steps in one mode and record every step (the library API).
+
+Per rank (fresh spawned processes, as ``run`` does): build the spec's model, set it up with the
+spec's framework and the mode's strategy, compiled through a counting backend
+(``capture.timeline_hooks.GraphRunCounter``), then train ``steps`` steps on synthetic batches
+whose sequence length cycles through ``seq_lens``. After each step it reads: the framework's
+phase times, the time spent inside Python-level ``torch.distributed`` collectives, Dynamo's new
+``CompilationMetrics`` (compile time, frame, attempt), the ``recompiles`` log (the failed guard,
+``capture.recompiles``), graph runs per frame and cache sizes. ``timeline_pattern`` turns the
+steps into a warm-up, periods, findings and fixes; ``run_timeline`` can run again with the
+fixes applied and compare (``--fix``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gbdoctor.errors import GbdoctorError, SpecError, exception_line
+from gbdoctor.records import Recompile, Spec
+from gbdoctor.records.timeline import TimelineReport
+from gbdoctor.run.worker import ModeFailure
+
+TIMELINE_MODES = ("as-is", "eager", "plan")
+"""``as-is``: the spec's own compile strategy ([gbdoctor] strategy, the framework's default);
+``eager``: nothing compiled; ``plan``: a plan file's strategy (``--plan``)."""
+DEFAULT_TIMELINE_STEPS = 24
+"""Enough to see a period of up to 12 twice, and a frame reach the default recompile limit (8)
+when it recompiles every step or every other step."""
+DEFAULT_TIMELINE_BACKEND = "inductor"
+
+COLLECTIVES = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "all_to_all_single",
+)
+"""``torch.distributed`` functions timed per step (looked up by attribute at call time by
+DeepSpeed's and FSDP's Python code, so wrapping the module attribute sees them)."""
+
+
+@dataclass(frozen=True)
+class TimelineJob:
+    """What a rank needs (picklable)."""
+
+    spec: Spec
+    strategy: Any
+    device: str
+    backend: str
+    steps: int
+    seq_lens: tuple[int, ...]
+    batch_size: int
+    dynamo_config: tuple[tuple[str, str], ...] = ()
+    """``torch._dynamo.config`` settings applied for the whole run (the fixes under test)."""
+
+
+@dataclass
+class RawStep:
+    time_s: float
+    phases: tuple[float, float, float]
+    collective_s: float
+    collective_calls: int
+    tokens: int
+    boundary: bool | None
+    compiles: list[Any]
+    """``capture.timeline_hooks.CompileEvent`` of this step."""
+    graph_runs: dict[int, int]
+    cache_sizes: dict[str, int]
+
+
+@dataclass
+class RankTimeline:
+    rank: int
+    steps: list[RawStep]
+    recompiles: list[Recompile]
+    frames: dict[int, str]
+    """Frame id -> function (from the compiles that named it)."""
+    recompile_limit: int
+    accumulation_steps: int | None
+    lost_metrics: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _parse_value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+@contextlib.contextmanager
+def dynamo_settings(settings: tuple[tuple[str, str], ...]) -> Iterator[None]:
+    """``torch._dynamo.config`` set to ``settings`` for the block (SpecError for an unknown name)."""
+    import torch._dynamo
+
+    values = {}
+    for name, value in settings:
+        if not hasattr(torch._dynamo.config, name):
+            raise SpecError(f"unknown torch._dynamo.config setting {name!r}")
+        values[name] = _parse_value(value)
+    with torch._dynamo.config.patch(**values) if values else contextlib.nullcontext():
+        yield
+
+
+class CollectiveClock:
+    """Wall time and calls inside ``torch.distributed`` collectives, reset by :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.calls = 0
+
+    def take(self) -> tuple[float, int]:
+        out = (self.seconds, self.calls)
+        self.seconds, self.calls = 0.0, 0
+        return out
+
+
+@contextlib.contextmanager
+def timed_collectives(enabled: bool) -> Iterator[CollectiveClock]:
+    """Wrap the collectives of :data:`COLLECTIVES` with a clock for the block. While Dynamo
+    traces, the wrapper calls the original directly (``is_compiling`` is constant under
+    tracing), so a collective traced into a graph is traced exactly as without the wrapper."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    clock = CollectiveClock()
+    saved: list[tuple[Any, str, Any]] = []
+    if enabled:
+        for name in COLLECTIVES:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+
+            def wrapper(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+                if torch.compiler.is_compiling():
+                    return _original(*args, **kwargs)
+                start = time.perf_counter()
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    clock.seconds += time.perf_counter() - start
+                    clock.calls += 1
+
+            for module in (dist, c10d):
+                if getattr(module, name, None) is original:
+                    saved.append((module, name, original))
+                    setattr(module, name, wrapper)
+    try:
+        yield clock
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
+
+
+def timeline_rank(job: TimelineJob) -> RankTimeline:
+    """One rank of a timeline (a ``run_ranks`` target; the process group is initialized)."""
+    import torch
+    import torch.distributed as dist
+
+    from gbdoctor.capture.locate import portable_path
+    from gbdoctor.capture.recompiles import watch_recompiles
+    from gbdoctor.capture.timeline_hooks import (
+        GraphRunCounter,
+        cache_sizes,
+        compile_log,
+        recompile_limit,
+    )
+    from gbdoctor.frameworks.registry import framework_for
+    from gbdoctor.models import vocab_size
+    from gbdoctor.setup.train import data_share, synthetic_batch
+
+    spec = job.spec
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def path_fn(path: str) -> str:
+        return portable_path(path, spec.root or None)
+
+    counter = GraphRunCounter(job.backend)
+    recipe = framework_for(spec)
+    with dynamo_settings(job.dynamo_config):
+        try:
+            model, meshes = recipe.build(spec, job.device)
+            # The counting backend stands where the backend's name would.
+            setup = recipe.set_up(model, spec, meshes, strategy=job.strategy, backend=counter)  # type: ignore[arg-type]
+            vocab = vocab_size(model)
+        except GbdoctorError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported as the run's failure
+            raise ModeFailure(f"setup: {exception_line(exc)}", "setup") from exc
+        accumulation = getattr(recipe, "accumulation", None)
+        sync = torch.cuda.synchronize if job.device == "cuda" else None
+        steps: list[RawStep] = []
+        first_acc = accumulation(setup) if accumulation is not None else None
+        with (
+            watch_recompiles(path_fn) as watch,
+            compile_log(path_fn) as clog,
+            timed_collectives(world > 1) as clock,
+            recipe.step_context(setup),
+        ):
+            clog.take()  # compiles of the setup itself (none so far) are not a step's
+            for step in range(job.steps):
+                watch.tag(step=step, measured=True)
+                seq = job.seq_lens[step % len(job.seq_lens)]
+                share, shares = data_share(meshes)
+                tokens, labels = synthetic_batch(
+                    seed=spec.training.seed,
+                    step=step,
+                    vocab=vocab,
+                    local_batch=job.batch_size,
+                    seq_len=seq,
+                    rank=share,
+                    world_size=shares,
+                    device=meshes.device,
+                )
+                boundary = accumulation(setup)[1] if accumulation is not None else None
+                if world > 1:
+                    dist.barrier()
+                if sync is not None:
+                    sync()
+                clock.take()
+                counter.take()
+                start = time.perf_counter()
+                try:
+                    _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
+                except Exception as exc:  # noqa: BLE001 - reported as the run's failure
+                    from gbdoctor.capture.counters import failure_kind
+
+                    raise ModeFailure(
+                        f"step {step}: {exception_line(exc)}", failure_kind(exc)
+                    ) from exc
+                elapsed = time.perf_counter() - start
+                coll_s, coll_n = clock.take()
+                steps.append(
+                    RawStep(
+                        time_s=elapsed,
+                        phases=phases,
+                        collective_s=coll_s,
+                        collective_calls=coll_n,
+                        tokens=job.batch_size * seq,
+                        boundary=boundary,
+                        compiles=clog.take(),
+                        graph_runs=counter.take(),
+                        cache_sizes=cache_sizes(path_fn),
+                    )
+                )
+            lost = clog.lost
+            limit = recompile_limit()
+    recipe.release_rank()
+    frames: dict[int, str] = {}
+    for raw in steps:
+        for event in raw.compiles:
+            if event.function and event.frame_id not in frames:
+                frames[event.frame_id] = event.function
+    return RankTimeline(
+        rank=rank,
+        steps=steps,
+        recompiles=watch.records,
+        frames=frames,
+        recompile_limit=limit,
+        accumulation_steps=first_acc[0] if first_acc is not None else None,
+        lost_metrics=lost,
+    )
+
+
+def run_timeline(
+    spec: Spec,
+    *,
+    mode: str = "as-is",
+    steps: int = DEFAULT_TIMELINE_STEPS,
+    seq_lens: tuple[int, ...] = (),
+    batch_size: int | None = None,
+    backend: str | None = None,
+    plan_path: str | None = None,
+    dynamo_config: tuple[tuple[str, str], ...] = (),
+    fix: bool = False,
+) -> TimelineReport:
+    """Train ``spec`` ``steps`` steps in ``mode`` and explain the step-time pattern.
+
+    ``seq_lens``: the sequence lengths the steps cycle through (default: the spec's capture
+    length). ``dynamo_config``: ``torch._dynamo.config`` settings for the run. ``fix``: apply
+    the proposed fixes, run again, and attach the comparison (``TimelineReport.verification``).
+    Bad input raises SpecError (exit 2)."""
+    from gbdoctor.run.timeline_pattern import build_report, verify
+
+    job = _job(spec, mode, steps, seq_lens, batch_size, backend, plan_path, dynamo_config)
+    before = build_report(spec, mode, job, _run_ranks(spec, job))
+    if not fix:
+        return before
+    fixes = _fix_settings(before)
+    if not fixes:
+        return replace(before, notes=(*before.notes, "--fix: nothing to apply"))
+    fixed_job = replace(job, dynamo_config=tuple(dict((*job.dynamo_config, *fixes)).items()))
+    after = build_report(spec, mode, fixed_job, _run_ranks(spec, fixed_job))
+    return replace(before, verification=verify(before, after, fixes))
+
+
+def _fix_settings(report: TimelineReport) -> tuple[tuple[str, str], ...]:
+    settings: dict[str, str] = {}
+    for finding in report.findings:
+        if finding.fix is not None:
+            settings.update(dict(finding.fix.config))
+    return tuple(sorted(settings.items()))
+
+
+def _run_ranks(spec: Spec, job: TimelineJob) -> list[RankTimeline]:
+    from gbdoctor.frameworks.registry import framework_for
+    from gbdoctor.setup.dist import run_ranks
+
+    framework_for(spec).prepare_ranks(job.device)
+    try:
+        out: list[RankTimeline] = run_ranks(
+            timeline_rank,
+            job,
+            world_size=spec.parallelism.world_size,
+            device_type=job.device,
+            timeout_s=spec.gbdoctor.timeout_s,
+        )
+    except ModeFailure as exc:
+        raise GbdoctorError(f"timeline failed: {exc.message}", hint=exc.hint) from None
+    return out
+
+
+def _job(
+    spec: Spec,
+    mode: str,
+    steps: int,
+    seq_lens: tuple[int, ...],
+    batch_size: int | None,
+    backend: str | None,
+    plan_path: str | None,
+    dynamo_config: tuple[tuple[str, str], ...],
+) -> TimelineJob:
+    from gbdoctor.frameworks.registry import framework_for
+    from gbdoctor.run.driver import DEFAULT_BACKEND, _check_backend, cpu_param_dtype
+    from gbdoctor.scan.estimate import require_real
+    from gbdoctor.setup.dist import resolve_device
+
+    if mode not in TIMELINE_MODES:
+        raise SpecError(
+            f"unknown timeline mode {mode!r}", hint=f"valid modes: {', '.join(TIMELINE_MODES)}"
+        )
+    if steps < 2:
+        raise SpecError(f"--steps must be at least 2 (got {steps})")
+    if any(s < 1 for s in seq_lens) or (batch_size is not None and batch_size < 1):
+        raise SpecError("--seq-lens and --batch-size must be positive")
+    if mode == "plan" and not plan_path:
+        raise SpecError("mode 'plan' needs --plan FILE", hint="make one with `gbdoctor plan SPEC`")
+    if plan_path and mode != "plan":
+        raise SpecError("--plan FILE is for --mode plan", hint="add --mode plan or drop --plan")
+    backend = backend or (spec.compile.backend if spec.compile.backend_set else DEFAULT_BACKEND)
+    _check_backend(backend)
+    device = resolve_device(spec.gbdoctor.device)
+    framework = framework_for(spec)
+    table = framework.strategies
+    if mode == "eager":
+        strategy = table["none"]
+    elif mode == "plan":
+        from gbdoctor.plan import plan_strategy, read_plan
+
+        plan, identity = read_plan(str(plan_path))
+        strategy = plan_strategy(plan, spec, identity=identity)
+    else:
+        name = spec.gbdoctor.strategy
+        if name not in table:
+            raise SpecError(
+                f"strategy {name!r} is not one of the {framework.title} strategies",
+                hint=f"valid: {', '.join(sorted(table))}",
+            )
+        strategy = table[name]
+    lens = seq_lens or (spec.capture_seq_len,)
+    batch = batch_size or spec.capture_batch_size
+    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=batch, seq_len=max(lens)))
+    run_spec, _ = cpu_param_dtype(run_spec, device)
+    require_real(run_spec)
+    return TimelineJob(
+        spec=run_spec,
+        strategy=strategy,
+        device=device,
+        backend=backend,
+        steps=steps,
+        seq_lens=tuple(lens),
+        batch_size=batch,
+        dynamo_config=dynamo_config,
+    )
