@@ -188,7 +188,9 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
 
     counter = GraphRunCounter(job.backend)
     recipe = framework_for(spec)
-    with dynamo_settings(job.dynamo_config):
+    # Collectives are wrapped before the setup: frameworks bind them at initialization
+    # (DeepSpeed's comm backend keeps torch.distributed's functions as attributes).
+    with dynamo_settings(job.dynamo_config), timed_collectives(world > 1) as clock:
         try:
             model, meshes = recipe.build(spec, job.device)
             # The counting backend stands where the backend's name would.
@@ -205,7 +207,6 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         with (
             watch_recompiles(path_fn) as watch,
             compile_log(path_fn) as clog,
-            timed_collectives(world > 1) as clock,
             recipe.step_context(setup),
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's

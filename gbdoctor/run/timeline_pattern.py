@@ -531,16 +531,17 @@ def _boundary_words(on: list[TimelineStep], off: list[TimelineStep], *, recompil
 
 def verdict(found: list[TimelineFinding], warmup: int) -> str:
     problems = [f for f in found if f.problem]
+    design = sorted(
+        {f"{f.cause} every {f.period} steps" for f in found if not f.problem and f.period}
+    )
+    by_design = f"periodic by design: {', '.join(design)}" if design else ""
     if not problems:
-        design = [f for f in found if not f.problem]
-        if design:
-            return (
-                f"nothing is wrong: after {warmup} warm-up step(s) the pattern is periodic by "
-                "design (" + ", ".join(sorted({f.cause for f in design})) + ")"
-            )
+        if by_design:
+            return f"nothing is wrong: after {warmup} warm-up step(s) the pattern is {by_design}"
         return f"nothing is wrong: after {warmup} warm-up step(s) no recompile or eager step"
     causes = ", ".join(sorted({f.cause for f in problems}))
-    return f"{len(problems)} problem(s) after {warmup} warm-up step(s): {causes}"
+    line = f"{len(problems)} problem(s) after {warmup} warm-up step(s): {causes}"
+    return f"{line}; {by_design}" if by_design else line
 
 
 def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineReport:
