@@ -238,3 +238,23 @@ def test_an_integer_too_long_for_python_is_bad_input_not_an_internal_error() -> 
 def test_a_boolean_schema_version_is_not_version_1() -> None:
     with pytest.raises(BaselineError, match="schema_version True"):
         check_schema_version({"schema_version": True}, 1, "scan.json", "scan", "hint")
+
+
+def test_empty_inductor_cache_dirs_a_command_made_are_removed(tmp_path, monkeypatch) -> None:
+    """Issue 32: every command left an empty ``torchinductor_<user>/`` in TMPDIR. Only the
+    empty trees the command created go; one holding a file, or there before, stays."""
+    import tempfile
+
+    from gbdoctor.cli.exits import no_empty_cache_dirs
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "torchinductor_before").mkdir()
+    with no_empty_cache_dirs():
+        (tmp_path / "torchinductor_me" / "fxgraph" / "ab").mkdir(parents=True)
+        (tmp_path / "torchinductor_kept" / "triton").mkdir(parents=True)
+        (tmp_path / "torchinductor_kept" / "triton" / "kernel.py").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "torchinductor_before",
+        "torchinductor_kept",
+    ]
+    assert (tmp_path / "torchinductor_kept" / "triton" / "kernel.py").exists()

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import os
 import signal
+import tempfile
 import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -42,6 +43,30 @@ def _debug_env(debug: bool) -> Iterator[None]:
             os.environ.pop(DEBUG_ENV, None)
         else:
             os.environ[DEBUG_ENV] = old
+
+
+@contextlib.contextmanager
+def no_empty_cache_dirs() -> Iterator[None]:
+    """Remove the empty ``torchinductor_<user>/`` trees that torch creates in the temporary
+    directory on import or first compile and that this command left empty (issue 32): gbdoctor
+    captures with Dynamo, and an inductor compile that wrote something keeps its cache. Only
+    directories that did not exist before the command and hold no file are removed."""
+    root = tempfile.gettempdir()
+
+    def caches() -> set[str]:
+        try:
+            return {e for e in os.listdir(root) if e.startswith("torchinductor_")}
+        except OSError:
+            return set()
+
+    before = caches()
+    try:
+        yield
+    finally:
+        for name in caches() - before:
+            for path, _, _ in sorted(os.walk(os.path.join(root, name)), reverse=True):
+                with contextlib.suppress(OSError):  # not empty, or not ours: kept
+                    os.rmdir(path)
 
 
 class Interrupted(KeyboardInterrupt):

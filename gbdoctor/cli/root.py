@@ -12,7 +12,12 @@ from typer.core import TyperGroup
 
 from gbdoctor.cli.causes import causes
 from gbdoctor.cli.diff import diff
-from gbdoctor.cli.exits import app_debug, handle_errors, install_signal_handlers
+from gbdoctor.cli.exits import (
+    app_debug,
+    handle_errors,
+    install_signal_handlers,
+    no_empty_cache_dirs,
+)
 from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
 from gbdoctor.cli.output import say
@@ -147,6 +152,34 @@ for _command in (inspect, causes, plan, run, timeline, gate, diff, report):
 
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point. SIGTERM (what CI sends on cancel or timeout) unwinds like
-    Ctrl-C: children are stopped, and the exit status is 143 (130 for Ctrl-C)."""
+    Ctrl-C: children are stopped, and the exit status is 143 (130 for Ctrl-C).
+
+    Started by a launcher (torchrun, deepspeed, srun: docs/launchers.md), every process joins
+    its process group: rank 0 runs the command, the others run its jobs, all exit alike."""
     install_signal_handlers()
-    app(args)
+    from gbdoctor.errors import GbdoctorError
+    from gbdoctor.launcher import detect
+
+    session = None
+    try:
+        found = detect()
+        if found is not None:  # torch is imported only here: `diff`, `causes` do without it
+            from gbdoctor.setup import launched
+
+            session = launched.join(found)
+    except GbdoctorError as exc:
+        say(f"Error: {exc.message}")
+        if exc.hint:
+            say(f"Hint: {exc.hint}")
+        sys.exit(int(exc.exit_code))
+    if session is not None and session.rank != 0:
+        launched.serve(session)
+
+    def command() -> None:
+        with no_empty_cache_dirs():
+            app(args)
+
+    if session is None:
+        command()
+    else:
+        launched.lead(session, command)

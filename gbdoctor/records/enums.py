@@ -228,3 +228,19 @@ class FixKind(StrEnum):
     """A larger ``recompile_limit``: only where the variants are few and bounded."""
     NONE = "none"
     """Nothing to fix (periodic by design)."""
+
+
+class Launcher(StrEnum):
+    """What started the ranks of a scan (``SetupInfo.launcher``; ``launcher.detect``)."""
+
+    SELF = "self"
+    """gbdoctor spawned its own local ranks (or ran world size 1 itself)."""
+    TORCHRUN = "torchrun"
+    """torchrun / torch.distributed.run (torchelastic: ``TORCHELASTIC_RUN_ID`` is set)."""
+    DEEPSPEED = "deepspeed"
+    """The DeepSpeed launcher (``deepspeed``: env:// variables plus ``LOCAL_SIZE``/``CROSS_SIZE``)."""
+    SLURM = "slurm"
+    """Slurm's ``srun`` (``SLURM_PROCID``/``SLURM_NTASKS`` of a job step)."""
+    ENV = "env"
+    """Another launcher that sets torch's env:// variables (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``)."""

@@ -7,15 +7,18 @@ from __future__ import annotations
 from gbdoctor.records.base import record
 from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 
-SCHEMA_VERSION = 3
-"""Version of the scan and inspect JSON documents. 3: the setup carries ``dp_replicate`` (the
+SCHEMA_VERSION = 4
+"""Version of the scan and inspect JSON documents. 4: the setup records how the ranks were
+started: ``launcher`` (``self``, ``torchrun``, ``deepspeed``, ``slurm``, ``env``), ``nodes`` and
+``ranks_per_node`` (documents before 4 read as ``self`` on one node, ``ranks_per_node`` 0: not
+recorded). 3: the setup carries ``dp_replicate`` (the
 resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_stage``/``steps``;
 blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
 capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
 spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
 setup its ``tp_degree``. Readers accept 1 and 2 (the new fields take their defaults: no
 recompiles recorded)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 
 
 @record
@@ -220,6 +223,13 @@ class SetupInfo:
     """DeepSpeed ZeRO stage (``framework = "deepspeed"`` only)."""
     steps: int = 1
     """Training steps captured (DeepSpeed scans capture several, to see recompiles)."""
+    launcher: str = "self"
+    """What started the ranks (``records.enums.Launcher``): gbdoctor itself or the user's
+    launcher (torchrun, deepspeed, srun), whose process group the scan joined."""
+    nodes: int = 1
+    """Machines the ranks ran on (the launcher's node count; 1 for gbdoctor's own ranks)."""
+    ranks_per_node: int = 0
+    """Ranks on each node (rank 0's node under a launcher); 0: not recorded (schema < 4)."""
 
 
 @record

@@ -26,6 +26,7 @@ from gbdoctor.scan.simulate import (
     simulation_mode,
     simulation_notes,
 )
+from gbdoctor.setup import launched
 from gbdoctor.setup.compile import Strategy
 from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
 
@@ -54,6 +55,7 @@ def scan(
         recompiles = probe_by_default()
     if strategy is None or isinstance(strategy, str):
         strategy = strategy_for(spec, strategy)
+    launched.check_world(spec.parallelism.world_size)
     if framework_for(spec).capture_style == CaptureStyle.ENGINE_STEPS:
         from gbdoctor.scan.engine_steps import scan_engine_steps
 
@@ -81,7 +83,7 @@ def scan(
         probe_recompiles=recompiles,
     )
     world = spec.parallelism.world_size
-    if world == 1:
+    if world == 1 and launched.current() is None:
         with single_process_group(device):
             ranks = [scan_rank(job, progress)]
     else:

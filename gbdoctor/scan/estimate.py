@@ -83,6 +83,11 @@ def local_world_limit() -> int:
     Every local rank holds a full copy of the model and runs its own Dynamo; past about two per
     core a CPU machine thrashes, and a production world (64, 256 ranks) could not run at all.
     """
+    from gbdoctor.setup import launched
+
+    session = launched.current()
+    if session is not None:
+        return session.world_size  # a launcher's ranks are real, wherever they run
     return max(2, 2 * (os.cpu_count() or 1))
 
 

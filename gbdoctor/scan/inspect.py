@@ -12,8 +12,10 @@ from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
 from gbdoctor.scan.estimate import decide
 from gbdoctor.scan.job import ScanJob, strategy_for
+from gbdoctor.scan.merge import with_layout
 from gbdoctor.scan.rank import build_and_setup, setup_info
 from gbdoctor.scan.simulate import fake_process_group, simulation_mode, simulation_notice
+from gbdoctor.setup import launched
 from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
 from gbdoctor.spec import spec_notes
 
@@ -24,6 +26,7 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     The rule every command that builds a model follows (``scan.estimate.decide``) picks real
     local ranks or a simulation: a simulated inspect builds on meta and sets up rank 0 on a fake
     process group."""
+    launched.check_world(spec.parallelism.world_size)
     framework = framework_for(spec)
     # A whole-engine-step framework (DeepSpeed) sets up on real local ranks only (no
     # simulation), always in fresh processes: its engine keeps process-wide state.
@@ -54,7 +57,7 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
             device_type=job.device,
             timeout_s=spec.gbdoctor.timeout_s,
         )[0]
-    return replace(report, notes=spec_notes(spec) + report.notes)
+    return with_layout(replace(report, notes=spec_notes(spec) + report.notes), world)
 
 
 def simulate_inspect(
@@ -71,8 +74,11 @@ def simulate_inspect(
         "was built on the meta device and set up by the same EP/AC/compile/FSDP2 code (parameter "
         "counts are rank 0's shards)",
     )
-    return replace(
-        report, setup=replace(report.setup, simulated=True), notes=notes + spec_notes(spec)
+    return with_layout(
+        replace(
+            report, setup=replace(report.setup, simulated=True), notes=notes + spec_notes(spec)
+        ),
+        1,
     )
 
 

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gbdoctor.capture import torch_version
 from gbdoctor.records import BlockReport, Event, ScanReport, Spec
 from gbdoctor.scan.job import RankScan, ScanJob
 from gbdoctor.scan.rank import event_order
+from gbdoctor.setup import launched
+
+Report = TypeVar("Report", bound=Any)
+
+
+def with_layout(report: Report, ranks: int) -> Report:
+    """``report`` (a scan or inspect report) with how its ``ranks`` processes were started:
+    by gbdoctor, or by a launcher whose job it joined (``setup.launched.layout``)."""
+    launcher, nodes, per_node = launched.layout(ranks)
+    setup = replace(report.setup, launcher=launcher, nodes=nodes, ranks_per_node=per_node)
+    return replace(report, setup=setup)
 
 
 def merge_ranks(spec: Spec, job: ScanJob, ranks: list[RankScan]) -> ScanReport:
@@ -46,7 +57,7 @@ def merged_report(
         notes += (
             f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",
         )
-    return ScanReport(
+    report = ScanReport(
         spec=spec_label,
         model=model_label,
         torch_version=torch_version(),
@@ -54,6 +65,7 @@ def merged_report(
         blocks=tuple(merged),
         notes=notes,
     )
+    return with_layout(report, len(ranks))
 
 
 def _fingerprint(block: BlockReport) -> tuple[Any, ...]:

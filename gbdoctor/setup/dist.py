@@ -141,9 +141,17 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
 
 @contextlib.contextmanager
 def single_process_group(device_type: str) -> Iterator[None]:
-    """A real world-size-1 process group in this process (gloo on CPU, nccl on CUDA)."""
+    """A real world-size-1 process group in this process (gloo on CPU, nccl on CUDA); under a
+    launcher of one rank, the launcher's."""
     import torch.distributed as dist
 
+    from gbdoctor.setup import launched
+
+    if launched.current() is not None:
+        # Under a launcher of one rank, its group is the world-size-1 group.
+        launched.check_world(1)
+        yield
+        return
     if dist.is_initialized():
         raise SetupError("a torch.distributed process group is already initialized in this process")
     backend = "nccl" if device_type == "cuda" else "gloo"
@@ -173,7 +181,7 @@ def _loopback_store(timeout_s: float) -> Any:
             port,
             None,
             True,
-            timedelta(seconds=_pg_timeout(timeout_s)),
+            timedelta(seconds=pg_timeout(timeout_s)),
             wait_for_workers=False,
             master_listen_fd=sock.fileno(),
         )
@@ -184,13 +192,13 @@ def _loopback_store(timeout_s: float) -> Any:
     return store
 
 
-def _pg_timeout(timeout_s: float) -> float:
+def pg_timeout(timeout_s: float) -> float:
     """Collective/rendezvous timeout of the ranks: the job's limit, at least 30 s (gloo's own
     default), so a slow collective is reported by the job deadline, not as a gloo error."""
     return max(30.0, min(timeout_s, 7 * 24 * 3600.0))
 
 
-def _loopback_interface() -> str | None:
+def loopback_interface() -> str | None:
     """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS), for gloo's transport."""
     try:
         names = [name for _, name in socket.if_nameindex()]
@@ -226,7 +234,7 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="gbdoctor-parent-watch", daemon=True).start()
 
 
-def _apply_dynamo_pins() -> None:
+def apply_dynamo_pins() -> None:
     """Dynamo settings the parent pinned (``gate.pinned_dynamo``): spawned ranks start from
     torch's defaults, so the pins travel in the environment."""
     pins = os.environ.get("GBDOCTOR_DYNAMO_PINS")
@@ -237,6 +245,38 @@ def _apply_dynamo_pins() -> None:
 
         for name, value in json.loads(pins).items():
             setattr(torch._dynamo.config, name, value)
+
+
+def failure_message(rank: int | None, exc: BaseException) -> tuple[Any, ...]:
+    """What a rank reports when its job raised (picklable; :func:`failure_error` reads it):
+    ``gbdoctor`` (a GbdoctorError, re-raised with its class) or ``crash``, each with the wall
+    time it happened at, so the first failure can be told from its echoes. ``rank`` None: the
+    job's own failure (a timeout), not one rank's."""
+    if isinstance(exc, GbdoctorError):
+        return (
+            "gbdoctor",
+            rank,
+            (type(exc).__module__, type(exc).__name__, exc.message, exc.hint),
+            time.time(),
+        )
+    return ("crash", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time())
+
+
+def failure_error(message: tuple[Any, ...]) -> GbdoctorError:
+    """The error the command raises for a rank's :func:`failure_message`."""
+    rank = message[1]
+    if message[0] == "gbdoctor":
+        module, name, text, hint = message[2]
+        cls = getattr(importlib.import_module(module), name, SetupError)
+        if not (isinstance(cls, type) and issubclass(cls, GbdoctorError)):
+            cls = SetupError
+        return cls(text if rank is None else f"rank {rank}: {text}", hint)
+    detail, tb = message[2], message[3]
+    err = SetupError(
+        f"rank {rank} failed: {detail}", hint="run `gbdoctor --debug ...` for the traceback"
+    )
+    err.remote_traceback = tb  # type: ignore[attr-defined]
+    return err
 
 
 def _rank_main(
@@ -259,7 +299,7 @@ def _rank_main(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
-    _apply_dynamo_pins()
+    apply_dynamo_pins()
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -267,7 +307,7 @@ def _rank_main(
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
     )
-    loopback = _loopback_interface()
+    loopback = loopback_interface()
     if loopback:
         # gloo's pairs listen on loopback only. Forced, not a default: these ranks all run on
         # this machine, and a GLOO_SOCKET_IFNAME left in the environment for the user's own
@@ -285,7 +325,7 @@ def _rank_main(
         if device_type == "cuda":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "nccl" if device_type == "cuda" else "gloo"
-        timeout = timedelta(seconds=_pg_timeout(timeout_s))
+        timeout = timedelta(seconds=pg_timeout(timeout_s))
         store = dist.TCPStore("127.0.0.1", port, None, False, timeout)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
@@ -297,21 +337,8 @@ def _rank_main(
         finally:
             dist.destroy_process_group()
         message: tuple[Any, ...] = ("ok", rank, out)
-    except GbdoctorError as exc:
-        message = (
-            "gbdoctor",
-            rank,
-            (type(exc).__module__, type(exc).__name__, exc.message, exc.hint),
-            time.time(),
-        )
     except BaseException as exc:  # noqa: BLE001 - a rank's failure is reported, never swallowed
-        message = (
-            "crash",
-            rank,
-            f"{type(exc).__name__}: {exc}",
-            traceback.format_exc(),
-            time.time(),
-        )
+        message = failure_message(rank, exc)
     results.send(message)
     results.close()
 
@@ -408,19 +435,7 @@ class _Job:
         failed = sorted(
             ((m[-1], r, m) for r, m in self.messages.items() if m[0] != "ok"), key=lambda t: t[:2]
         )
-        _, rank, msg = failed[0]
-        if msg[0] == "gbdoctor":
-            module, name, message, hint = msg[2]
-            cls = getattr(importlib.import_module(module), name, SetupError)
-            if not (isinstance(cls, type) and issubclass(cls, GbdoctorError)):
-                cls = SetupError
-            return cls(f"rank {rank}: {message}", hint)
-        detail, tb = msg[2], msg[3]
-        err = SetupError(
-            f"rank {rank} failed: {detail}", hint="run `gbdoctor --debug ...` for the traceback"
-        )
-        err.remote_traceback = tb  # type: ignore[attr-defined]
-        return err
+        return failure_error(failed[0][2])
 
 
 def run_ranks(
@@ -438,7 +453,14 @@ def run_ranks(
     Raises SetupError on timeout or crash, naming the rank that failed first and how (exit code
     or signal), or re-raises the GbdoctorError a rank raised (same class and hint). All children
     are dead on return, and they die with this process if it is killed.
+
+    Under a launcher (``setup.launched``) the launcher's ranks run it instead, this process
+    being rank 0; a world size that is not the launcher's is a SpecError (exit 2).
     """
+    from gbdoctor.setup import launched
+
+    if launched.current() is not None:
+        return launched.run_job(target, payload, world_size=world_size, timeout_s=timeout_s)
     ctx = mp.get_context("spawn")
     store = _loopback_store(timeout_s)
     procs, readers, writers = [], [], []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,8 @@ def _misbehave(what: str) -> object:
         os._exit(1)
     if what == "native-exit0":  # the C library's _exit: no Python hook can intercept it
         ctypes.CDLL(None)._exit(0)
+    if what == "sigkill":  # killed outright, as the out-of-memory killer does
+        os.kill(os.getpid(), signal.SIGKILL)
     if what == "sleep":
         time.sleep(600)
     if what == "keyboard-interrupt":  # raised by the code itself, no signal involved

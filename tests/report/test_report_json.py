@@ -119,32 +119,37 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_older_schema_versions_are_still_read(fixture_name: str, version: int) -> None:
     """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, version 3
     ``recompiles`` per block, ``probed_recompiles``, ``dp_replicate`` and DeepSpeed's
-    ``framework``/``zero_stage``/``steps`` to the setup, all with defaults: an older
-    document (as stored baselines and scans have them) reads as the same report, with no
-    recompiles recorded."""
+    ``framework``/``zero_stage``/``steps`` to the setup, version 4 the setup's ``launcher``,
+    ``nodes`` and ``ranks_per_node``, all with defaults: an older document (as stored
+    baselines and scans have them) reads as the same report, with no recompiles recorded
+    before 3 and the ranks per node not recorded before 4."""
     report = SCAN_FIXTURES[fixture_name]()
     data = json.loads(render_json(report))
     data["schema_version"] = version
-    del data["setup"]["probed_recompiles"]
-    for key in ("dp_replicate", "framework", "zero_stage", "steps"):
+    for key in ("launcher", "nodes", "ranks_per_node"):
         del data["setup"][key]
-    for block in data["blocks"]:
-        del block["recompiles"]
+    expected = replace(report, setup=replace(report.setup, ranks_per_node=0))
+    if version <= 2:
+        del data["setup"]["probed_recompiles"]
+        for key in ("dp_replicate", "framework", "zero_stage", "steps"):
+            del data["setup"][key]
+        for block in data["blocks"]:
+            del block["recompiles"]
+        expected = replace(
+            expected,
+            setup=replace(expected.setup, probed_recompiles=False),
+            blocks=tuple(replace(b, recompiles=()) for b in report.blocks),
+        )
     if version == 1:
         del data["setup"]["tp_degree"]
         for block in data["blocks"]:
             del block["cudagraphs"]
-    assert SCHEMA_VERSION == 3
-    expected = replace(
-        report,
-        setup=replace(report.setup, probed_recompiles=False),
-        blocks=tuple(replace(b, recompiles=()) for b in report.blocks),
-    )
+    assert SCHEMA_VERSION == 4
     assert load_scan_json(json.dumps(data)) == expected
-    data["schema_version"] = 4
-    with pytest.raises(BaselineError, match="reads 1, 2, 3"):
+    data["schema_version"] = 5
+    with pytest.raises(BaselineError, match="reads 1, 2, 3, 4"):
         load_scan_json(json.dumps(data))

@@ -1,0 +1,387 @@
+"""gbdoctor under a launcher (docs/launchers.md): reading torchrun's, the DeepSpeed launcher's and
+srun's environment, and real launched jobs (torchrun, two torchrun agents as two nodes, an
+env-only Slurm step and DeepSpeed-launcher job started by the test) whose gathered report must
+equal the self-spawned one apart from the launcher fields, written once; a failing rank ends
+every rank with the cause named, and a spec whose world size is not the launcher's is exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from corpus.harness import FACTORIES
+from repo_paths import FIXTURES, REPO
+
+from gbdoctor.errors import SpecError
+from gbdoctor.launcher import SLURM_DEFAULT_PORT_BASE, detect, first_host
+from gbdoctor.records import Launcher
+
+LAUNCH_FIELDS = ("launcher", "nodes", "ranks_per_node")
+JOB_S = 300
+"""Deadline of one launched job on a loaded 2-core machine (two ranks import torch and scan)."""
+
+# --------------------------------------------------------------------------- reading the environment
+
+TORCHRUN = {
+    "RANK": "3",
+    "WORLD_SIZE": "4",
+    "LOCAL_RANK": "1",
+    "LOCAL_WORLD_SIZE": "2",
+    "GROUP_RANK": "1",
+    "GROUP_WORLD_SIZE": "2",
+    "MASTER_ADDR": "node0",
+    "MASTER_PORT": "29500",
+    "TORCHELASTIC_RUN_ID": "none",
+}
+
+
+def test_torchrun_environment() -> None:
+    got = detect(TORCHRUN)
+    assert got is not None
+    assert (got.launcher, got.rank, got.world_size, got.local_rank) == (Launcher.TORCHRUN, 3, 4, 1)
+    assert (got.local_world_size, got.nodes) == (2, 2)
+    assert (got.master_addr, got.master_port) == ("node0", 29500)
+
+
+def test_deepspeed_launcher_environment() -> None:
+    env = {
+        k: v for k, v in TORCHRUN.items() if not k.startswith(("TORCHELASTIC", "GROUP", "LOCAL_W"))
+    }
+    env |= {"LOCAL_SIZE": "2", "CROSS_RANK": "1", "CROSS_SIZE": "2"}
+    got = detect(env)
+    assert got is not None
+    assert (got.launcher, got.rank, got.local_world_size, got.nodes) == (
+        Launcher.DEEPSPEED,
+        3,
+        2,
+        2,
+    )
+
+
+def test_other_env_launcher() -> None:
+    env = {k: TORCHRUN[k] for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    got = detect(env)
+    assert got is not None
+    assert (got.launcher, got.local_world_size, got.nodes) == (Launcher.ENV, 4, 1)
+
+
+SLURM = {
+    "SLURM_PROCID": "5",
+    "SLURM_NTASKS": "8",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_NNODES": "2",
+    "SLURM_TASKS_PER_NODE": "4(x2)",
+    "SLURM_STEP_ID": "0",
+    "SLURM_JOB_ID": "123456",
+    "SLURM_JOB_NODELIST": "gpu[007-008]",
+}
+
+
+def test_slurm_step_environment() -> None:
+    got = detect(SLURM)
+    assert got is not None
+    assert (got.launcher, got.rank, got.world_size, got.local_rank) == (Launcher.SLURM, 5, 8, 1)
+    assert (got.local_world_size, got.nodes, got.master_addr) == (4, 2, "gpu007")
+    assert got.master_port == SLURM_DEFAULT_PORT_BASE + 123456 % 10000
+    explicit = detect(SLURM | {"MASTER_ADDR": "head", "MASTER_PORT": "1234"})
+    assert explicit is not None and (explicit.master_addr, explicit.master_port) == ("head", 1234)
+
+
+def test_a_batch_script_or_a_plain_shell_is_no_launcher() -> None:
+    """sbatch's own shell has SLURM_PROCID and SLURM_NTASKS but is no job step (no
+    SLURM_STEP_ID): gbdoctor started there spawns its own ranks, as by hand."""
+    assert detect({k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}) is None
+    assert detect({"PATH": "/usr/bin", "LOCAL_RANK": "0"}) is None
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [
+        ("gpu[007-008]", "gpu007"),
+        ("node12", "node12"),
+        ("a[3,5-9],b1", "a3"),
+        ("head,worker[1-4]", "head"),
+        ("rack1-n[01-04]-ib", "rack1-n01-ib"),
+    ],
+)
+def test_first_host_of_a_slurm_node_list(nodelist: str, host: str) -> None:
+    assert first_host(nodelist) == host
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        (TORCHRUN | {"RANK": "three"}, "RANK='three' is not an integer"),
+        (TORCHRUN | {"RANK": "4"}, "rank 4 of world size 4"),
+        (TORCHRUN | {"WORLD_SIZE": "-2"}, "out of range"),
+    ],
+)
+def test_a_malformed_launcher_environment_is_bad_input(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(SpecError, match=needle):
+        detect(env)
+
+
+# --------------------------------------------------------------------------- launched jobs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This environment without any launcher's variables, plus ``extra``."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "TORCHELASTIC", "SLURM_", "CROSS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    return env | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"} | extra
+
+
+def _gbdoctor(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gbdoctor", *args]
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def _run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[subprocess.CompletedProcess]:
+    """Start every command at once (the ranks or agents of one job); wait for all."""
+    procs = [
+        subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for cmd, env in commands
+    ]
+    done = []
+    try:
+        for proc, (cmd, _) in zip(procs, commands, strict=True):
+            out, err = proc.communicate(timeout=JOB_S)
+            done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return done
+
+
+def _without_launch_fields(text: str) -> dict:
+    data = json.loads(text)
+    for key in LAUNCH_FIELDS:
+        del data["setup"][key]
+    return data
+
+
+def _launch_fields(text: str) -> tuple:
+    setup = json.loads(text)["setup"]
+    return tuple(setup[k] for k in LAUNCH_FIELDS)
+
+
+@pytest.fixture(scope="module")
+def tiny_dp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A 2-rank spec of the tiny custom model, and its self-spawned JSON report."""
+    spec = tmp_path_factory.mktemp("launch") / "tiny_dp2.toml"
+    spec.write_text(
+        '[model]\nname = "custom"\nflavor = "tiny"\n'
+        f'factory = "{(FIXTURES / "models" / "tiny_custom.py").as_posix()}:build"\n'
+        "[training]\nlocal_batch_size = 2\nseq_len = 16\n"
+        "[parallelism]\ndata_parallel_shard_degree = 2\n"
+        '[gbdoctor]\nstrategy = "titan-v0.2.0"\n'
+    )
+    (done,) = _run_all([(_gbdoctor("scan", str(spec), "-f", "json"), _env())])
+    assert done.returncode == 0, done.stderr
+    assert _launch_fields(done.stdout) == ("self", 1, 2)
+    return spec, done.stdout
+
+
+def _check_launched(done: subprocess.CompletedProcess, expected: str, fields: tuple) -> None:
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count('"schema_version"') == 1, "the report is written once"
+    assert _launch_fields(done.stdout) == fields
+    assert _without_launch_fields(done.stdout) == _without_launch_fields(expected)
+
+
+@pytest.mark.slow
+def test_torchrun_scan_equals_the_self_spawned_scan() -> None:
+    """The issue's done-when: ``torchrun --nproc-per-node 2 -m gbdoctor scan
+    fixtures/llama4_debug_ep2.toml -f json`` is the self-spawned report, written once."""
+    spec = "fixtures/llama4_debug_ep2.toml"
+    own, launched = _run_all(
+        [
+            (_gbdoctor("scan", spec, "-f", "json"), _env()),
+            (
+                _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor")
+                + ["scan", spec, "-f", "json"],
+                _env(),
+            ),
+        ]
+    )
+    assert own.returncode == 0, own.stderr
+    _check_launched(launched, own.stdout, ("torchrun", 1, 2))
+
+
+@pytest.mark.slow
+def test_two_torchrun_agents_as_two_nodes(tiny_dp2: tuple[Path, str]) -> None:
+    """Two agents (--nnodes 2, one rank each) meeting at a c10d rendezvous on loopback: the
+    gathered report is the 2-rank self-spawned one, written once (by node 0's rank 0)."""
+    spec, expected = tiny_dp2
+    endpoint = f"127.0.0.1:{free_port()}"
+    agents = [
+        (
+            _torchrun(
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--nproc-per-node",
+                "1",
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                endpoint,
+                "--rdzv-id",
+                "gbdoctor-test",
+                "-m",
+                "gbdoctor",
+            )
+            + ["scan", str(spec), "-f", "json"],
+            _env(GLOO_SOCKET_IFNAME="lo"),
+        )
+        for node in (0, 1)
+    ]
+    results = _run_all(agents)
+    writer = [r for r in results if r.stdout.strip()]
+    assert len(writer) == 1, [r.stderr[-2000:] for r in results]
+    assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
+    _check_launched(writer[0], expected, ("torchrun", 2, 1))
+
+
+def _ranks(spec: Path, env_of_rank, *args: str) -> list[subprocess.CompletedProcess]:
+    return _run_all([(_gbdoctor("scan", str(spec), *args), env_of_rank(r)) for r in (0, 1)])
+
+
+@pytest.mark.slow
+def test_slurm_step_contract(tiny_dp2: tuple[Path, str]) -> None:
+    """Two processes with the environment ``srun --ntasks 2`` gives, the master found from the
+    node list (no MASTER_ADDR): rank 0 writes the report, both exit 0."""
+    spec, expected = tiny_dp2
+    port = str(free_port())
+
+    def env(rank: int) -> dict[str, str]:
+        return _env(
+            SLURM_PROCID=str(rank),
+            SLURM_LOCALID=str(rank),
+            SLURM_NTASKS="2",
+            SLURM_NNODES="1",
+            SLURM_NODEID="0",
+            SLURM_TASKS_PER_NODE="2",
+            SLURM_STEP_ID="0",
+            SLURM_JOB_ID="42",
+            SLURM_JOB_NODELIST="localhost",
+            MASTER_PORT=port,
+        )
+
+    rank0, rank1 = _ranks(spec, env, "-f", "json")
+    assert rank1.returncode == 0 and rank1.stdout == "", rank1.stderr[-2000:]
+    _check_launched(rank0, expected, ("slurm", 1, 2))
+
+
+def _deepspeed_env(port: str):
+    def env(rank: int) -> dict[str, str]:
+        return _env(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_SIZE="2",
+            CROSS_RANK="0",
+            CROSS_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+
+    return env
+
+
+@pytest.mark.slow
+def test_deepspeed_launcher_contract(tiny_dp2: tuple[Path, str]) -> None:
+    """The environment the DeepSpeed launcher gives each rank (launcher/launch.py)."""
+    spec, expected = tiny_dp2
+    rank0, rank1 = _ranks(spec, _deepspeed_env(str(free_port())), "-f", "json")
+    assert rank1.returncode == 0 and rank1.stdout == "", rank1.stderr[-2000:]
+    _check_launched(rank0, expected, ("deepspeed", 1, 2))
+
+
+def test_a_world_size_the_launcher_did_not_start_is_exit_2() -> None:
+    """A 1-rank spec under a 2-rank launcher: one line naming both sizes, exit 2 on every rank."""
+    spec = FIXTURES / "llama3_debug.toml"
+    results = _ranks(spec, _deepspeed_env(str(free_port())))
+    assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
+    errors = [line for line in results[0].stderr.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: the spec's world size is 1 but deepspeed started 2 ranks"]
+    assert "Error:" not in results[1].stderr
+
+
+def _fault_spec(tmp_path: Path, flavor: str, timeout_s: float = 120) -> Path:
+    spec = tmp_path / "fault.toml"
+    spec.write_text(
+        f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FACTORIES.as_posix()}:build"\n'
+        "[training]\nlocal_batch_size = 2\nseq_len = 16\n[parallelism]\ndata_parallel_shard_degree = 2\n"
+        f'[gbdoctor]\nstrategy = "titan-v0.2.0"\ntimeout_s = {timeout_s}\n'
+    )
+    return spec
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("flavor", "code", "needle"),
+    [
+        ("raise-rank1", 2, "rank 1: model factory"),
+        ("osexit1-rank1", 3, "rank 1: user code called os._exit(1)"),
+        ("forward-osexit0-rank1", 3, "rank 1: user code called os._exit(0)"),
+    ],
+)
+def test_a_failing_rank_ends_every_rank_with_the_cause(
+    tmp_path: Path, flavor: str, code: int, needle: str
+) -> None:
+    """Rank 1's factory raises (bad input: 2), or rank 1 calls os._exit while building or in its
+    first block (3), while rank 0 goes on into the collectives: every rank exits with the same
+    code well before the job timeout, and rank 0 names the cause in one line."""
+    spec = _fault_spec(tmp_path, flavor)
+    start = time.monotonic()
+    results = _ranks(spec, _deepspeed_env(str(free_port())))
+    took = time.monotonic() - start
+    assert [r.returncode for r in results] == [code, code], [r.stderr[-2000:] for r in results]
+    errors = [line for line in results[0].stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and needle in errors[0], results[0].stderr[-2000:]
+    assert "Error:" not in results[1].stderr
+    assert took < 60 + 30, took  # 30 s: two torch imports on a loaded 2-core machine
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_under_torchrun_ends_the_job(tmp_path: Path) -> None:
+    """Rank 1 is killed outright (SIGKILL: nothing in Python sees it) while rank 0 goes on
+    into the collectives: the job ends within a minute, torchrun naming rank 1's death as the
+    root cause (rank 0 ends on the broken connection, or torchrun's SIGTERM ends it at once)."""
+    spec = _fault_spec(tmp_path, "sigkill-rank1")
+    start = time.monotonic()
+    (done,) = _run_all(
+        [
+            (
+                _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor")
+                + ["scan", str(spec)],
+                _env(),
+            )
+        ]
+    )
+    took = time.monotonic() - start
+    assert done.returncode != 0
+    root_cause = done.stderr.split("Root Cause", 1)[-1]
+    assert "rank      : 1" in root_cause and "SIGKILL" in root_cause, done.stderr[-3000:]
+    assert took < 60 + 30, took
