@@ -32,8 +32,8 @@ from gbdoctor.capture.session import (
     RawCapture,
     count_ops,
     strict_breaks,
-    torch_version,
 )
+from gbdoctor.torch_compat import torch_version
 
 __all__ = [
     "CaptureSession",

@@ -31,10 +31,6 @@ from gbdoctor.records import Location, RawBreak
 _GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 
 
-def torch_version() -> str:
-    return torch.__version__
-
-
 @dataclass
 class RawCapture:
     """What one capture saw, before classification."""

@@ -26,7 +26,7 @@ from gbdoctor.causes.parse import (
     parse_reasons,
     stable_text,
 )
-from gbdoctor.causes.renames import GB_RENAMES, GbRename, release_name, renamed, torch_release
+from gbdoctor.causes.renames import GB_RENAMES, GbRename, gb_type_in, renamed
 from gbdoctor.causes.rules import RULE_ORDER, classify, recompile_cause
 from gbdoctor.causes.taxonomy import (
     CAUSE_IDS,
@@ -39,10 +39,12 @@ from gbdoctor.causes.taxonomy import (
     flags_removing,
     plan_actions_for,
 )
+from gbdoctor.torch_compat import release_name, torch_release
 
 __all__ = [
     "GB_RENAMES",
     "GbRename",
+    "gb_type_in",
     "release_name",
     "renamed",
     "torch_release",

@@ -92,9 +92,6 @@ app = typer.Typer(
     help="Find, explain, fix and gate torch.compile graph breaks under real training setups.",
 )
 
-TORCH_VERSIONS_TESTED = ("2.13.0",)
-"""torch releases the planted-break suite passes on (benchmarks/compat.py re-measures)."""
-
 
 def _version_callback(value: bool) -> None:
     if value:
@@ -106,6 +103,7 @@ def _version_callback(value: bool) -> None:
             TORCHTITAN_VERSIONS_TESTED,
             torchtitan_version,
         )
+        from gbdoctor.torch_compat import TESTED, supported_range
 
         try:
             own = version("gbdoctor")
@@ -114,7 +112,7 @@ def _version_callback(value: bool) -> None:
         titan = torchtitan_version() or "not installed"
         typer.echo(
             f"gbdoctor {own}\n"
-            f"torch {torch.__version__} (tested: {', '.join(TORCH_VERSIONS_TESTED)})\n"
+            f"torch {torch.__version__} (supported: {supported_range()}; tested: {', '.join(TESTED)})\n"
             f"torchtitan {titan} (scan --torchtitan tested with: "
             f"{', '.join(TORCHTITAN_VERSIONS_TESTED)}; the built-in recipe follows v0.2.0-0.2.2)"
         )

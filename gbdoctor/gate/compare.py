@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gbdoctor.causes.renames import GbRename, release_name, renamed
+from gbdoctor.causes.renames import GbRename, renamed
 from gbdoctor.errors import BaselineError
 from gbdoctor.gate.counts import break_key, kind_counts, spec_key
 from gbdoctor.records import (
@@ -35,6 +35,7 @@ from gbdoctor.records import (
     Severity,
 )
 from gbdoctor.summary import fix_hint
+from gbdoctor.torch_compat import release_name
 
 FAILING_EVENTS = (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED, EventKind.RECOMPILE_LIMIT)
 """Event kinds whose rising count fails the gate; other kinds (rank_divergence) warn."""

@@ -1,0 +1,68 @@
+"""Which torch gbdoctor supports, and the one place that asks which torch is running.
+
+Every behaviour that depends on the torch release is decided here, by the release (major, minor),
+or by asking torch whether it has a feature (``has_grouped_mm``): no other module compares
+``torch.__version__``. What differs between the supported releases, measured by
+``benchmarks/compat/run.sh`` and explained in docs/versions.md:
+
+- gb_types torch renamed (``causes/renames.py`` keeps that table, keyed by :func:`torch_release`);
+- the Dynamo settings whose defaults move (``gate/pins.py`` pins them in baselines);
+- ``torch._grouped_mm`` (absent on CPU before some releases; ``has_grouped_mm``).
+
+This module imports nothing from gbdoctor and imports torch only when asked about the running
+one, so the records, the gate and the cause rules can use it without torch.
+"""
+
+from __future__ import annotations
+
+import re
+
+SUPPORTED = ((2, 11), (2, 15))
+"""Oldest and newest torch release (major, minor) gbdoctor supports: pyproject.toml's range
+(``torch>=2.11,<2.16``) says the same, and tests/test_torch_compat.py keeps them equal."""
+
+TESTED = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+"""Releases ``benchmarks/compat/run.sh`` measured (docs/versions.md has the table); CI runs the
+whole suite on 2.13.0 (CPU)."""
+
+_RELEASE = re.compile(r"^(\d+)\.(\d+)")
+
+
+def torch_version() -> str:
+    """The running torch's version string, local build tag included (``2.11.0+cu130``)."""
+    import torch
+
+    return str(torch.__version__)
+
+
+def torch_release(version: str | None = None) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string (``2.15.0+cu132`` -> (2, 15)), of the running
+    torch when ``version`` is None; None when the string is not a version (an empty one is what
+    records from before versions were kept carry)."""
+    m = _RELEASE.match(torch_version() if version is None else version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def release_name(version: str) -> str:
+    """The version without its local build tag: ``2.15.0+cu132`` -> ``2.15.0``."""
+    return (version or "").split("+", 1)[0]
+
+
+def is_supported(version: str | None = None) -> bool:
+    """Whether the torch release (the running one by default) lies in :data:`SUPPORTED`."""
+    release = torch_release(version)
+    return release is not None and SUPPORTED[0] <= release <= SUPPORTED[1]
+
+
+def supported_range() -> str:
+    """:data:`SUPPORTED` as a pip requirement's range: ``>=2.11,<2.16``."""
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED
+    return f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}"
+
+
+def has_grouped_mm() -> bool:
+    """Whether this torch exports ``torch._grouped_mm`` (the experts' grouped GEMM); asked of
+    torch rather than keyed on a release because builds differ, not only releases."""
+    import torch
+
+    return hasattr(torch, "_grouped_mm")
