@@ -3,7 +3,7 @@
 Every behaviour that depends on the torch release is decided here, by the release (major, minor),
 or by asking torch whether it has a feature (``has_grouped_mm``): no other module compares
 ``torch.__version__``. What differs between the supported releases, measured by
-``benchmarks/compat/run.sh`` and explained in docs/versions.md:
+``benchmarks/compat/run.py`` and explained in docs/versions.md:
 
 - gb_types torch renamed (``causes/renames.py`` keeps that table, keyed by :func:`torch_release`);
 - the Dynamo settings whose defaults move (``gate/pins.py`` pins them in baselines);
@@ -22,7 +22,7 @@ SUPPORTED = ((2, 11), (2, 15))
 (``torch>=2.11,<2.16``) says the same, and tests/test_torch_compat.py keeps them equal."""
 
 TESTED = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
-"""Releases ``benchmarks/compat/run.sh`` measured (docs/versions.md has the table); CI runs the
+"""Releases ``benchmarks/compat/run.py`` measured (docs/versions.md has the table); CI runs the
 whole suite on 2.13.0 (CPU)."""
 
 _RELEASE = re.compile(r"^(\d+)\.(\d+)")
