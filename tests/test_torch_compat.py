@@ -73,3 +73,38 @@ def test_a_rename_agrees_with_the_installed_registry(rename):
     assert has_new == (torch_release() >= rename.since), torch_version()
     if has_new:
         assert gb_id_for(rename.new_type) == rename.new_id
+
+
+# --------------------------------------------------------------------------- recorded on 2.11
+
+
+def _recorded(version: str):
+    from gbdoctor.report.json import load_scan_json
+
+    return load_scan_json(REPO / "fixtures" / "scans" / f"llama4_ep2_torch{version}.json")
+
+
+def test_the_ep2_scan_on_torch_2_11_is_attributed_to_ep_at_user_lines():
+    """Recorded on torch 2.11.0 (fixtures/scans/README.md): the mesh lookup torch 2.11 breaks on
+    is EP's, at the hook's line; no break is tensor-parallel or located in torch's files."""
+    report = _recorded("2.11")
+    assert report.torch_version.startswith("2.11.0")
+    breaks = [b for blk in report.blocks for b in blk.breaks]
+    assert breaks and all(b.cause != "tensor-parallel" for b in breaks)
+    assert all(b.location is not None and b.location.file.startswith("gbdoctor/") for b in breaks)
+    (lookup,) = {(b.cause, b.location.file, b.location.line) for b in breaks if b.gb_id == "GB0156"}
+    assert lookup == ("ep-dispatch", "gbdoctor/setup/ep.py", 35)
+
+
+def test_a_2_13_baseline_gates_the_2_11_scan_by_what_is_comparable():
+    """Across torch releases the gate warns about the versions and matches every break that is
+    the same (the FSDP hook, the first split-size sync); what torch 2.11 breaks on besides
+    (the mesh lookup and the process group it cannot reconstruct) is reported, not hidden."""
+    from gbdoctor.gate.baseline import baseline_from_reports
+    from gbdoctor.gate.compare import check_gate
+
+    result = check_gate([_recorded("2.11")], baseline_from_reports([_recorded("2.13")]))
+    whats = [(f.severity, f.what) for f in result.findings]
+    assert ("warning", "torch version 2.13.0+cpu -> 2.11.0+cu130") in whats
+    regressions = {f.gb_type for f in result.findings if f.severity == "regression"}
+    assert regressions == {"Unsupported method call", "Reconstruction failure"}

@@ -16,6 +16,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +31,35 @@ from gbdoctor.capture import cudagraphs
 from gbdoctor.records import Location, RawBreak
 
 _GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+_CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+
+
+def _between_dynamo_and_caller(path: str) -> bool:
+    """Code between Dynamo and the caller of the frame it compiles: torch, gbdoctor's capture
+    (the interception), the standard library (not the packages installed beneath it)."""
+    path = os.path.abspath(path)
+    if causes.is_torch_file(path) or path.startswith(_CAPTURE_DIR):
+        return True
+    return path.startswith(_STDLIB_DIR) and "-packages" + os.sep not in path
+
+
+def _caller_outside_torch() -> Location | None:
+    """The innermost frame of the live Python stack that is neither torch, this package nor the
+    standard library: the code that called the frame Dynamo is compiling.
+
+    Dynamo's user stack starts at the frame it compiles. When that frame is torch's own, the
+    stack has no user frame: on torch 2.11 an EP hook's ``ep_mesh.get_group()`` (run eagerly
+    after its frame broke) compiles ``DeviceMesh.get_group`` as a frame of its own, which breaks
+    in ``_get_pg_from_name`` (``dict.get``); its caller, the hook's line, is where to look
+    (issue 34). Only such all-torch stacks get the caller."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not _between_dynamo_and_caller(frame.f_code.co_filename):
+            code = frame.f_code
+            return Location(file=code.co_filename, line=frame.f_lineno, function=code.co_name)
+        frame = frame.f_back
+    return None
 
 
 @dataclass
@@ -291,6 +322,9 @@ class CaptureSession:
         frames = tuple(
             Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack
         )
+        if frames and all(causes.is_torch_file(f.file) for f in frames):
+            caller = _caller_outside_torch()
+            frames = (caller, *frames) if caller is not None else frames
         parts = causes.parse_reasons(reason)
         if len(parts) == 1 and causes.is_frame_skip(parts[0].gb_type):
             # "graph break in loop" alone: Dynamo chained the break that made it give up on the
