@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from repo_paths import FIXTURES, REPO
-from torch_versions import expected_gb_types
+from torch_versions import expected_gb_types, torch_bug
 
 from gbdoctor import causes
 from gbdoctor.causes import (
@@ -714,7 +714,9 @@ class _ListHandler(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _capture(block, x) -> list[str]:
+def _capture(block, x, backward_error: str | None = None) -> list[str]:
+    """The graph_breaks log of a forward + backward; ``backward_error``: the backward must raise
+    that (a torch bug of the running release, tests/torch_versions.py)."""
     import torch
     import torch._logging
 
@@ -727,7 +729,11 @@ def _capture(block, x) -> list[str]:
     logger.propagate = False
     try:
         out = torch.compile(block, backend="eager")(x)
-        out.sum().backward()
+        if backward_error is None:
+            out.sum().backward()
+        else:
+            with pytest.raises(RuntimeError, match=backward_error):
+                out.sum().backward()
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
@@ -775,7 +781,8 @@ def test_planted_flavor_breaks_as_expected(planted, flavor, capsys):
     torch.manual_seed(0)
     block = planted.build_block(flavor)
     x = torch.randn(2, 16, planted.DIM, requires_grad=True)
-    records = _capture(block, x)
+    bug = torch_bug(f"planted {flavor} backward")
+    records = _capture(block, x, backward_error=bug.error if bug else None)
     capsys.readouterr()  # the print flavor prints when its frame runs eagerly
 
     expected_cause = planted.EXPECTED_CAUSE[flavor]

@@ -10,6 +10,7 @@ here, so that the same test holds on every release gbdoctor supports (2.11-2.15,
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from gbdoctor.causes import gb_type_in
 from gbdoctor.torch_compat import torch_release, torch_version
@@ -20,15 +21,38 @@ def expected_gb_types(names: Iterable[str]) -> set[str]:
     return {gb_type_in(name, torch_version()) for name in names}
 
 
-TORCH_BUGS: dict[str, tuple[tuple[int, int], tuple[int, int], str]] = {}
-"""Test id -> (first, last affected release, upstream link): a torch bug that makes the test's
-premise false on those releases (the scan still reports it, as a block error)."""
+@dataclass(frozen=True)
+class TorchBug:
+    """A torch bug that makes a test's premise false on some releases: the test then expects
+    the bug's error (so it fails once torch fixes it there, and the entry must go)."""
+
+    first: tuple[int, int]
+    last: tuple[int, int]
+    error: str
+    """Regex of the error torch raises."""
+    why: str
+    """What happens, and the upstream issue."""
 
 
-def torch_bug(test: str) -> str | None:
-    """Why ``test`` cannot hold on the running torch (its upstream link), or None."""
-    entry = TORCH_BUGS.get(test)
+TORCH_BUGS: dict[str, TorchBug] = {
+    "planted inplace_in_sac backward": TorchBug(
+        first=(2, 11),
+        last=(2, 12),
+        error=r"aten\.mm\.default encountered during backward, but not found in storage",
+        why="the attribute mutated inside the SAC region breaks the graph inside the checkpoint "
+        "(GB0067 on these releases); the recompute in backward then misses the matmul the "
+        "forward saved, and SAC raises. A graph break inside a checkpointed region is "
+        "https://github.com/pytorch/pytorch/issues/139989; 2.13+ does not raise (not bisected). "
+        "A scan reports it as the block's error, with the break still recorded.",
+    ),
+}
+"""Test situation -> the bug, keyed by what the test does (measured by benchmarks/compat/run.py)."""
+
+
+def torch_bug(situation: str) -> TorchBug | None:
+    """The bug that applies to ``situation`` on the running torch, or None."""
+    bug = TORCH_BUGS.get(situation)
     release = torch_release()
-    if entry is None or release is None or not entry[0] <= release <= entry[1]:
+    if bug is None or release is None or not bug.first <= release <= bug.last:
         return None
-    return entry[2]
+    return bug

@@ -1,0 +1,228 @@
+"""The GPU validation steps (started by validate.sh after the offline install; docs/gpu.md).
+
+    python benchmarks/gpu/validate.py [--dry-run] [--out DIR] [--steps N] [--rounds N]
+
+Every step before the first CUDA call runs anywhere: the environment (torch, nccl, inductor's
+triton), the specs to run (each one loaded and checked), the commands of every step. Then, with
+no CUDA device, one line "no CUDA device" and exit 2. On CUDA, per spec that fits (one GPU: the
+bundled debug specs; >= 2 GPUs: also the 2-rank EP spec):
+
+1. ``gbdoctor scan SPEC`` (JSON): breaks and predicted CUDA-graph readiness per block kind;
+2. ``gbdoctor plan SPEC`` (JSON): the plan, verified by its own re-scan;
+3. ``gbdoctor run SPEC`` with eager, the torchtitan baselines, the plan and ``cudagraphs`` (the
+   plan under mode=reduce-overhead), inductor, measured steps and rounds;
+4. the readiness comparison: a kind predicted ready must run under CUDA graphs with no inductor
+   skip; a kind predicted blocked must be one inductor skips (its reason is printed beside the
+   predicted blocker).
+
+Writes ``OUT/<gpu>-torch<version>.json`` (every number, the GPU name) plus each command's own
+JSON, and prints a summary. Exit 0: every step passed and every prediction held; 1: a
+prediction disagreed with inductor; 2: no CUDA device; 3: a step failed (loudly: its command and
+the tail of its output), never skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ONE_GPU_SPECS = (
+    "fixtures/llama3_debug.toml",
+    "fixtures/llama4_debug.toml",
+    "fixtures/deepseek_v3_debug.toml",
+)
+TWO_GPU_SPECS = ("fixtures/llama4_debug_ep2.toml",)
+RUN_MODES = "eager,titan-v0.2.0,titan-v0.2.2,plan,cudagraphs"
+
+
+class StepFailed(Exception):
+    pass
+
+
+def say(text: str) -> None:
+    print(f"validate: {text}", flush=True)
+
+
+def environment() -> dict:
+    """What the image has; imports torch but makes no CUDA call."""
+    import torch
+    import torch.distributed as dist
+
+    env = {"python": sys.version.split()[0], "torch": torch.__version__}
+    env["torch_cuda"] = torch.version.cuda
+    env["nccl"] = bool(dist.is_available() and dist.is_nccl_available())
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    from gbdoctor import __version__
+    from gbdoctor.torch_compat import is_supported
+
+    env["gbdoctor"] = __version__
+    env["torch_supported"] = is_supported()
+    return env
+
+
+def check_specs(specs: list[str]) -> None:
+    """Load every spec the way the commands will (a bad spec fails here, before any GPU work)."""
+    from gbdoctor.spec import load_spec
+
+    for spec in specs:
+        load_spec(REPO / spec, ["gbdoctor.device=cuda"])
+
+
+def commands(spec: str, out: Path, args: argparse.Namespace, nproc: int) -> dict[str, list[str]]:
+    stem = Path(spec).stem
+    gb = [sys.executable, "-m", "gbdoctor"]
+    device = ["--set", "gbdoctor.device=cuda"]
+    return {
+        "scan": [*gb, "scan", spec, *device, "--format", "json", "-o", str(out / f"scan-{stem}.json")],
+        "plan": [
+            *gb, "plan", spec, *device, "--emit-config", "json", "-o", str(out / f"plan-{stem}.json"),
+        ],
+        "run": [
+            *gb, "run", spec, *device, "--modes", RUN_MODES, "--backend", "inductor",
+            "--plan", str(out / f"plan-{stem}.json"), "--steps", str(args.steps),
+            "--warmup", "2", "--rounds", str(args.rounds), "--nproc", str(nproc),
+            "--format", "json", "-o", str(out / f"run-{stem}.json"),
+        ],
+    }  # fmt: skip
+
+
+def step(name: str, cmd: list[str]) -> float:
+    say(f"[{name}] {' '.join(cmd[2:])}")
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    took = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise StepFailed(f"{name} exited {proc.returncode} after {took:.0f} s:\n{tail}")
+    return took
+
+
+def readiness(scan: dict, run: dict) -> dict:
+    """The scan's predicted CUDA-graph readiness per block kind next to what inductor did in the
+    run's ``cudagraphs`` mode (its "skipping cudagraphs due to ..." reasons, not tied to a kind):
+    every kind predicted ready means no skip; any kind predicted blocked means at least one."""
+    mode = next((m for m in run["modes"] if m["mode"] == "cudagraphs"), None)
+    skips = list(mode["cudagraph_skips"]) if mode else []
+    kinds = [
+        {
+            "kind": b["kind"],
+            "predicted": b["cudagraphs"]["status"],
+            "why": b["cudagraphs"]["summary"],
+        }
+        for b in scan["blocks"]
+        if not b.get("same_as") and b.get("cudagraphs")
+    ]
+    predicted = {k["predicted"] for k in kinds} - {"unknown"}
+    if mode is None or mode["status"] != "ok":
+        agrees: bool | None = False
+    elif not predicted:
+        agrees = None  # nothing compiled: nothing to compare
+    else:
+        agrees = ("blocked" in predicted) == bool(skips)
+    return {"kinds": kinds, "inductor_skips": skips, "agrees": agrees}
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-").lower()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dry-run", action="store_true", help="stop before the first CUDA call")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu")
+    parser.add_argument("--steps", type=int, default=10, help="measured steps per mode and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    env = environment()
+    say(
+        f"[env] python {env['python']}, torch {env['torch']} (CUDA {env['torch_cuda']}), "
+        f"nccl {env['nccl']}, triton {env['triton']}, gbdoctor {env['gbdoctor']}"
+    )
+    if not env["torch_supported"]:
+        say(f"FAILED: torch {env['torch']} is outside gbdoctor's supported range")
+        return 3
+    specs = list(ONE_GPU_SPECS) + list(TWO_GPU_SPECS)
+    check_specs(specs)
+    say(f"[specs] {len(specs)} loaded: {', '.join(Path(s).stem for s in specs)}")
+    for spec in specs:
+        for name, cmd in commands(spec, args.out, args, 2 if spec in TWO_GPU_SPECS else 1).items():
+            say(f"[plan] {name}: {' '.join(cmd[2:])}")
+
+    import torch  # the first CUDA call is below
+
+    if args.dry_run or not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 2
+    gpus = torch.cuda.device_count()
+    name = torch.cuda.get_device_name(0)
+    env |= {"gpu": name, "gpus": gpus, "capability": list(torch.cuda.get_device_capability(0))}
+    say(f"[cuda] {gpus} x {name}")
+    if not env["nccl"] or not env["triton"]:
+        say("FAILED: a CUDA machine without nccl or triton cannot run the steps (inductor, nccl)")
+        return 3
+    run_specs = list(ONE_GPU_SPECS) + (list(TWO_GPU_SPECS) if gpus >= 2 else [])
+    args.out.mkdir(parents=True, exist_ok=True)
+    result: dict = {"environment": env, "specs": {}}
+    target = args.out / f"{_slug(name)}-torch{env['torch'].split('+')[0]}.json"
+    status = 0
+    try:
+        for spec in run_specs:
+            nproc = 2 if spec in TWO_GPU_SPECS else 1
+            cmds = commands(spec, args.out, args, nproc)
+            entry: dict = {"seconds": {}}
+            result["specs"][spec] = entry
+            for step_name, cmd in cmds.items():
+                entry["seconds"][step_name] = round(step(f"{Path(spec).stem} {step_name}", cmd))
+            stem = Path(spec).stem
+            scan = json.loads((args.out / f"scan-{stem}.json").read_text())
+            run = json.loads((args.out / f"run-{stem}.json").read_text())
+            entry["breaks"] = scan["totals"]["breaks"]
+            entry["graphs"] = scan["totals"]["graphs"]
+            entry["modes"] = {
+                m["mode"]: {
+                    k: m.get(k)
+                    for k in ("status", "tokens_per_s", "speedup_vs_eager", "mfu", "error")
+                }
+                for m in run["modes"]
+            }
+            failed = [m for m, v in entry["modes"].items() if v["status"] not in ("ok",)]
+            if failed:
+                raise StepFailed(f"{stem} run: mode(s) {', '.join(failed)} did not run on CUDA")
+            entry["readiness"] = cg = readiness(scan, run)
+            verdict = {True: "agrees", False: "DISAGREES", None: "n/a"}[cg["agrees"]]
+            predicted = "; ".join(f"{k['kind']}: {k['why']}" for k in cg["kinds"])
+            say(
+                f"[cudagraphs] {stem}: predicted {predicted or 'nothing compiled'}; inductor "
+                f"skipped {len(cg['inductor_skips'])} time(s) {cg['inductor_skips'][:3]}: {verdict}"
+            )
+            if cg["agrees"] is False:
+                status = 1
+            tps = ", ".join(f"{m} {v['tokens_per_s'] or 0:.0f}" for m, v in entry["modes"].items())
+            say(f"[result] {stem}: {entry['breaks']} breaks; tokens/s {tps}")
+    except StepFailed as exc:
+        result["failed"] = str(exc)
+        target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        say(f"FAILED: {exc}")
+        return 3
+    result["status"] = "predictions agree" if status == 0 else "a prediction disagreed"
+    target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    say(f"wrote {target.relative_to(REPO) if target.is_relative_to(REPO) else target}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
