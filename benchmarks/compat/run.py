@@ -149,8 +149,9 @@ def _scans(python: Path, out_dir: Path) -> dict:
     return out
 
 
-def check(version: str, root: Path) -> dict:
-    """Install, test and scan under one torch version; the results record."""
+def check(version: str, root: Path, *, tests_only: bool = False) -> dict:
+    """Install, test and scan under one torch version; the results record (``tests_only``:
+    test again and keep the scans of the previous record)."""
     venv = root / f"torch-{'.'.join(version.split('.')[:2])}"
     python = venv / "bin" / "python"
     result: dict = {"requested": version}
@@ -180,7 +181,11 @@ def check(version: str, root: Path) -> dict:
     work = root / f"results-{version}"
     work.mkdir(parents=True, exist_ok=True)
     result["tests"] = _tests(python, work / "junit.xml")
-    result["scans"] = _scans(python, work)
+    previous = RESULTS / f"torch-{version}.json"
+    if tests_only and previous.exists():
+        result["scans"] = json.loads(previous.read_text())["scans"]
+    else:
+        result["scans"] = _scans(python, work)
     result["venv_mb"] = _du_mb(venv)
     return result
 
@@ -287,13 +292,16 @@ def main() -> None:
     parser.add_argument(
         "--write-docs", action="store_true", help="rewrite docs/versions.md's table"
     )
+    parser.add_argument(
+        "--tests-only", action="store_true", help="run the tests again, keep the recorded scans"
+    )
     args = parser.parse_args()
     if REPO in args.venv_root.resolve().parents or args.venv_root.resolve() == REPO:
         parser.error("--venv-root must be outside the repository")
     args.venv_root.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
     for version in args.versions:
-        result = check(version, args.venv_root)
+        result = check(version, args.venv_root, tests_only=args.tests_only)
         (RESULTS / f"torch-{version}.json").write_text(json.dumps(result, indent=1) + "\n")
         t = result.get("tests", {})
         print(
