@@ -93,15 +93,17 @@ def renamed(
 
 
 def gb_type_in(gb_type: str, torch_version: str) -> str:
-    """The gb_type torch ``torch_version`` raises for the case another release names
-    ``gb_type`` (``HOP: Non-nullified side effect`` on 2.13 is ``HOP: Unsafe side effect`` on
-    2.11); ``gb_type`` itself when no rename applies or the version is unknown."""
+    """The gb_type torch ``torch_version`` raises for a case that a newer release names
+    ``gb_type``: ``HOP: Non-nullified side effect`` (2.13) is ``HOP: Unsafe side effect`` on 2.11.
+
+    Only newer names map to older ones: every case a rename covers had the old gb_type before,
+    but the old gb_type stays in use for other cases after it (GB0007 still marks a skipped
+    C function on 2.15), so an old name alone does not say whether a newer release renamed it.
+    ``gb_type`` itself when no rename applies or the version is unknown."""
     release = torch_release(torch_version)
     if release is None:
         return gb_type
-    for rename in GB_RENAMES:
-        if gb_type == rename.old_type and release >= rename.since:
-            gb_type = rename.new_type
-        elif gb_type == rename.new_type and release < rename.since:
+    for rename in reversed(GB_RENAMES):
+        if gb_type == rename.new_type and release < rename.since:
             gb_type = rename.old_type
     return gb_type
