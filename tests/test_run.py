@@ -189,7 +189,7 @@ def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
     assert "eager (workaround)" in text and "3427" in text
     # A plan is keyed by the spec's own block kinds (their AC labels): it is never retried
     # under another AC mode, and an error that is no known bug is never retried at all.
-    from gbdoctor.run.driver import _retry_with_workaround
+    from gbdoctor.run.measure import known_bug_workaround
 
     error = eager.workaround.split("(", 1)[0]
     plan_like = replace(STRATEGIES["titan-v0.2.2"], per_kind=(("moe+sac", STRATEGIES["none"].moe),))
@@ -197,9 +197,9 @@ def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
         "profiler._record_function_enter_new.default invocation index 3 encountered during "
         "backward but not found in storage"
     )
-    assert _retry_with_workaround(bug, STRATEGIES["none"]) is not None
-    assert _retry_with_workaround(bug, plan_like) is None
-    assert _retry_with_workaround(error, STRATEGIES["none"]) is None
+    assert known_bug_workaround(bug, STRATEGIES["none"]) is not None
+    assert known_bug_workaround(bug, plan_like) is None
+    assert known_bug_workaround(error, STRATEGIES["none"]) is None
 
 
 def test_a_timeout_is_a_failed_mode(tmp_path):

@@ -22,6 +22,7 @@ from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
 from gbdoctor.cli.output import say
 from gbdoctor.cli.plan import plan
+from gbdoctor.cli.price import price
 from gbdoctor.cli.report import report
 from gbdoctor.cli.run import run
 from gbdoctor.cli.scan import scan
@@ -144,7 +145,7 @@ def _root(
 
 # ``scan --torchtitan MODULE:CONFIG`` passes torchtitan's own --section.key options through.
 app.command(context_settings={"ignore_unknown_options": True})(handle_errors(scan))
-for _command in (inspect, causes, plan, run, timeline, gate, diff, report):
+for _command in (inspect, causes, plan, run, price, timeline, gate, diff, report):
     app.command()(handle_errors(_command))
 
 

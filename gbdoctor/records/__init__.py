@@ -13,10 +13,12 @@ from gbdoctor.records.enums import (
     CauseId,
     CompileMode,
     Component,
+    Counterfactual,
     EventKind,
     Launcher,
     ModeStatus,
     OutputFormat,
+    PriceSplit,
     Readiness,
     Severity,
     Verdict,
@@ -37,6 +39,7 @@ from gbdoctor.records.plan import (
     KindPlan,
     Plan,
 )
+from gbdoctor.records.price import BreakPrice, KindPrice, PriceReport
 from gbdoctor.records.run import (
     LOSS_RTOL,
     READABLE_RUN_SCHEMA_VERSIONS,
@@ -80,6 +83,11 @@ __all__ = [
     "ACMode",
     "ACSpec",
     "BASELINE_SCHEMA_VERSION",
+    "BreakPrice",
+    "Counterfactual",
+    "KindPrice",
+    "PriceReport",
+    "PriceSplit",
     "Baseline",
     "BlockKind",
     "BlockReport",

@@ -244,3 +244,24 @@ class Launcher(StrEnum):
     ENV = "env"
     """Another launcher that sets torch's env:// variables (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``)."""
+
+
+class Counterfactual(StrEnum):
+    """``KindPrice.counterfactual``: the step a kind's price is measured against."""
+
+    PLAN_FIX = "plan-fix"
+    """The plan's verified recipe for the kind (its breaks removed)."""
+    EAGER = "eager"
+    """The plan has no verified fix for the kind: the kind left uncompiled, so the price says
+    what compiling it with its breaks gains or loses against not compiling it."""
+
+
+class PriceSplit(StrEnum):
+    """``BreakPrice.split``: how a kind's price was divided among its distinct breaks."""
+
+    WHOLE_KIND = "whole-kind"
+    """The kind has one distinct break: it carries the whole price."""
+    EAGER_TIME = "eager-time"
+    """In proportion to the eager time the profiler saw in each break's frame."""
+    EVEN = "even"
+    """The profiler attributed no eager time to these breaks: divided evenly (a guess, labelled)."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from gbdoctor.records.base import record
 from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
+from gbdoctor.records.price import PriceReport
 
-SCHEMA_VERSION = 4
-"""Version of the scan and inspect JSON documents. 4: the setup records how the ranks were
+SCHEMA_VERSION = 5
+"""Version of the scan and inspect JSON documents. 5: scan reports carry ``price`` (``gbdoctor
+price``: what each distinct break costs a step; null otherwise). 4: the setup records how the ranks were
 started: ``launcher`` (``self``, ``torchrun``, ``deepspeed``, ``slurm``, ``env``), ``nodes`` and
 ``ranks_per_node`` (documents before 4 read as ``self`` on one node, ``ranks_per_node`` 0: not
 recorded). 3: the setup carries ``dp_replicate`` (the
@@ -16,9 +18,9 @@ resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_st
 blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
 capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
 spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
-setup its ``tp_degree``. Readers accept 1 and 2 (the new fields take their defaults: no
+setup its ``tp_degree``. Readers accept 1 to 4 (the new fields take their defaults: no
 recompiles recorded)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 
 
 @record
@@ -241,6 +243,8 @@ class ScanReport:
     blocks: tuple[BlockReport, ...]
     notes: tuple[str, ...] = ()
     """What the capture could not see (simulation, stand-ins), and other caveats."""
+    price: PriceReport | None = None
+    """What each distinct break costs a training step (``gbdoctor price``); None for a scan."""
     schema_version: int = SCHEMA_VERSION
 
 

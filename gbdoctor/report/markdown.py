@@ -6,6 +6,14 @@ from collections.abc import Iterable
 
 from gbdoctor.records import ScanReport
 from gbdoctor.report.layout import header_fields, one_line, short_location
+from gbdoctor.report.price_rows import (
+    KIND_HEADERS,
+    PRICE_HEADERS,
+    break_rows,
+    kind_rows,
+    price_check,
+    price_headline,
+)
 from gbdoctor.summary import fix_hint, summarize
 
 __all__ = ["MarkdownFormat", "cell", "md_table", "render_markdown"]
@@ -125,6 +133,19 @@ def render_markdown(report: ScanReport) -> str:
         lines += ["### Events and errors", ""]
         lines += md_table(("kind", "event", "module", "gb_type", "location", "detail"), rows)
         lines.append("")
+    if report.price is not None:
+        lines += ["### Price per block kind", ""]
+        lines += md_table(KIND_HEADERS, kind_rows(report.price))
+        lines += ["", "### Price per distinct break (ms per training step)", ""]
+        lines += md_table(PRICE_HEADERS, break_rows(report.price))
+        lines.append("")
+        check = price_check(report.price)
+        lines += [
+            price_headline(report.price),
+            *([check] if check else []),
+            *report.price.notes,
+            "",
+        ]
     by_cause = ", ".join(f"`{cause}` {n}" for cause, n in summary.by_cause) or "none"
     lines.append(
         f"**Totals**: {summary.breaks} break(s) ({by_cause}), {summary.events} event(s), "

@@ -12,8 +12,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gbdoctor.records import ScanReport, ScanSummary
+from gbdoctor.records import PriceReport, ScanReport, ScanSummary
 from gbdoctor.report.layout import header_fields, one_line, short_location
+from gbdoctor.report.price_rows import (
+    KIND_HEADERS,
+    PRICE_HEADERS,
+    break_rows,
+    kind_rows,
+    price_check,
+    price_headline,
+)
 from gbdoctor.summary import fix_hint, summarize
 
 if TYPE_CHECKING:
@@ -150,6 +158,9 @@ def render_table(report: ScanReport, console: Console) -> None:
                 )
         console.print(events)
 
+    if report.price is not None:
+        _render_price(report.price, console)
+
     by_cause = ", ".join(f"{cause} {n}" for cause, n in summary.by_cause) or "none"
     console.print(
         Text(
@@ -157,6 +168,24 @@ def render_table(report: ScanReport, console: Console) -> None:
             f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."
         )
     )
+
+
+def _render_price(price: PriceReport, console: Console) -> None:
+    for title, headers, rows in (
+        ("Price per block kind", KIND_HEADERS, kind_rows(price)),
+        ("Price per distinct break (ms per training step)", PRICE_HEADERS, break_rows(price)),
+    ):
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left", expand=True)
+        for name in headers:
+            table.add_column(name, overflow="fold", no_wrap=name in ("cause", "gb id", "share"))
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        console.print(table)
+    for line in (price_headline(price), price_check(price), *price.notes):
+        if line:
+            console.print(Text(line))
 
 
 _NOTABLE_ROWS = 12

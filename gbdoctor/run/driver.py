@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import shutil
 import statistics
 import tempfile
@@ -55,7 +54,7 @@ from dataclasses import replace
 from typing import Any
 
 from gbdoctor.capture import torch_version
-from gbdoctor.causes import KnownIssue, known_issue
+from gbdoctor.causes import KnownIssue
 from gbdoctor.errors import GbdoctorError, SpecError
 from gbdoctor.frameworks.registry import default_framework, framework_for
 from gbdoctor.records import (
@@ -70,6 +69,14 @@ from gbdoctor.records import (
     Verdict,
 )
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
+from gbdoctor.run.measure import (
+    cpu_name,
+    known_bug_workaround,
+    load_average,
+    per_step_max,
+    strip_rank,
+    workaround_note,
+)
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import STRATEGIES, Strategy
@@ -150,7 +157,7 @@ def resolve_modes(
     return [m for m in all_modes if m in modes]
 
 
-def _check_backend(backend: str) -> None:
+def check_backend(backend: str) -> None:
     import torch._dynamo
 
     known = torch._dynamo.list_backends(exclude_tags=())
@@ -263,7 +270,7 @@ def run_modes(
     chosen = resolve_modes(modes, plan=make_plan or bool(plan_path), all_modes=all_modes)
     device = resolve_device(spec.gbdoctor.device)
     backend = backend or (spec.compile.backend if spec.compile.backend_set else DEFAULT_BACKEND)
-    _check_backend(backend)
+    check_backend(backend)
     b, s, shape_note = benchmark_shape(spec, device, batch_size, seq_len)
     if b < 1 or s < 1:
         raise SpecError(f"--batch-size and --seq-len must be positive (got {b} x {s})")
@@ -327,7 +334,7 @@ def run_modes(
         warmup=warmup,
         steps=steps,
         torch_version=torch_version(),
-        load=(max(loads, default=_load_average()), os.cpu_count() or 1),
+        load=(max(loads, default=load_average()), os.cpu_count() or 1),
         rounds=rounds,
         shape_note=shape_note,
         optimizer=f"AdamW ({adamw_implementation(device)})",
@@ -404,7 +411,7 @@ def _run_rounds(
                 if mode in failures:  # a mode that failed once is not retried
                     total -= 1
                     continue
-                loads.append(_load_average())
+                loads.append(load_average())
                 if progress:
                     progress(
                         f"round {r + 1}/{rounds}: {mode}: {warmup} warm-up + {steps} steps on {world} rank(s)",
@@ -435,7 +442,7 @@ def _run_rounds(
                             )
                         )
                     except ModeFailure as exc:
-                        issue = _retry_with_workaround(exc.message, strategies[mode])
+                        issue = known_bug_workaround(exc.message, strategies[mode])
                         if issue is not None and mode not in workarounds:
                             # The spec's own setting hits a known upstream bug: what a user runs
                             # today is the workaround, so the baseline is measured under it.
@@ -450,12 +457,12 @@ def _run_rounds(
                                     total,
                                 )
                             continue
-                        failures[mode] = (_strip_rank(exc.message, world), exc.hint or "runtime")
+                        failures[mode] = (strip_rank(exc.message, world), exc.hint or "runtime")
                     except SpecError:
                         raise  # bad input (e.g. a broken model factory) fails every mode alike: exit 2
                     except GbdoctorError as exc:
                         kind = "timeout" if "did not finish" in exc.message else "crash"
-                        failures[mode] = (_strip_rank(exc.message, world), kind)
+                        failures[mode] = (strip_rank(exc.message, world), kind)
                     break
                 done += 1
     finally:
@@ -469,29 +476,12 @@ def _run_rounds(
             strategies[m],
             None if m in failures else runs[m],
             failures.get(m),
-            _workaround_note(workarounds[m]) if m in workarounds else "",
+            workaround_note(workarounds[m]) if m in workarounds else "",
         )
         for m in chosen
     ]
     raw.append(loads)
     return raw
-
-
-def _retry_with_workaround(error: str, strategy: Any) -> KnownIssue | None:
-    """The known upstream bug behind a failed mode, when its workaround is a config change that
-    the mode can run under. A plan is made for the spec's own block kinds (their AC labels), so
-    only strategies that do not depend on the kinds are retried."""
-    issue = known_issue(error)
-    if issue is None or not issue.overrides or getattr(strategy, "per_kind", ()):
-        return None
-    return issue
-
-
-def _workaround_note(issue: KnownIssue) -> str:
-    return (
-        f"ran with {', '.join(issue.overrides)}: with the spec's own setting it fails with a "
-        f"known upstream bug ({issue.link})"
-    )
 
 
 def _flops(spec: Spec, seq_len: int) -> int | None:
@@ -505,7 +495,7 @@ def _flops(spec: Spec, seq_len: int) -> int | None:
 
 def _device_peak(device: str) -> tuple[str, float | None]:
     if device != "cuda":
-        return _cpu_name(), None
+        return cpu_name(), None
     import torch
 
     from gbdoctor.run.flops import peak_tflops
@@ -514,49 +504,14 @@ def _device_peak(device: str) -> tuple[str, float | None]:
     return name, peak_tflops(name)
 
 
-def _cpu_name() -> str:
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-
-
-def _load_average() -> float:
-    """1-minute load average before a mode starts (0 where the OS has none). It still counts the
-    previous mode's ranks for a while, hence the margin of ``world`` in ``build_report``."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-
-
-def _strip_rank(message: str, world: int) -> str:
-    """``rank 0: ...`` is noise on a single-rank job."""
-    first = (message.strip().splitlines() or [""])[0]
-    if world == 1:
-        first = re.sub(r"^rank 0( failed)?: ", "", first)
-    return first[:400]
-
-
 def _flags(strategy: Strategy) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, repr(v)) for k, v in strategy.flags))
-
-
-def _per_step_max(ranks: list[RankRun], attr: str) -> list[Any]:
-    values = [getattr(r, attr) for r in ranks]
-    return [max(v[i] for v in values) for i in range(len(values[0]))]
 
 
 def _mode_from_rounds(
     mode: str, strategy: Strategy, rounds: list[list[RankRun]], tokens_per_step: int, warmup: int
 ) -> ModeResult:
-    per_round = [_per_step_max(ranks, "step_times") for ranks in rounds]
+    per_round = [per_step_max(ranks, "step_times") for ranks in rounds]
     steps = [t for times in per_round for t in times]
     median = statistics.median(steps)
     phases = [
@@ -565,7 +520,7 @@ def _mode_from_rounds(
         for i in range(len(ranks[0].phase_times))
     ]
     phase_medians = [statistics.median(p[k] for p in phases) if phases else None for k in range(3)]
-    warm = [_per_step_max(ranks, "warmup_times") for ranks in rounds]
+    warm = [per_step_max(ranks, "warmup_times") for ranks in rounds]
     compile_s = [max(0.0, sum(w) - warmup * statistics.median(t)) for w, t in zip(warm, per_round)]
     first = rounds[0]
     worst = max(

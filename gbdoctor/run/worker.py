@@ -18,10 +18,11 @@ from gbdoctor.capture.counters import (
     failure_kind,
     record_cudagraph_skips,
 )
+from gbdoctor.capture.profile import eager_us_of, watch_break_frames
 from gbdoctor.capture.recompiles import watch_recompiles
 from gbdoctor.causes import known_issue_note
 from gbdoctor.errors import GbdoctorError, SetupError, exception_line
-from gbdoctor.records import Recompile, Spec
+from gbdoctor.records import Location, Recompile, Spec
 from gbdoctor.setup.compile import Strategy
 
 
@@ -41,6 +42,9 @@ class ModeJob:
     first round, reused by its later rounds; never shared with another mode."""
     cudagraph_layers: tuple[str, ...] = ()
     """``cudagraphs`` mode: blocks (FQNs) compiled with inductor's mode="reduce-overhead"."""
+    profile_breaks: bool = False
+    """``price``: record which frame each graph break ended, and profile one more step (not
+    measured) for the eager time inside each frame (``capture.profile``)."""
 
 
 @dataclass
@@ -65,6 +69,10 @@ class RankRun:
     """(block fqn, regions, fullgraph regions) as the setup placed them."""
     cudagraph_skips: list[str] = field(default_factory=list)
     """``cudagraphs`` mode: inductor's skip messages on this rank."""
+    break_frames: dict[int, tuple[Location, ...]] = field(default_factory=dict)
+    """``profile_breaks``: frame id -> user traceback of the break that ended the frame."""
+    eager_us_by_frame: dict[int, float] = field(default_factory=dict)
+    """``profile_breaks``: frame id -> eager microseconds in the profiled step."""
 
 
 class ModeFailure(SetupError):
@@ -145,6 +153,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     with (
         watch_recompiles() as watch,
         record_cudagraph_skips() if job.cudagraph_layers else contextlib.nullcontext() as skips,
+        watch_break_frames() if job.profile_breaks else contextlib.nullcontext() as break_frames,
         recipe.step_context(setup),
     ):
         for step in range(total):
@@ -184,6 +193,20 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
             if measured:
                 phase_times.append(phases)
             losses.append(loss)
+        eager_us: dict[int, float] = {}
+        if job.profile_breaks:  # one more step, profiled and not measured (same batch)
+            if world > 1:
+                dist.barrier()
+            try:
+                eager_us = eager_us_of(
+                    lambda: recipe.timed_train_step(setup, tokens, labels, sync=sync),
+                    job.device,
+                    set(break_frames.frames),
+                )
+            except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
+                raise ModeFailure(
+                    f"profiled step: {exception_line(exc)}", failure_kind(exc)
+                ) from exc
     recipe.release_rank()
     graphs, breaks = counter_totals()
     peak, metric = _peak_memory(job.device)
@@ -203,4 +226,6 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         phase_times=phase_times,
         cudagraph_skips=list(skips.reasons) if skips is not None else [],
         layout=layout,
+        break_frames=dict(break_frames.frames) if break_frames is not None else {},
+        eager_us_by_frame=eager_us,
     )

@@ -1,0 +1,133 @@
+"""``gbdoctor price`` against ``gbdoctor run`` and a plain scan, on one spec, in one run.
+
+    python benchmarks/price_bench.py [SPEC] [--set KEY=VALUE ...] [--strategy NAME] [--rounds N]
+
+1. ``gbdoctor plan SPEC --emit-config json`` (the fixes; reused by the next two steps, so they
+   price and run the same plan);
+2. a plain ``gbdoctor scan`` (timed: the reference for pricing's cost);
+3. ``gbdoctor price --plan PLAN`` (timed);
+4. ``gbdoctor run --plan PLAN --modes STRATEGY,plan`` (the strategy as set up against the plan).
+
+Prints the prices of the breaks the plan removes, their sum, the measured step-time difference
+between the strategy and the plan in ``run`` (per round, with the spread), the ratio of the two,
+and pricing's wall time over the plain scan's. Writes every number (and the priced scan) to
+``benchmarks/results/price_<spec>.json``. Default spec: the llama4 EP=2 debug spec with
+titan-v0.2.0 and AC off (1 fsdp-hook + 2 ep-dispatch breaks per MoE block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def _gbdoctor(*args: str) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gbdoctor", *args], check=True, cwd=REPO)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("spec", nargs="?", default="fixtures/llama4_debug_ep2.toml")
+    parser.add_argument("--set", dest="sets", action="append", default=None)
+    parser.add_argument("--strategy", default="titan-v0.2.0")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--backend", default="inductor")
+    args = parser.parse_args()
+    sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
+    common = [args.spec, "--strategy", args.strategy, *[x for s in sets for x in ("--set", s)]]
+    tmp = Path(tempfile.mkdtemp(prefix="gbdoctor-price-bench-"))
+    plan, priced, ran = tmp / "plan.json", tmp / "priced.json", tmp / "run.json"
+    overrides = [x for s in [*sets, f"gbdoctor.strategy={args.strategy}"] for x in ("--set", s)]
+    _gbdoctor("plan", args.spec, *overrides, "--emit-config", "json", "-o", str(plan))
+    scan_s = _gbdoctor("scan", *common, "-f", "json", "-o", str(tmp / "scan.json"))
+    price_s = _gbdoctor(
+        "price",
+        *common,
+        "--plan",
+        str(plan),
+        "--backend",
+        args.backend,
+        "--rounds",
+        str(args.rounds),
+        "-f",
+        "json",
+        "-o",
+        str(priced),
+    )
+    _gbdoctor(
+        "run",
+        args.spec,
+        *[x for s in sets for x in ("--set", s)],
+        "--plan",
+        str(plan),
+        "--modes",
+        f"{args.strategy},plan",
+        "--backend",
+        args.backend,
+        "--rounds",
+        str(args.rounds),
+        "-f",
+        "json",
+        "-o",
+        str(ran),
+    )
+    price = json.loads(priced.read_text())["price"]
+    run = json.loads(ran.read_text())
+    modes = {m["mode"]: m for m in run["modes"]}
+    removed = [b for b in price["breaks"] if b["ms_per_step"] is not None]
+    price_sum = sum(b["ms_per_step"] for b in removed)
+    as_set_up, planned = modes[args.strategy], modes["plan"]
+    per_round = [
+        (a - b) * 1e3
+        for a, b in zip(as_set_up["round_medians_s"], planned["round_medians_s"], strict=False)
+    ]
+    measured = statistics.median(per_round)
+    summary = {
+        "spec": args.spec,
+        "sets": sets,
+        "strategy": args.strategy,
+        "backend": args.backend,
+        "rounds": args.rounds,
+        "load_average_after": os.getloadavg()[0],
+        "scan_s": round(scan_s, 1),
+        "price_s": round(price_s, 1),
+        "price_over_scan": round(price_s / scan_s, 2),
+        "break_prices_ms": {f"{b['cause']} {b['location']}": b["ms_per_step"] for b in removed},
+        "price_sum_ms": round(price_sum, 1),
+        "price_kinds_ms": {k["kind"]: [k["ms_per_step"], k["spread_ms"]] for k in price["kinds"]},
+        "run_step_diff_ms": round(measured, 1),
+        "run_step_diff_rounds_ms": [round(x, 1) for x in per_round],
+        "sum_over_run_diff": round(price_sum / measured, 2) if measured else None,
+        "priced_scan": json.loads(priced.read_text()),
+    }
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"price_{Path(args.spec).stem}.json"
+    out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    for key in (
+        "scan_s",
+        "price_s",
+        "price_over_scan",
+        "price_sum_ms",
+        "run_step_diff_ms",
+        "run_step_diff_rounds_ms",
+        "sum_over_run_diff",
+        "break_prices_ms",
+    ):
+        print(f"{key}: {summary[key]}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Price records: what each distinct graph break costs a training step (``run/price.py``).
+
+A price is measured, never estimated: per block kind, the training step as set up (with the
+kind's breaks) against the same step with the kind fixed (the plan's verified recipe for that
+kind, or the kind left eager where no fix exists); the difference is split over the kind's
+distinct breaks by the eager time each break's frame spent in a profiled step. Units are
+milliseconds per training step (forward + backward + optimizer, slowest rank).
+"""
+
+from __future__ import annotations
+
+from gbdoctor.records.base import record
+from gbdoctor.records.enums import Counterfactual, PriceSplit
+
+
+@record
+class KindPrice:
+    """The measured price of one block kind's breaks: step(as set up) - step(kind fixed)."""
+
+    kind: str
+    layers: int
+    counterfactual: Counterfactual
+    """What the kind was compared against: the plan's fix, or the kind left eager."""
+    recipe: str
+    """The counterfactual in words (``block fullgraph``, ``children fullgraph, eager moe.experts``)."""
+    ms_per_step: float | None
+    """Median over rounds of the per-round difference; None when a mode failed (``detail``)."""
+    spread_ms: tuple[float, float] | None = None
+    """(min, max) of the per-round differences."""
+    share: float | None = None
+    """``ms_per_step`` over the as-set-up step time."""
+    free: bool = False
+    """The spread contains 0: the kind's breaks cost nothing measurable here."""
+    detail: str = ""
+
+
+@record
+class BreakPrice:
+    """The price of one distinct break (a scan break of the kind, identified as in baselines)."""
+
+    kind: str
+    cause: str
+    gb_type: str
+    gb_id: str | None
+    location: str
+    """``file:line`` as the scan reports it (empty when the break has no location)."""
+    module: str
+    ms_per_step: float | None
+    spread_ms: tuple[float, float] | None = None
+    share: float | None = None
+    split: PriceSplit = PriceSplit.WHOLE_KIND
+    """How the kind's price was divided among its breaks."""
+    eager_ms: float | None = None
+    """Eager time of this break's frame in the profiled step (the split's weight), summed
+    over layers and ranks' maximum."""
+    free: bool = False
+
+
+@record
+class PriceReport:
+    """``ScanReport.price``: how the prices were measured, the kinds' prices and the breaks'."""
+
+    backend: str
+    device: str
+    device_name: str
+    world_size: int
+    rounds: int
+    warmup: int
+    steps: int
+    batch_size: int
+    seq_len: int
+    step_ms: float
+    """Median step time as set up (every round)."""
+    step_spread_ms: tuple[float, float]
+    kinds: tuple[KindPrice, ...]
+    breaks: tuple[BreakPrice, ...]
+    plan_ms: float | None = None
+    """Measured gain of every fix at once (step as set up - step with the whole plan): the
+    check on the kinds' prices, which should add up to about this."""
+    plan_spread_ms: tuple[float, float] | None = None
+    load: tuple[float, int] = (0.0, 1)
+    """(load average seen, cores): prices measured on a busy machine say so."""
+    notes: tuple[str, ...] = ()

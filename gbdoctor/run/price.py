@@ -1,0 +1,459 @@
+"""``price``: what each distinct graph break costs a training step, measured.
+
+Method (docs/price.md):
+
+1. Scan the spec (the breaks to price) and make or read the plan (the fix of each block kind).
+2. Train, in fresh rank processes like ``gbdoctor run``, the mode ``as set up`` (the scan's
+   strategy: the breaks as training meets them) and, per block kind with breaks, ``fix KIND``:
+   the same setup with only that kind changed to the plan's verified recipe, or left eager where
+   the plan has no verified fix. Where more than one kind is priced, also ``plan`` (every fix at
+   once): the kinds' prices should add up to its gain, and the report shows both. Every mode
+   runs ``rounds`` times in alternating order; modes share one compile cache, so a kind that a
+   mode does not change is compiled once for all of them.
+3. A kind's price is the median over rounds of step(as set up) - step(fix KIND), with the
+   min-max of the per-round differences; a spread that contains 0 is ``free``. The step already
+   holds every layer of the kind, so no multiplication by the layer count is needed.
+4. The kind's price is split over its distinct breaks by the eager time each break's frame
+   spent in one profiled step of ``as set up`` (``capture.profile``): Dynamo's break log names
+   the frame each break ended, the profiler's regions give the time run outside compiled graphs
+   in that frame. A kind with one distinct break gets the whole price.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gbdoctor.errors import GbdoctorError, SetupError, SpecError
+from gbdoctor.frameworks.interface import CaptureStyle
+from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.records import (
+    BlockKind,
+    Break,
+    BreakPrice,
+    CompileMode,
+    Counterfactual,
+    KindPrice,
+    Plan,
+    PriceReport,
+    PriceSplit,
+    ScanReport,
+    Spec,
+)
+from gbdoctor.run.driver import benchmark_shape, cpu_param_dtype
+from gbdoctor.run.measure import (
+    cpu_name,
+    known_bug_workaround,
+    load_average,
+    per_step_max,
+    strip_rank,
+    workaround_note,
+)
+from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
+from gbdoctor.scan.job import Progress
+from gbdoctor.setup.compile import BlockRecipe, Strategy
+from gbdoctor.spec import with_overrides
+from gbdoctor.summary import group_by_kind
+
+AS_SET_UP = "as set up"
+WHOLE_PLAN = "plan"
+DEFAULT_PRICE_ROUNDS = 2
+DEFAULT_PRICE_STEPS = 3
+DEFAULT_PRICE_WARMUP = 2
+
+
+@dataclass(frozen=True)
+class _Mode:
+    name: str
+    strategy: Strategy
+    kind: str | None = None
+    """The kind this mode fixes (None: as set up, or the whole plan)."""
+    counterfactual: Counterfactual | None = None
+    recipe: str = ""
+
+
+def price_scan(
+    spec: Spec,
+    report: ScanReport,
+    plan: Plan,
+    *,
+    backend: str = "inductor",
+    rounds: int = DEFAULT_PRICE_ROUNDS,
+    steps: int = DEFAULT_PRICE_STEPS,
+    warmup: int = DEFAULT_PRICE_WARMUP,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    progress: Progress | None = None,
+) -> ScanReport:
+    """``report`` (a scan of ``spec``) with ``price`` filled in: see the module doc."""
+    from gbdoctor.setup.dist import resolve_device
+
+    framework = framework_for(spec)
+    if framework.capture_style != CaptureStyle.PER_BLOCK:
+        raise SpecError(
+            f"price needs per-block capture; {framework.title} scans capture whole engine steps",
+            hint="price a per-block spec; `gbdoctor run` compares this framework's compile modes",
+        )
+    for name, value in (("--rounds", rounds), ("--steps", steps), ("--warmup", warmup)):
+        if value < 1:
+            raise SpecError(f"{name} must be at least 1 (got {value})")
+    device = resolve_device(spec.gbdoctor.device)
+    b, s, _ = benchmark_shape(spec, device, batch_size, seq_len)
+    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
+    run_spec, dtype_note = cpu_param_dtype(run_spec, device)
+    as_set_up, relaxed = _breaks_tolerated(framework.strategies[report.setup.strategy])
+    modes = _modes(report, plan, as_set_up)
+    notes = [dtype_note] if dtype_note else []
+    if relaxed:
+        notes.append(
+            f"strategy {report.setup.strategy} compiles with fullgraph=True, where a break is an "
+            "error: priced as set up with fullgraph=False, the breaks running as Dynamo splits them"
+        )
+    if len(modes) == 1:
+        notes.append("no block kind has a graph break: nothing to price")
+        return replace(
+            report, price=_empty(report, run_spec, device, backend, rounds, warmup, steps, notes)
+        )
+    framework.prepare_ranks(device)
+    runs, failures, workaround, loads = _train(
+        run_spec, modes, device, backend, warmup, steps, rounds, progress
+    )
+    if workaround:
+        notes.append(workaround)
+    if AS_SET_UP in failures:
+        raise SetupError(
+            f"the setup as scanned does not train: {failures[AS_SET_UP]}",
+            hint="price needs the as-set-up step time; fix the failure (`gbdoctor run` shows it too)",
+        )
+    base = [_median_step(r) for r in runs[AS_SET_UP]]
+    step_ms = statistics.median(base)
+    kinds, breaks = _kind_prices(report, modes, runs, failures, base, step_ms)
+    plan_ms, plan_spread = None, None
+    if WHOLE_PLAN in runs and WHOLE_PLAN not in failures:
+        plan_ms, plan_spread = _difference(base, [_median_step(r) for r in runs[WHOLE_PLAN]])
+    elif WHOLE_PLAN in failures:
+        notes.append(f"the whole plan did not train: {failures[WHOLE_PLAN]}")
+    return replace(
+        report,
+        price=PriceReport(
+            backend=backend,
+            device=device,
+            device_name=_device_name(device),
+            world_size=spec.parallelism.world_size,
+            rounds=rounds,
+            warmup=warmup,
+            steps=steps,
+            batch_size=b,
+            seq_len=s,
+            step_ms=round(step_ms, 3),
+            step_spread_ms=(round(min(base), 3), round(max(base), 3)),
+            kinds=kinds,
+            breaks=breaks,
+            plan_ms=plan_ms,
+            plan_spread_ms=plan_spread,
+            load=(round(max(loads, default=load_average()), 2), os.cpu_count() or 1),
+            notes=tuple(notes),
+        ),
+    )
+
+
+def _breaks_tolerated(strategy: Strategy) -> tuple[Strategy, bool]:
+    """``strategy`` with fullgraph off everywhere (a break must split the graph, not fail the
+    step), and whether anything changed."""
+
+    def relax(recipe: BlockRecipe) -> BlockRecipe:
+        return replace(recipe, fullgraph=False)
+
+    relaxed = replace(
+        strategy,
+        dense=relax(strategy.dense),
+        moe=relax(strategy.moe),
+        per_kind=tuple((label, relax(r)) for label, r in strategy.per_kind),
+    )
+    return relaxed, relaxed != strategy
+
+
+def _modes(report: ScanReport, plan: Plan, as_set_up: Strategy) -> list[_Mode]:
+    """``as set up``, one ``fix KIND`` per kind with breaks, and ``plan`` when there are two or
+    more such kinds."""
+    modes = [_Mode(AS_SET_UP, as_set_up)]
+    by_kind = {k.kind: k for k in plan.kinds}
+    fixed: list[tuple[str, BlockRecipe]] = []
+    for kind, blocks in group_by_kind(report).items():
+        if not any(b.breaks for b in blocks):
+            continue
+        label = BlockKind.parse(kind).label
+        kp = by_kind.get(kind)
+        if kp is not None and kp.verified and kp.breaks_after < kp.breaks_before:
+            recipe = BlockRecipe(
+                mode=kp.mode,
+                fullgraph=kp.fullgraph,
+                eager=kp.eager,
+                compiled_forward=kp.compiled_forward,
+                split_ac=kp.split_ac,
+            )
+            how, words = Counterfactual.PLAN_FIX, _recipe_words(recipe)
+        else:
+            recipe, how, words = BlockRecipe(mode=CompileMode.NONE), Counterfactual.EAGER, "eager"
+        fixed.append((label, recipe))
+        strategy = replace(
+            as_set_up,
+            name=f"fix {kind}",
+            per_kind=(*as_set_up.per_kind, (label, recipe)),
+            flags=_merged_flags(as_set_up.flags, plan.flags),
+        )
+        modes.append(_Mode(f"fix {kind}", strategy, kind, how, words))
+    if len(fixed) > 1:
+        whole = replace(
+            as_set_up,
+            name=WHOLE_PLAN,
+            per_kind=(*as_set_up.per_kind, *fixed),
+            flags=_merged_flags(as_set_up.flags, plan.flags),
+        )
+        modes.append(_Mode(WHOLE_PLAN, whole))
+    return modes
+
+
+def _merged_flags(
+    base: tuple[tuple[str, Any], ...], extra: tuple[tuple[str, Any], ...]
+) -> tuple[tuple[str, Any], ...]:
+    merged = dict(base) | dict(extra)
+    return tuple(sorted(merged.items()))
+
+
+def _recipe_words(recipe: BlockRecipe) -> str:
+    words = "block fullgraph" if recipe.mode == CompileMode.BLOCK else "children fullgraph"
+    if recipe.eager:
+        words += ", eager " + ", ".join(recipe.eager)
+    if recipe.split_ac:
+        words += ", AC per child"
+    return words
+
+
+def _train(
+    spec: Spec,
+    modes: list[_Mode],
+    device: str,
+    backend: str,
+    warmup: int,
+    steps: int,
+    rounds: int,
+    progress: Progress | None,
+) -> tuple[dict[str, list[list[RankRun]]], dict[str, str], str, list[float]]:
+    """Every mode ``rounds`` times in alternating order, one shared compile cache.
+    Returns (per mode the per-round rank runs, failures, the known-bug workaround note, the
+    load averages seen before each job)."""
+    from gbdoctor.setup.dist import run_ranks
+
+    world = spec.parallelism.world_size
+    cache = tempfile.mkdtemp(prefix="gbdoctor-price-")
+    runs: dict[str, list[list[RankRun]]] = {m.name: [] for m in modes}
+    failures: dict[str, str] = {}
+    workaround = ""
+    loads: list[float] = []
+    total, done = rounds * len(modes), 0
+    try:
+        for r in range(rounds):
+            for mode in modes if r % 2 == 0 else list(reversed(modes)):
+                if mode.name in failures:
+                    total -= 1
+                    continue
+                if progress:
+                    progress(f"round {r + 1}/{rounds}: {mode.name}", done, total)
+                loads.append(load_average())
+                while True:
+                    job = ModeJob(
+                        spec=spec,
+                        mode=mode.name,
+                        strategy=mode.strategy,
+                        device=device,
+                        backend=backend,
+                        warmup=warmup,
+                        steps=steps,
+                        cache_dir=cache,
+                        profile_breaks=mode.name == AS_SET_UP and r == 0,
+                    )
+                    try:
+                        runs[mode.name].append(
+                            run_ranks(
+                                run_mode_rank,
+                                job,
+                                world_size=world,
+                                device_type=device,
+                                timeout_s=spec.gbdoctor.timeout_s,
+                            )
+                        )
+                    except ModeFailure as exc:
+                        issue = known_bug_workaround(exc.message, mode.strategy)
+                        if issue is not None and not workaround:
+                            # As in `run`: what a user trains today is the workaround, so every
+                            # mode is priced under it (the breaks stay those of the scan).
+                            workaround = workaround_note(issue)
+                            spec = with_overrides(spec, issue.overrides)
+                            runs = {m.name: [] for m in modes}
+                            continue
+                        failures[mode.name] = strip_rank(exc.message, world)
+                    except SpecError:
+                        raise
+                    except GbdoctorError as exc:
+                        failures[mode.name] = strip_rank(exc.message, world)
+                    break
+                done += 1
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if progress:
+        progress("done", total, total)
+    return runs, failures, workaround, loads
+
+
+def _median_step(ranks: list[RankRun]) -> float:
+    """The round's median step time in ms (slowest rank per step)."""
+    return statistics.median(per_step_max(ranks, "step_times")) * 1e3
+
+
+def _difference(base: list[float], other: list[float]) -> tuple[float, tuple[float, float]]:
+    """Median and (min, max) over rounds of base - other, in ms (rounds paired in order)."""
+    diffs = [a - b for a, b in zip(base, other, strict=False)]
+    return round(statistics.median(diffs), 3), (round(min(diffs), 3), round(max(diffs), 3))
+
+
+def _kind_prices(
+    report: ScanReport,
+    modes: list[_Mode],
+    runs: dict[str, list[list[RankRun]]],
+    failures: dict[str, str],
+    base: list[float],
+    step_ms: float,
+) -> tuple[tuple[KindPrice, ...], tuple[BreakPrice, ...]]:
+    groups = group_by_kind(report)
+    frames, eager_us = _profile(runs[AS_SET_UP][0])
+    kinds: list[KindPrice] = []
+    breaks: list[BreakPrice] = []
+    for mode in modes:
+        if mode.kind is None or mode.counterfactual is None:
+            continue
+        blocks = groups[mode.kind]
+        if mode.name in failures:
+            price = KindPrice(
+                kind=mode.kind,
+                layers=len(blocks),
+                counterfactual=mode.counterfactual,
+                recipe=mode.recipe,
+                ms_per_step=None,
+                detail=f"the counterfactual did not train: {failures[mode.name]}",
+            )
+        else:
+            ms, spread = _difference(base, [_median_step(r) for r in runs[mode.name]])
+            price = KindPrice(
+                kind=mode.kind,
+                layers=len(blocks),
+                counterfactual=mode.counterfactual,
+                recipe=mode.recipe,
+                ms_per_step=ms,
+                spread_ms=spread,
+                share=round(ms / step_ms, 4),
+                free=spread[0] <= 0 <= spread[1],
+            )
+        kinds.append(price)
+        representative = next(b for b in blocks if b.same_as is None and b.breaks)
+        breaks.extend(_split(price, representative.breaks, frames, eager_us, step_ms))
+    return tuple(kinds), tuple(breaks)
+
+
+def _profile(ranks: list[RankRun]) -> tuple[dict[int, Any], dict[int, float]]:
+    """Rank 0's break frames and, per frame, the slowest rank's eager microseconds."""
+    eager: dict[int, float] = {}
+    for rank in ranks:
+        for frame, us in rank.eager_us_by_frame.items():
+            eager[frame] = max(eager.get(frame, 0.0), us)
+    return ranks[0].break_frames, eager
+
+
+def _split(
+    kind: KindPrice,
+    distinct: tuple[Break, ...],
+    frames: dict[int, Any],
+    eager_us: dict[int, float],
+    step_ms: float,
+) -> list[BreakPrice]:
+    """The kind's price over its distinct breaks (the module doc's step 4)."""
+    from gbdoctor.capture.profile import BreakFrames
+
+    finder = BreakFrames(frames=frames)
+    weights = [
+        sum(eager_us.get(f, 0.0) for f in finder.frames_at(b.location)) / 1e3
+        if b.location is not None
+        else 0.0
+        for b in distinct
+    ]
+    if len(distinct) == 1:
+        split, shares = PriceSplit.WHOLE_KIND, [1.0]
+    elif sum(weights) > 0:
+        split, shares = PriceSplit.EAGER_TIME, [w / sum(weights) for w in weights]
+    else:
+        split, shares = PriceSplit.EVEN, [1.0 / len(distinct)] * len(distinct)
+    out = []
+    for brk, weight, share in zip(distinct, weights, shares, strict=True):
+        ms = None if kind.ms_per_step is None else round(kind.ms_per_step * share, 3)
+        spread = (
+            None
+            if kind.spread_ms is None
+            else (round(kind.spread_ms[0] * share, 3), round(kind.spread_ms[1] * share, 3))
+        )
+        out.append(
+            BreakPrice(
+                kind=kind.kind,
+                cause=brk.cause,
+                gb_type=brk.gb_type,
+                gb_id=brk.gb_id,
+                location=str(brk.location) if brk.location else "",
+                module=brk.module,
+                ms_per_step=ms,
+                spread_ms=spread,
+                share=None if ms is None else round(ms / step_ms, 4),
+                split=split,
+                eager_ms=round(weight, 3) if brk.location is not None else None,
+                free=kind.free,
+            )
+        )
+    return out
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    return cpu_name()
+
+
+def _empty(
+    report: ScanReport,
+    spec: Spec,
+    device: str,
+    backend: str,
+    rounds: int,
+    warmup: int,
+    steps: int,
+    notes: list[str],
+) -> PriceReport:
+    return PriceReport(
+        backend=backend,
+        device=device,
+        device_name=_device_name(device),
+        world_size=spec.parallelism.world_size,
+        rounds=rounds,
+        warmup=warmup,
+        steps=steps,
+        batch_size=spec.gbdoctor.batch_size,
+        seq_len=spec.gbdoctor.seq_len,
+        step_ms=0.0,
+        step_spread_ms=(0.0, 0.0),
+        kinds=(),
+        breaks=(),
+        notes=tuple(notes),
+    )

@@ -1,0 +1,212 @@
+"""``gbdoctor price``: what each distinct break costs a step.
+
+The attribution pieces run on real Dynamo and the real profiler in-process (a module with one
+costly and one cheap break, where which is which is known by construction); the command runs
+end to end on a tiny custom model with aot_eager. Timings are never asserted (a loaded machine
+moves them); the structure, the attribution and the arithmetic are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from repo_paths import FIXTURES
+
+from gbdoctor.capture.profile import eager_us_of, watch_break_frames
+from gbdoctor.records import (
+    BreakPrice,
+    Counterfactual,
+    KindPrice,
+    Location,
+    PriceReport,
+    PriceSplit,
+)
+from gbdoctor.report.json import load_scan_json
+from gbdoctor.report.price_rows import break_rows, price_check
+
+MODEL = FIXTURES / "models" / "priced.py"
+
+
+def _source_line(text: str) -> int:
+    lines = MODEL.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.strip().startswith(text))
+
+
+def test_each_break_names_its_frame_and_the_eager_time_follows_the_work():
+    """Dynamo's break log gives each break its frame; the profiler's regions give each frame
+    the time run outside compiled graphs: the break that runs 24 eager matmuls gets far more
+    than the one that runs nothing."""
+    import importlib.util
+
+    torch._dynamo.reset()
+    spec = importlib.util.spec_from_file_location("priced_fixture", MODEL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.build()
+    for layer in model.layers.values():
+        layer.compile(backend="aot_eager")
+    tokens = torch.randint(0, module.VOCAB, (4, 32))
+
+    def step():
+        model(tokens).sum().backward()
+
+    with watch_break_frames() as frames:
+        step()
+        step()
+    costly = frames.frames_at(
+        Location(file="models/priced.py", line=_source_line("return eager_mix("))
+    )
+    cheap = frames.frames_at(
+        Location(file="models/priced.py", line=_source_line("torch._dynamo.graph_break()"))
+    )
+    assert len(costly) == 1 and len(cheap) == 1 and costly != cheap
+    eager = eager_us_of(step, "cpu", set(frames.frames))
+    assert eager[costly[0]] > 5 * eager.get(cheap[0], 0.0)
+    torch._dynamo.reset()
+
+
+@pytest.fixture(scope="module")
+def priced(tmp_path_factory):
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli import app
+
+    tmp = tmp_path_factory.mktemp("price")
+    spec = tmp / "priced.toml"
+    spec.write_text(
+        f'[model]\nname = "custom"\nflavor = "two-breaks"\nfactory = "{MODEL}:build"\n'
+        "[training]\nlocal_batch_size = 2\nseq_len = 32\n"
+        "[gbdoctor]\nbatch_size = 2\nseq_len = 32\n"
+    )
+    out = tmp / "price.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "price",
+            str(spec),
+            "--backend",
+            "aot_eager",
+            "--rounds",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "-f",
+            "json",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    return load_scan_json(out), json.loads(out.read_text())
+
+
+def test_every_distinct_break_has_a_price_with_a_spread(priced):
+    report, data = priced
+    assert data["schema_version"] == 4 and report.price is not None
+    price = report.price
+    distinct = {
+        (block.kind, brk.cause, str(brk.location) if brk.location else "")
+        for block in report.blocks
+        if block.same_as is None
+        for brk in block.breaks
+    }
+    priced_breaks = {(p.kind, p.cause, p.location) for p in price.breaks}
+    assert priced_breaks == distinct
+    for p in price.breaks:
+        assert p.ms_per_step is not None and p.spread_ms is not None
+        assert p.spread_ms[0] <= p.ms_per_step <= p.spread_ms[1] or math.isclose(
+            p.spread_ms[0], p.spread_ms[1], abs_tol=1e-3
+        )
+    assert price.backend == "aot_eager" and price.rounds == 2 and price.world_size == 1
+    assert price.step_spread_ms[0] <= price.step_ms <= price.step_spread_ms[1]
+
+
+def test_a_kinds_price_is_split_over_its_breaks_by_their_eager_time(priced):
+    report, _ = priced
+    price = report.price
+    assert price is not None
+    for kind in price.kinds:
+        assert kind.counterfactual in (Counterfactual.PLAN_FIX, Counterfactual.EAGER)
+        assert kind.layers == sum(1 for b in report.blocks if b.kind == kind.kind)
+        parts = [p for p in price.breaks if p.kind == kind.kind]
+        assert kind.ms_per_step is not None
+        assert math.isclose(sum(p.ms_per_step for p in parts), kind.ms_per_step, abs_tol=0.01)
+        if len(parts) > 1:
+            assert {p.split for p in parts} == {PriceSplit.EAGER_TIME}
+            by_cause = {p.cause: p for p in parts}
+            # The break that runs 24 matmuls eagerly weighs more than the one that runs nothing.
+            assert by_cause["compiler-disabled"].eager_ms > by_cause["explicit"].eager_ms
+        else:
+            assert parts[0].split == PriceSplit.WHOLE_KIND
+
+
+def test_the_table_and_markdown_show_the_prices(priced):
+    from gbdoctor.report import render
+
+    report, _ = priced
+    table = render(report, "table")
+    assert "Price per distinct break" in table and "Price per block kind" in table
+    assert "backend aot_eager" in table
+    markdown = render(report, "markdown")
+    assert "### Price per distinct break" in markdown
+
+
+def test_rows_rank_the_most_expensive_break_first_and_the_check_adds_up():
+    def brk(ms, cause):
+        return BreakPrice(
+            kind="moe",
+            cause=cause,
+            gb_type="t",
+            gb_id=None,
+            location="m.py:1",
+            module="m",
+            ms_per_step=ms,
+            spread_ms=(ms, ms),
+            share=ms / 100,
+            split=PriceSplit.EAGER_TIME,
+        )
+
+    price = PriceReport(
+        backend="inductor",
+        device="cpu",
+        device_name="cpu",
+        world_size=1,
+        rounds=2,
+        warmup=1,
+        steps=1,
+        batch_size=1,
+        seq_len=1,
+        step_ms=100.0,
+        step_spread_ms=(90.0, 110.0),
+        kinds=(
+            KindPrice(
+                kind="moe",
+                layers=2,
+                counterfactual=Counterfactual.PLAN_FIX,
+                recipe="r",
+                ms_per_step=30.0,
+                spread_ms=(20.0, 40.0),
+                share=0.3,
+            ),
+            KindPrice(
+                kind="dense",
+                layers=2,
+                counterfactual=Counterfactual.EAGER,
+                recipe="eager",
+                ms_per_step=-5.0,
+                spread_ms=(-9.0, 1.0),
+                share=-0.05,
+                free=True,
+            ),
+        ),
+        breaks=(brk(1.0, "a"), brk(None, "b"), brk(29.0, "c")),
+        plan_ms=24.0,
+        plan_spread_ms=(20.0, 28.0),
+    )
+    assert [row[1] for row in break_rows(price)] == ["c", "a", "b"]
+    assert "add up to 25.0 ms/step" in price_check(price) and "gained 24.0" in price_check(price)
