@@ -25,7 +25,7 @@ from gbdoctor.records import (
     PriceSplit,
 )
 from gbdoctor.report.json import load_scan_json
-from gbdoctor.report.price_rows import break_rows, price_check
+from gbdoctor.report.price_rows import break_rows, cause_totals, price_check
 
 MODEL = FIXTURES / "models" / "priced.py"
 
@@ -166,8 +166,8 @@ def test_rows_rank_the_most_expensive_break_first_and_the_check_adds_up():
             location="m.py:1",
             module="m",
             ms_per_step=ms,
-            spread_ms=(ms, ms),
-            share=ms / 100,
+            spread_ms=None if ms is None else (ms, ms),
+            share=None if ms is None else ms / 100,
             split=PriceSplit.EAGER_TIME,
         )
 
@@ -210,3 +210,64 @@ def test_rows_rank_the_most_expensive_break_first_and_the_check_adds_up():
     )
     assert [row[1] for row in break_rows(price)] == ["c", "a", "b"]
     assert "add up to 25.0 ms/step" in price_check(price) and "gained 24.0" in price_check(price)
+    assert cause_totals(price) == "Price by cause: c 29.0 ms/step, a 1.0 ms/step."
+
+
+def test_diff_fails_on_a_price_rise_beyond_threshold_and_spreads_only():
+    from dataclasses import replace
+
+    from gbdoctor.gate.prices import price_findings
+    from gbdoctor.records import ScanReport, SetupInfo, Severity
+
+    def scan(ms, spread, device="cpu"):
+        kind = KindPrice(
+            kind="moe",
+            layers=3,
+            counterfactual=Counterfactual.PLAN_FIX,
+            recipe="r",
+            ms_per_step=ms,
+            spread_ms=spread,
+        )
+        price = PriceReport(
+            backend="inductor",
+            device=device,
+            device_name="d",
+            world_size=2,
+            rounds=2,
+            warmup=1,
+            steps=1,
+            batch_size=1,
+            seq_len=1,
+            step_ms=100.0,
+            step_spread_ms=(90.0, 110.0),
+            kinds=(kind,),
+            breaks=(),
+        )
+        setup = SetupInfo(
+            strategy="block",
+            device=device,
+            world_size=2,
+            ep_degree=1,
+            dp_shard=2,
+            ac_mode="none",
+            ac_option="",
+            fsdp=True,
+        )
+        return ScanReport(
+            spec="s.toml", model="m", torch_version="2.13.0", setup=setup, blocks=(), price=price
+        )
+
+    def severity(old, new):
+        (finding,) = price_findings(old, new, "s.toml", 20.0)
+        return finding.severity, finding.what
+
+    base = scan(10.0, (9.0, 11.0))
+    assert severity(base, scan(30.0, (28.0, 32.0)))[0] == Severity.REGRESSION
+    # Above the threshold but the spreads overlap: noise, not a regression.
+    sev, what = severity(base, scan(12.5, (10.5, 14.0)))
+    assert sev == Severity.INFO and "within the spread" in what
+    assert severity(scan(30.0, (28.0, 32.0)), base)[0] == Severity.IMPROVEMENT
+    sev, what = severity(base, scan(30.0, (28.0, 32.0), device="cuda"))
+    assert sev == Severity.WARNING and "cpu and on cuda" in what
+    sev, what = severity(base, replace(base, price=None))
+    assert sev == Severity.WARNING and "only one" in what

@@ -15,6 +15,15 @@ def diff(
     old: Annotated[Path, typer.Argument(help="Earlier `scan --format json` output")],
     new: Annotated[Path, typer.Argument(help="Later `scan --format json` output")],
     strict_improvements: StrictImprovementsOpt = False,
+    max_price_rise: Annotated[
+        float | None,
+        typer.Option(
+            "--max-price-rise",
+            help="Also fail when the total price (`gbdoctor price` outputs, same device class) "
+            "rises by more than PCT percent beyond both spreads",
+            metavar="PCT",
+        ),
+    ] = None,
     format: DiffFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
@@ -24,8 +33,13 @@ def diff(
     from gbdoctor.report.json import load_scan_json
 
     preflight(format, "diff", output, inputs=(old, new))
+    if max_price_rise is not None and max_price_rise < 0:
+        raise typer.BadParameter(f"--max-price-rise must be >= 0 (got {max_price_rise})")
     result = diff_reports(
-        load_scan_json(old), load_scan_json(new), strict_improvements=strict_improvements
+        load_scan_json(old),
+        load_scan_json(new),
+        strict_improvements=strict_improvements,
+        max_price_rise=max_price_rise,
     )
     emit(render_gate(result, format), output)
     raise typer.Exit(result.exit_code)

@@ -22,6 +22,7 @@ from typing import Any
 from gbdoctor.causes.renames import GbRename, renamed
 from gbdoctor.errors import BaselineError
 from gbdoctor.gate.counts import break_key, kind_counts, spec_key
+from gbdoctor.gate.prices import price_findings
 from gbdoctor.records import (
     SEVERITIES,
     Baseline,
@@ -488,11 +489,18 @@ def check_gate(
 
 
 def diff_reports(
-    old: ScanReport, new: ScanReport, *, strict_improvements: bool = False, recompiles: bool = False
+    old: ScanReport,
+    new: ScanReport,
+    *,
+    strict_improvements: bool = False,
+    recompiles: bool = False,
+    max_price_rise: float | None = None,
 ) -> GateResult:
     """The gate's rules with the old scan as the baseline (``gbdoctor diff OLD.json NEW.json``).
 
     Improvements carry the locations of the breaks that went away (from the old scan).
+    ``max_price_rise``: also compare the scans' total prices (``gate.prices``), failing on a
+    rise of more than that many percent beyond both spreads.
     """
     key = spec_key(new.spec)
     if recompiles:
@@ -517,6 +525,8 @@ def diff_reports(
         old_torch=old.torch_version,
         new_torch=new.torch_version,
     )
+    if max_price_rise is not None:
+        findings += price_findings(old, new, key, max_price_rise)
     return GateResult(
         findings=tuple(sorted(findings, key=_order)),
         strict_improvements=strict_improvements,

@@ -10,6 +10,7 @@ from gbdoctor.report.price_rows import (
     KIND_HEADERS,
     PRICE_HEADERS,
     break_rows,
+    cause_totals,
     kind_rows,
     price_check,
     price_headline,
@@ -140,7 +141,9 @@ def render_markdown(report: ScanReport) -> str:
         lines += md_table(PRICE_HEADERS, break_rows(report.price))
         lines.append("")
         check = price_check(report.price)
+        by_cause = cause_totals(report.price)
         lines += [
+            *([by_cause] if by_cause else []),
             price_headline(report.price),
             *([check] if check else []),
             *report.price.notes,

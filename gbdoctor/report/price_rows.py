@@ -74,6 +74,18 @@ def price_headline(price: PriceReport) -> str:
     )
 
 
+def cause_totals(price: PriceReport) -> str:
+    """The price per cause (every priced break of that cause, all kinds), largest first."""
+    totals: dict[str, float] = {}
+    for b in price.breaks:
+        if b.ms_per_step is not None:
+            totals[b.cause] = totals.get(b.cause, 0.0) + b.ms_per_step
+    if not totals:
+        return ""
+    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
+    return "Price by cause: " + ", ".join(f"{cause} {ms:.1f} ms/step" for cause, ms in ranked) + "."
+
+
 def price_check(price: PriceReport) -> str:
     """The kinds' prices against the whole plan's measured gain, when both exist."""
     if price.plan_ms is None:

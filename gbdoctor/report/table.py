@@ -18,6 +18,7 @@ from gbdoctor.report.price_rows import (
     KIND_HEADERS,
     PRICE_HEADERS,
     break_rows,
+    cause_totals,
     kind_rows,
     price_check,
     price_headline,
@@ -183,7 +184,7 @@ def _render_price(price: PriceReport, console: Console) -> None:
         for row in rows:
             table.add_row(*(Text(cell) for cell in row))
         console.print(table)
-    for line in (price_headline(price), price_check(price), *price.notes):
+    for line in (cause_totals(price), price_headline(price), price_check(price), *price.notes):
         if line:
             console.print(Text(line))
 

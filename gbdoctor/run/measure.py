@@ -16,7 +16,8 @@ def known_bug_workaround(error: str, strategy: Any) -> KnownIssue | None:
     the mode can run under. A plan is made for the spec's own block kinds (their AC labels), so
     only strategies that do not depend on the kinds are retried."""
     issue = known_issue(error)
-    if issue is None or not issue.overrides or getattr(strategy, "per_kind", ()):
+    per_kind: tuple[Any, ...] = getattr(strategy, "per_kind", ())
+    if issue is None or not issue.overrides or per_kind:
         return None
     return issue
 

@@ -201,7 +201,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 eager_us = eager_us_of(
                     lambda: recipe.timed_train_step(setup, tokens, labels, sync=sync),
                     job.device,
-                    set(break_frames.frames),
+                    set(break_frames.frames) if break_frames is not None else set(),
                 )
             except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
                 raise ModeFailure(
