@@ -107,7 +107,7 @@ def priced(tmp_path_factory):
 
 def test_every_distinct_break_has_a_price_with_a_spread(priced):
     report, data = priced
-    assert data["schema_version"] == 4 and report.price is not None
+    assert data["schema_version"] == 5 and report.price is not None
     price = report.price
     distinct = {
         (block.kind, brk.cause, str(brk.location) if brk.location else "")
