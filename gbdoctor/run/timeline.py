@@ -343,7 +343,7 @@ def _job(
     dynamo_config: tuple[tuple[str, str], ...],
 ) -> TimelineJob:
     from gbdoctor.frameworks.registry import framework_for
-    from gbdoctor.run.driver import DEFAULT_BACKEND, _check_backend, cpu_param_dtype
+    from gbdoctor.run.driver import DEFAULT_BACKEND, check_backend, cpu_param_dtype
     from gbdoctor.scan.estimate import require_real
     from gbdoctor.setup.dist import resolve_device
 
@@ -360,7 +360,7 @@ def _job(
     if plan_path and mode != "plan":
         raise SpecError("--plan FILE is for --mode plan", hint="add --mode plan or drop --plan")
     backend = backend or (spec.compile.backend if spec.compile.backend_set else DEFAULT_BACKEND)
-    _check_backend(backend)
+    check_backend(backend)
     device = resolve_device(spec.gbdoctor.device)
     framework = framework_for(spec)
     table = framework.strategies
