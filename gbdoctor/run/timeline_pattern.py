@@ -127,15 +127,17 @@ def time_period(times: list[float], max_lag: int | None = None) -> tuple[int, fl
 
 
 def autocorrelation(times: list[float], lag: int) -> float | None:
+    """The autocorrelation at ``lag`` in [-1, 1]; None with fewer than two periods of values."""
     n = len(times)
-    if n <= lag + 1:
+    if n < 2 * lag:
         return None
     mean = statistics.fmean(times)
     dev = [t - mean for t in times]
     var = sum(d * d for d in dev)
     if var <= 0:
         return None
-    return sum(dev[i] * dev[i + lag] for i in range(n - lag)) / var * n / (n - lag)
+    ac = sum(dev[i] * dev[i + lag] for i in range(n - lag)) / var * n / (n - lag)
+    return max(-1.0, min(1.0, ac))
 
 
 # --------------------------------------------------------------------------- steps

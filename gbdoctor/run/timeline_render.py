@@ -66,6 +66,7 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
         ),
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     table = Table(show_edge=False)
     for col in ("step", "ms", "fwd", "bwd", "opt", "coll", "compile", "graphs", "cache", ""):
@@ -95,7 +96,12 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
             "; ".join(events)[:200],
         )
     console.print(table)
-    console.print(strip(report) + f"   ({STRIP_LEGEND}; w: warm-up)", markup=False, highlight=False)
+    console.print(
+        strip(report) + f"   ({STRIP_LEGEND}; w: warm-up)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     for p in report.periods:
         extra = []
         if p.amplitude_s is not None:
@@ -107,22 +113,31 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
             + (f": {', '.join(extra)}" if extra else ""),
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
     for f in report.findings:
         tag = "PROBLEM" if f.problem else "by design"
-        console.print(f"[{tag}] {f.cause}: {f.summary or f.plain}", markup=False, highlight=False)
+        console.print(
+            f"[{tag}] {f.cause}: {f.summary or f.plain}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         if f.plain and f.summary:
-            console.print(f"    {f.plain}", markup=False, highlight=False)
+            console.print(f"    {f.plain}", markup=False, highlight=False, soft_wrap=True)
         if f.fix is not None and (f.fix.config or f.fix.code):
             how = ", ".join(f"torch._dynamo.config.{k} = {v}" for k, v in f.fix.config)
             console.print(
                 f"    fix: {how or f.fix.code}" + (f" ({f.fix.why})" if f.fix.why else ""),
                 markup=False,
                 highlight=False,
+                soft_wrap=True,
             )
             if f.fix.config and f.fix.code:
-                console.print(f"    or in code: {f.fix.code}", markup=False, highlight=False)
-    console.print(f"verdict: {report.verdict}", markup=False, highlight=False)
+                console.print(
+                    f"    or in code: {f.fix.code}", markup=False, highlight=False, soft_wrap=True
+                )
+    console.print(f"verdict: {report.verdict}", markup=False, highlight=False, soft_wrap=True)
     v = report.verification
     if v is not None:
         console.print(
@@ -135,11 +150,12 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
             + ("pattern gone" if v.gone else "pattern NOT gone"),
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
         marks = "".join(step_mark(s) for s in v.after_steps)
-        console.print(f"after the fixes: {marks}", markup=False, highlight=False)
+        console.print(f"after the fixes: {marks}", markup=False, highlight=False, soft_wrap=True)
     for note in report.notes:
-        console.print(f"note: {note}", markup=False, highlight=False)
+        console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
     return out.getvalue()
 
 
