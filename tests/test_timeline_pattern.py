@@ -5,6 +5,7 @@ The trained fixtures are in ``tests/test_timeline.py``."""
 from __future__ import annotations
 
 import pytest
+from repo_paths import FIXTURES
 
 from gbdoctor.records.enums import GuardKind
 from gbdoctor.records.io import dumps, from_dict
@@ -155,3 +156,25 @@ def test_render_and_json_round_trip() -> None:
     import json
 
     assert dumps(from_dict(TimelineReport, json.loads(text))) == text
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--seq-lens", "a,b"], "--seq-lens 'a,b' is not a comma-separated list"),
+        (["--mode", "fast"], "unknown timeline mode 'fast'"),
+        (["--dynamo-config", "recompile_limit"], "is not NAME=VALUE"),
+        (["--steps", "1"], "--steps must be at least 2"),
+        (["--mode", "plan"], "mode 'plan' needs --plan FILE"),
+        (["--format", "csv"], "unknown --format 'csv'"),
+    ],
+)
+def test_bad_timeline_options_exit_2_with_one_line(args: list[str], needle: str) -> None:
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli.root import app
+
+    spec = str(FIXTURES / "timeline" / "task_cycle.toml")
+    result = CliRunner().invoke(app, ["timeline", spec, *args])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
