@@ -10,6 +10,8 @@ apply) it prints the boundary steps' phase split against the other steps.
     python benchmarks/timeline.py                                  # fixtures (2)-(4), inductor
     python benchmarks/timeline.py --specs fixtures/timeline/zero3_accumulation.toml --steps 24
     python benchmarks/timeline.py --backend aot_eager              # quicker, no C++ compiles
+    python benchmarks/timeline.py --specs fixtures/timeline/alternating_seq.toml \
+        --seq-lens 32,32,48 --steps 12 --set gbdoctor.timeout_s=3000   # a loaded machine
 
 Not a test: the numbers depend on the machine and its load (the load average before and after is
 printed). Fixture (3) needs ``--seq-lens 32,32,48``, which the default set passes.
@@ -61,6 +63,9 @@ def main() -> int:
     parser.add_argument("--seq-lens", default="", help="for --specs: e.g. 32,32,48")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--set", action="append", default=[], help="spec override, e.g. gbdoctor.timeout_s=3000"
+    )
     args = parser.parse_args()
     os.environ.setdefault("DS_BUILD_OPS", "0")
 
@@ -74,7 +79,7 @@ def main() -> int:
         todo = [(spec, tuple(lens)) for spec, lens in DEFAULTS]
     print(f"load average before: {os.getloadavg()}")
     for spec_path, lens in todo:
-        spec = load_spec(ROOT / spec_path)
+        spec = load_spec(ROOT / spec_path, args.set)
         start = time.perf_counter()
         report = run_timeline(spec, backend=args.backend, steps=args.steps, seq_lens=lens, fix=True)
         wall = time.perf_counter() - start
