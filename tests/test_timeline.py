@@ -20,6 +20,7 @@ from gbdoctor.run.timeline_render import render_table, step_mark
 from gbdoctor.spec import load_spec
 
 TIMELINE = FIXTURES / "timeline"
+pytestmark = pytest.mark.slow  # each test trains its fixture in spawned ranks, twice
 
 
 def _timeline(name: str, fix: bool = True, **kwargs) -> TimelineReport:
