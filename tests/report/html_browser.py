@@ -120,6 +120,18 @@ class Browser:
         """The console messages (and uncaught errors) since the last call."""
         return list(self._session("POST", "/se/log", {"type": "browser"}))
 
+    def media(self, media: str) -> None:
+        """Lay the page out for ``print`` (or ``screen``), through chromedriver's DevTools call."""
+        self._session(
+            "POST",
+            "/goog/cdp/execute",
+            {"cmd": "Emulation.setEmulatedMedia", "params": {"media": media}},
+        )
+
+    def print_pdf(self) -> bytes:
+        """The page printed (WebDriver's Print Page: A4-ish defaults, backgrounds off)."""
+        return base64.b64decode(self._session("POST", "/print", {"background": True}))
+
     def resize(self, width: int, height: int) -> None:
         self._session("POST", "/window/rect", {"width": width, "height": height})
 

@@ -102,6 +102,26 @@ def test_plan_run_and_gate_in_one_page(browser: Browser, tmp_path: Path) -> None
     assert articles == ["doc doc-scan", "doc doc-plan", "doc doc-run", "doc doc-gate"]
 
 
+def test_printed_page_shows_every_kind_and_no_navigation(browser: Browser, tmp_path: Path) -> None:
+    path = GOLDEN / "scan" / "deepseek_v3_debug_ep2.json"
+    kinds = {b["kind"] for b in json.loads(path.read_text())["blocks"]}
+    _open(browser, render_html([load_document(path)], source_roots=[REPO]), tmp_path / "p.html")
+    visible_cards = (
+        "return [...document.querySelectorAll('.kind-card')]"
+        ".filter(c => c.offsetParent !== null).map(c => c.dataset.kind)"
+    )
+    assert browser.run(visible_cards) == []  # on screen: none until a layer is clicked
+    browser.media("print")
+    try:
+        assert set(browser.run(visible_cards)) == kinds
+        assert browser.run("return document.querySelector('header nav').offsetParent") is None
+        pdf = browser.print_pdf()
+    finally:
+        browser.media("screen")
+    assert pdf.startswith(b"%PDF") and pdf.count(b"/Type /Page") >= 1
+    _no_console_messages(browser)
+
+
 def _png_size(path: Path) -> tuple[int, int]:
     head = path.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"

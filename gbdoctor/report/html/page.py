@@ -133,6 +133,7 @@ class Chart:
     x_label: str = ""
     y_label: str = ""
     unit: str = ""
+    begin_at_zero: bool = True
 
     def spec(self) -> dict[str, object]:
         return {
@@ -151,6 +152,7 @@ class Chart:
             "xLabel": self.x_label,
             "yLabel": self.y_label,
             "unit": self.unit,
+            "beginAtZero": self.begin_at_zero,
         }
 
 

@@ -51,7 +51,7 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
         ]
     )
     kinds = [k.kind for k in plan.kinds]
-    chart = page.chart(
+    charts = [
         Chart(
             "bar",
             "Graph breaks per block, before and after the plan",
@@ -62,8 +62,20 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
             ),
             caption="(the verification scan's counts)",
             y_label="breaks per block",
-        )
-    )
+        ),
+        Chart(
+            "bar",
+            "Share of the block's ops in clean fullgraph regions",
+            kinds,
+            (
+                Series("before", [k.fullgraph_share_before for k in plan.kinds], _BEFORE),
+                Series("after", [k.fullgraph_share_after for k in plan.kinds], _AFTER),
+            ),
+            caption="(1 = the whole block is one fullgraph region)",
+            y_label="share of ops",
+        ),
+    ]
+    chart = tag("div", "".join(page.chart(c) for c in charts), class_="charts")
     rows = [
         (
             h(k.kind),
@@ -287,6 +299,7 @@ def run_article(page: Page, report: RunReport, doc: str) -> str:
                 caption=f"(warm-up steps first; first-step tolerance vs eager {report.loss_rtol})",
                 x_label="step",
                 y_label="loss",
+                begin_at_zero=False,
             )
         )
     figures = tag("div", "".join(page.chart(c) for c in charts), class_="charts")
