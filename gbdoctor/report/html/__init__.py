@@ -14,6 +14,7 @@ from pathlib import Path
 from gbdoctor.records import GateResult, Plan, RunReport, ScanReport
 from gbdoctor.records.io import dumps, to_jsonable
 from gbdoctor.report.html.documents import Document, document_kind, load_document
+from gbdoctor.report.html.extras import timeline_article
 from gbdoctor.report.html.gate import gate_article
 from gbdoctor.report.html.page import Page, h, tag
 from gbdoctor.report.html.plan_run import plan_article, run_article
@@ -32,14 +33,15 @@ __all__ = [
     "scan_document",
 ]
 
-_TITLES = {"scan": "Scan", "plan": "Plan", "run": "Run", "gate": "Gate"}
+_TITLES = {"scan": "Scan", "plan": "Plan", "run": "Run", "gate": "Gate", "timeline": "Timeline"}
 
 
 def _subject(doc: Document) -> str:
     record = doc.record
     if isinstance(record, GateResult):
         return ", ".join(record.specs) or doc.name
-    return f"{record.spec} ({record.model})"
+    model = getattr(record, "model", None)
+    return f"{record.spec} ({model})" if model else str(record.spec)
 
 
 def render_html(documents: Sequence[Document], source_roots: Sequence[Path] = ()) -> str:
@@ -57,8 +59,10 @@ def render_html(documents: Sequence[Document], source_roots: Sequence[Path] = ()
             body = plan_article(page, record, ident, doc.emitted)
         elif isinstance(record, RunReport):
             body = run_article(page, record, ident)
-        else:
+        elif isinstance(record, GateResult):
             body = gate_article(record, ident)
+        else:
+            body = timeline_article(page, record, ident)
         title = f"{_TITLES[doc.kind]}: {_subject(doc)}"
         twin_name = Path(doc.name).name if doc.name.endswith(".json") else f"{doc.kind}.json"
         twin = tag("p", page.twin(doc.json_text, twin_name), class_="no-print")

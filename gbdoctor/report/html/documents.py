@@ -24,7 +24,7 @@ from gbdoctor.report.json import load_scan_json
 __all__ = ["Document", "DocumentKind", "load_document", "document_kind"]
 
 DocumentKind = str
-"""``scan``, ``plan``, ``run`` or ``gate``."""
+"""``scan``, ``plan``, ``run``, ``gate`` or ``timeline``."""
 
 _GATE_DERIVED = ("passed", "exit_code", "counts")
 """Keys ``gate --format json`` adds from the result's own properties."""
@@ -36,7 +36,8 @@ class Document:
     """One result to show: its record, where it came from, its JSON text (the page's twin)."""
 
     kind: DocumentKind
-    record: ScanReport | Plan | RunReport | GateResult
+    record: ScanReport | Plan | RunReport | GateResult | Any
+    """``Any``: a timeline (``gbdoctor.records.timeline``, read where this gbdoctor has it)."""
     name: str
     """The file's name as given (or the command that made it)."""
     json_text: str
@@ -54,6 +55,8 @@ def document_kind(data: dict[str, Any]) -> DocumentKind | None:
         return "run"
     if "findings" in data and "strict_improvements" in data:
         return "gate"
+    if "steps" in data and "periods" in data and "frames" in data:
+        return "timeline"
     return None
 
 
@@ -64,7 +67,7 @@ def load_document(path: str | Path) -> Document:
     text = read_text(path, "result", hint=_HINT)
     data = parse_json_object(text, name, hint=_HINT)
     kind = document_kind(data)
-    record: ScanReport | Plan | RunReport | GateResult
+    record: Any
     if kind == "scan":
         record = load_scan_json(path)
     elif kind == "plan":
@@ -77,6 +80,23 @@ def load_document(path: str | Path) -> Document:
         record = load_record(RunReport, data | {"schema_version": RUN_SCHEMA_VERSION}, name)
     elif kind == "gate":
         record = load_record(GateResult, data, name, ignore=_GATE_DERIVED, counts=True)
+    elif kind == "timeline":
+        record = _load_timeline(data, name)
     else:
         raise BaselineError(f"{name}: not a gbdoctor scan, plan, run or gate result", hint=_HINT)
     return Document(kind, record, name, text)
+
+
+def _load_timeline(data: dict[str, Any], name: str) -> Any:
+    """A ``gbdoctor timeline`` result, by the records of the gbdoctor that wrote it."""
+    import importlib
+
+    try:
+        timeline = importlib.import_module("gbdoctor.records.timeline")
+    except ImportError:
+        raise BaselineError(
+            f"{name}: a timeline result, which this gbdoctor cannot read", hint=_HINT
+        ) from None
+    versions = timeline.READABLE_TIMELINE_SCHEMA_VERSIONS
+    check_schema_version(data, versions, name, "timeline", hint=_HINT)
+    return load_record(timeline.TimelineReport, data, name)

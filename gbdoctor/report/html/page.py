@@ -134,6 +134,8 @@ class Chart:
     y_label: str = ""
     unit: str = ""
     begin_at_zero: bool = True
+    stacked: bool = False
+    """Bars stacked per label (a line dataset stays on its own)."""
 
     def spec(self) -> dict[str, object]:
         return {
@@ -153,6 +155,7 @@ class Chart:
             "yLabel": self.y_label,
             "unit": self.unit,
             "beginAtZero": self.begin_at_zero,
+            "stacked": self.stacked,
         }
 
 

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import fields as dataclass_fields
-from dataclasses import is_dataclass
 from typing import Any
 
 from gbdoctor.records import Break, EventKind, KindSummary, ScanReport, ScanSummary
+from gbdoctor.report.html.extras import break_price, price_section
 from gbdoctor.report.html.page import (
     KIND_COLORS,
     Page,
     badge,
     fields,
     h,
-    number,
     section,
     table,
     tag,
@@ -39,13 +37,14 @@ def scan_article(page: Page, report: ScanReport, doc: str, reader: SourceReader)
     """The article of one scan; ``doc`` prefixes its element ids (several documents per page)."""
     summary = summarize(report)
     colors = {row.kind: KIND_COLORS[i % len(KIND_COLORS)] for i, row in enumerate(summary.kinds)}
+    price = getattr(report, "price", None)
     sections = [
         _overview(summary),
         _strip(report, summary, doc, colors),
-        _breaks(report, summary, doc, reader, colors),
+        _breaks(summary, doc, reader, colors, price),
+        price_section(page, price, doc) if price is not None else "",
         _events(summary, doc),
         _recompiles(report, doc),
-        _timeline(report, doc),
         _cudagraphs(summary, doc),
         _divergence(report, doc),
         section(
@@ -151,11 +150,11 @@ def _slug(text: str) -> str:
 
 
 def _breaks(
-    report: ScanReport,
     summary: ScanSummary,
     doc: str,
     reader: SourceReader,
     colors: dict[str, str],
+    price: Any,
 ) -> str:
     """Distinct breaks (a shared capture's once) grouped by kind, then by cause."""
     from gbdoctor.causes import CAUSES
@@ -185,12 +184,15 @@ def _breaks(
             title = entry.title if entry is not None else cause
             head = tag("b", h(cause)) + h(f": {title}")
             why = tag("p", h(entry.explanation), class_="muted") if entry is not None else ""
-            rows = "".join(_break(brk, reader, entry) for brk in records)
+            rows = "".join(
+                _break(brk, reader, entry, break_price(price, row.kind, brk) if price else None)
+                for brk in records
+            )
             parts.append(tag("div", tag("p", head) + why + rows, class_="cause"))
     return section(f"{doc}-breaks", "Distinct graph breaks, by kind and cause", "".join(parts))
 
 
-def _break(brk: Break, reader: SourceReader, entry: Any) -> str:
+def _break(brk: Break, reader: SourceReader, entry: Any, price: str | None) -> str:
     count = f" (logged {brk.count} times)" if brk.count > 1 else ""
     head = (
         badge(brk.gb_id or "no gb id", "bad")
@@ -238,24 +240,12 @@ def _break(brk: Break, reader: SourceReader, entry: Any) -> str:
             pairs.append(("other fixes", tag("ul", more)))
     for hint in brk.hints:
         pairs.append(("Dynamo hint", h(one_line(hint))))
-    price = getattr(brk, "price", None)
     if price is not None:
-        pairs.append(("price", _plain(price)))
+        pairs.append(("price", price))
     body = tag("div", head, class_="head") + tag(
         "dl", "".join(tag("dt", h(k)) + tag("dd", v) for k, v in pairs)
     )
     return tag("div", body, class_="break break-row", data_gb_id=brk.gb_id or "")
-
-
-def _plain(value: Any) -> str:
-    """A record (or JSON value) a newer gbdoctor adds, shown as it is: field: value pairs."""
-    if is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name) for f in dataclass_fields(value)}
-    if isinstance(value, dict):
-        return "; ".join(f"{h(k)}: {_plain(v)}" for k, v in value.items() if v not in (None, ""))
-    if isinstance(value, list | tuple):
-        return ", ".join(_plain(v) for v in value)
-    return h(number(value) if isinstance(value, float) else value)
 
 
 def _events(summary: ScanSummary, doc: str) -> str:
@@ -321,14 +311,6 @@ def _recompiles(report: ScanReport, doc: str) -> str:
         "Recompiles when a block runs again with changed inputs (probe step 2 = on every step)",
         table(("kind", "step", "guard that failed", "location", "code", ""), rows),
     )
-
-
-def _timeline(report: ScanReport, doc: str) -> str:
-    """The per-step timeline, when the scan carries one (a newer gbdoctor's ``timeline``)."""
-    timeline = getattr(report, "timeline", None)
-    if not timeline:
-        return ""
-    return section(f"{doc}-timeline", "Per-step timeline", tag("p", _plain(timeline)))
 
 
 def _cudagraphs(summary: ScanSummary, doc: str) -> str:

@@ -25,6 +25,7 @@
       var set = { label: d.label, data: d.data, backgroundColor: d.color, borderColor: d.border || d.color,
         borderWidth: d.type === "line" || spec.type === "line" ? 2 : 1, pointRadius: 2 };
       if (d.type) { set.type = d.type; }
+      if (d.type === "line") { set.stack = "line"; }
       if (d.range) { set.grouped = false; set.barPercentage = 0.25; set.order = -1; }
       return set;
     });
@@ -39,8 +40,9 @@
             var shown = Array.isArray(v) ? v[0] + " .. " + v[1] : (v === null ? "n/a" : v);
             return ctx.dataset.label + ": " + shown + (spec.unit ? " " + spec.unit : "");
           } } } },
-        scales: { x: { title: axisTitle(spec.xLabel) },
-          y: { beginAtZero: spec.beginAtZero !== false, title: axisTitle(spec.yLabel) } }
+        scales: { x: { stacked: !!spec.stacked, title: axisTitle(spec.xLabel) },
+          y: { stacked: !!spec.stacked, beginAtZero: spec.beginAtZero !== false,
+            title: axisTitle(spec.yLabel) } }
       }
     };
     charts.push(new Chart(canvas, config));
