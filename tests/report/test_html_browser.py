@@ -31,6 +31,9 @@ pytestmark = [
 GOLDEN = FIXTURES / "golden"
 SCANS = sorted((GOLDEN / "scan").glob("*.json"))
 SCREENSHOT = REPO / "docs" / "img" / "report.png"
+REAL_RUN = Path(__file__).with_name("test_html_run_llama4_debug.json")
+"""``gbdoctor run fixtures/llama4_debug.toml --backend aot_eager --steps 3 --warmup 1 --rounds 2
+--format json`` on a busy 2-core machine (its notes say so)."""
 README_SCAN = (
     "fixtures/llama4_debug_ep2.toml",
     "--strategy",
@@ -87,6 +90,7 @@ def test_plan_run_and_gate_in_one_page(browser: Browser, tmp_path: Path) -> None
     docs = [
         load_document(GOLDEN / "scan" / "llama4_debug_ep2.json"),
         load_document(GOLDEN / "plan" / "llama4_debug.json"),
+        load_document(REAL_RUN),
         run_document(run_report()),
         load_document(GOLDEN / "gate" / "debug_specs_and_custom.json"),
     ]
@@ -99,7 +103,13 @@ def test_plan_run_and_gate_in_one_page(browser: Browser, tmp_path: Path) -> None
     )
     assert canvases == drawn > 0
     articles = browser.run("return [...document.querySelectorAll('article')].map(a => a.className)")
-    assert articles == ["doc doc-scan", "doc doc-plan", "doc doc-run", "doc doc-gate"]
+    assert articles == [
+        "doc doc-scan",
+        "doc doc-plan",
+        "doc doc-run",
+        "doc doc-run",
+        "doc doc-gate",
+    ]
 
 
 def test_printed_page_shows_every_kind_and_no_navigation(browser: Browser, tmp_path: Path) -> None:

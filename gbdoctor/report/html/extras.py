@@ -134,7 +134,6 @@ def timeline_article(page: Page, report: Any, doc: str) -> str:
         ("forward", "forward_s", KIND_COLORS[0]),
         ("backward", "backward_s", KIND_COLORS[1]),
         ("optimizer", "optimizer_s", KIND_COLORS[2]),
-        ("compile", "compile_s", KIND_COLORS[6]),
     )
     chart = page.chart(
         Chart(
@@ -147,8 +146,9 @@ def timeline_article(page: Page, report: Any, doc: str) -> str:
                     for name, key, color in phases
                 ),
                 Series("step", [s.time_s for s in steps], "#1d232a", type="line"),
+                Series("compile", [s.compile_s for s in steps], KIND_COLORS[6], type="line"),
             ),
-            caption="(slowest rank; compile time counts inside the phases it happened in)",
+            caption="(slowest rank; the compile time is part of the phase it happened in)",
             x_label="step",
             unit="s",
             stacked=True,
