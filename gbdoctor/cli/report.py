@@ -22,7 +22,8 @@ def report(
         list[Path],
         typer.Argument(
             metavar="RESULT",
-            help="JSON of scan, run or gate (--format json) and plans (plan --emit-config json)",
+            help="JSON of scan, run or gate (--format json), plans (plan --emit-config json) "
+            "and timelines",
             show_default=False,
         ),
     ],
@@ -36,7 +37,8 @@ def report(
         ),
     ] = None,
 ) -> None:
-    """Write one HTML page (offline: no network at view time) of scan, plan, run and gate results."""
+    """Write one HTML page (offline: no network at view time) of scan, plan, run, gate and
+    timeline results."""
     from gbdoctor.report.html import load_document, render_html
 
     preflight(None, "report", output, inputs=results)
