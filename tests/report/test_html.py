@@ -360,3 +360,19 @@ def test_timeline_document(tmp_path: Path) -> None:
     assert "every 3 step(s), offset 0" in text and "every 3rd step recompiles" in text
     step_chart = json.loads(re.search(r'id="chart-0">(.*?)</script>', text).group(1))
     assert step_chart["datasets"][0]["data"] == [s.forward_s for s in steps]
+
+
+def test_plan_and_run_format_html() -> None:
+    """``plan --format html`` (through ``cli.report.plan_html``, the emitted config included)
+    and ``run --format html`` (``render_run``); ``plan`` checks the format before any work."""
+    from gbdoctor.cli.report import plan_html
+    from gbdoctor.plan.planner import load_plan
+    from gbdoctor.report.run_formats import render_run
+
+    page = plan_html(load_plan(GOLDEN / "plan" / "deepspeed_zero2.json"), None)
+    assert "Emitted config (deepspeed)" in page and "Plan: fixtures/deepspeed_zero2.toml" in page
+    page = plan_html(load_plan(GOLDEN / "plan" / "llama4_debug.json"), "python")
+    assert "Emitted config (python)" in page
+    assert "Run: fixtures/llama4_debug.toml" in render_run(run_report(), "html")
+    result = CliRunner().invoke(app, ["plan", str(FIXTURES / "llama4_debug.toml"), "-f", "yaml"])
+    assert result.exit_code == 2 and "valid formats: table, html" in result.output
