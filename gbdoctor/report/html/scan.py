@@ -113,7 +113,7 @@ def _strip(report: ScanReport, summary: ScanSummary, doc: str, colors: dict[str,
     cards = "".join(_kind_card(row, doc, colors[row.kind]) for row in summary.kinds)
     body = (
         tag("div", legend, class_="legend")
-        + tag("div", "".join(cells), class_="strip", role="list")
+        + tag("div", "".join(cells), class_="strip")
         + tag("p", h("Click a layer for its kind."), class_="muted no-print")
         + tag("div", cards, class_="kind-details")
     )
