@@ -148,8 +148,9 @@ def timeline_article(page: Page, report: Any, doc: str) -> str:
                 Series("step", [s.time_s for s in steps], "#1d232a", type="line"),
                 Series("compile", [s.compile_s for s in steps], KIND_COLORS[6], type="line"),
             ),
-            caption="(slowest rank; the compile time is part of the phase it happened in)",
+            caption="(slowest rank; compile: the Dynamo compile time the step recorded)",
             x_label="step",
+            y_label="seconds",
             unit="s",
             stacked=True,
         )
