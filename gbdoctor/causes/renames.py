@@ -46,16 +46,17 @@ GB_RENAMES: tuple[GbRename, ...] = (
         why="attribute mutated inside a HOP and not restored: GB0067 -> GB4413",
     ),
     GbRename(
-        since=(2, 15),
+        since=(2, 14),
         old_id="GB0007",
         old_type="Attempted to call function marked as skipped",
         new_id="GB0376",
         new_type="Call to `torch._dynamo.disable()`",
-        # torch 2.15's graph_break_registry.json adds GB0376 ("`torch._dynamo.disable()` was
+        # torch 2.14's graph_break_registry.json adds GB0376 ("`torch._dynamo.disable()` was
         # called inside a compiled region"); 2.13's raises GB0007 with context "module:
         # torch._dynamo.decorators, qualname: disable". FSDP2 wraps its pre-forward hook with
         # torch._dynamo.disable at call time, so every FSDP-hook break in an MoE block moved.
-        # Measured: fixtures/scans/llama4_ep2_torch2.13.json vs llama4_ep2_torch2.15.json.
+        # Measured: fixtures/scans/llama4_ep2_torch2.13.json vs llama4_ep2_torch2.15.json, and
+        # 2.14.1 raises GB0376 there too (benchmarks/results/compat/torch-2.14.1.json).
         why="runtime torch._dynamo.disable() call (FSDP2's hook wrapper): GB0007 -> GB0376",
     ),
 )
@@ -98,7 +99,7 @@ def gb_type_in(gb_type: str, torch_version: str) -> str:
 
     Only newer names map to older ones: every case a rename covers had the old gb_type before,
     but the old gb_type stays in use for other cases after it (GB0007 still marks a skipped
-    C function on 2.15), so an old name alone does not say whether a newer release renamed it.
+    C function on 2.14 and 2.15), so an old name alone does not say whether a newer release renamed it.
     ``gb_type`` itself when no rename applies or the version is unknown."""
     release = torch_release(torch_version)
     if release is None:
