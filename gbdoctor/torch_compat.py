@@ -1,16 +1,16 @@
 """Which torch gbdoctor supports, and the one place that asks which torch is running.
 
-Every behaviour that depends on the torch release is decided here, by the release (major, minor),
-or by asking torch whether it has a feature (``has_grouped_mm``): no other module compares
-``torch.__version__``. What differs between the supported releases, measured by
+No other module compares ``torch.__version__``: what differs between the supported releases is
+kept in tables keyed by the release (major, minor) this module parses, measured by
 ``benchmarks/compat/run.py`` and explained in docs/versions.md:
 
-- gb_types torch renamed (``causes/renames.py`` keeps that table, keyed by :func:`torch_release`);
-- the Dynamo settings whose defaults move (``gate/pins.py`` pins them in baselines);
-- ``torch._grouped_mm`` (absent on CPU before some releases; ``has_grouped_mm``).
+- gb_types torch renamed: ``causes/renames.py`` (the gate and the tests read it);
+- Dynamo settings whose defaults move: ``gate/pins.py`` pins them in baselines;
+- torch bugs a test meets on some releases: ``tests/torch_versions.py``.
 
+Features are asked of torch itself (``hasattr``), not keyed on releases: builds differ too.
 This module imports nothing from gbdoctor and imports torch only when asked about the running
-one, so the records, the gate and the cause rules can use it without torch.
+one, so the records, the gate and the cause rules use it without torch.
 """
 
 from __future__ import annotations
@@ -58,11 +58,3 @@ def supported_range() -> str:
     """:data:`SUPPORTED` as a pip requirement's range: ``>=2.11,<2.16``."""
     (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED
     return f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}"
-
-
-def has_grouped_mm() -> bool:
-    """Whether this torch exports ``torch._grouped_mm`` (the experts' grouped GEMM); asked of
-    torch rather than keyed on a release because builds differ, not only releases."""
-    import torch
-
-    return hasattr(torch, "_grouped_mm")

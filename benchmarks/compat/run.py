@@ -1,6 +1,6 @@
 """Measure gbdoctor on every supported torch release: one venv per release, versions in turn.
 
-    python benchmarks/compat/run.py [VERSION ...] [--venv-root DIR] [--write-docs]
+    python benchmarks/compat/run.py [VERSION ...] [--venv-root DIR] [--write-docs] [--tests-only]
 
 For each version (default: the releases of ``gbdoctor.torch_compat.TESTED``):
 
@@ -226,7 +226,7 @@ def differences(rows: list[list], ref: list[list]) -> list[str]:
         match = next(((b, w) for b in only_ref if (w := _rename_for(a, b))), None)
         if match:
             only_ref.remove(match[0])
-            out.append(f"`{a[2]}` at `{a[3]}` ({a[0]}): {match[1]}")
+            out.append(f"{a[2]!r} at `{a[3]}` ({a[0]}): {match[1]}")
             continue
         why = _explained(a)
         out.append(f"extra `{a[1]}` {a[2]!r} x{a[4]} at `{a[3] or '?'}` ({a[0]}): {why}")
@@ -244,7 +244,7 @@ def render(results: list[dict]) -> str:
         "| torch | install keeps torch | tests passed | failed | "
         + " | ".join(f"`{s}` breaks/graphs" for s in specs)
         + " | venv MB | minutes |",
-        "|---" * (5 + len(specs)) + "|",
+        "|---" * (6 + len(specs)) + "|",
     ]
     notes = []
     for r in results:
@@ -294,7 +294,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("versions", nargs="*", default=list(TESTED))
+    parser.add_argument(
+        "versions", nargs="*", help="default: gbdoctor.torch_compat.TESTED (none with --write-docs)"
+    )
     parser.add_argument(
         "--venv-root",
         type=Path,
@@ -312,6 +314,8 @@ def main() -> None:
         parser.error("--venv-root must be outside the repository")
     args.venv_root.mkdir(parents=True, exist_ok=True)
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if not args.versions and not args.write_docs:
+        args.versions = list(TESTED)
     for version in args.versions:
         result = check(version, args.venv_root, tests_only=args.tests_only)
         (RESULTS / f"torch-{version}.json").write_text(json.dumps(result, indent=1) + "\n")
