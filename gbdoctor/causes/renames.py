@@ -99,7 +99,8 @@ def gb_type_in(gb_type: str, torch_version: str) -> str:
 
     Only newer names map to older ones: every case a rename covers had the old gb_type before,
     but the old gb_type stays in use for other cases after it (GB0007 still marks a skipped
-    C function on 2.14 and 2.15), so an old name alone does not say whether a newer release renamed it.
+    C function on 2.14 and 2.15), so an old name alone does not say whether a newer release
+    renamed it.
     ``gb_type`` itself when no rename applies or the version is unknown."""
     release = torch_release(torch_version)
     if release is None:
