@@ -271,3 +271,71 @@ def test_diff_fails_on_a_price_rise_beyond_threshold_and_spreads_only():
     assert sev == Severity.WARNING and "cpu and on cuda" in what
     sev, what = severity(base, replace(base, price=None))
     assert sev == Severity.WARNING and "only one" in what
+
+
+def test_plan_shows_each_kinds_predicted_gain_from_a_priced_scan():
+    from gbdoctor.records import KindPlan, Plan
+    from gbdoctor.report.plan_table import predicted_gains, render_plan_table
+
+    plan = Plan(
+        spec="s.toml",
+        model="m",
+        torch_version="2.13.0",
+        baseline_strategy="titan-v0.2.0",
+        flags=(),
+        flag_costs=(),
+        verified=True,
+        rounds=1,
+        kinds=(
+            KindPlan(kind="moe", layers=("layers.1",), mode="children", fullgraph=True),
+            KindPlan(kind="dense", layers=("layers.0",), mode="block", fullgraph=True),
+        ),
+    )
+    price = PriceReport(
+        backend="inductor",
+        device="cpu",
+        device_name="cpu",
+        world_size=2,
+        rounds=2,
+        warmup=1,
+        steps=1,
+        batch_size=1,
+        seq_len=1,
+        step_ms=100.0,
+        step_spread_ms=(90.0, 110.0),
+        kinds=(
+            KindPrice(
+                kind="moe",
+                layers=1,
+                counterfactual=Counterfactual.PLAN_FIX,
+                recipe="r",
+                ms_per_step=30.0,
+                spread_ms=(20.0, 40.0),
+                share=0.3,
+            ),
+        ),
+        breaks=(),
+    )
+    moe, dense = predicted_gains(plan, price)
+    assert moe.startswith("  moe: predicted gain 30.0 [20.0 to 40.0] ms/step, 30.0% of the step")
+    assert "plan-fix on cpu (inductor)" in moe
+    assert dense.startswith("  dense: predicted gain: no price")
+    assert moe in render_plan_table(plan, price)
+
+
+def test_plan_refuses_a_price_file_without_prices():
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(FIXTURES / "llama4_debug.toml"),
+            "--price",
+            str(FIXTURES / "scans" / "llama4_before.json"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "a scan without prices" in result.output

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,12 +19,22 @@ from gbdoctor.cli.options import (
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
 from gbdoctor.errors import ExitCode
 
+if TYPE_CHECKING:
+    from gbdoctor.records import PriceReport
+
 
 def plan(
     spec: SpecArg,
     set_: SetOpt = None,
     emit_config: Annotated[
         str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
+    ] = None,
+    price_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--price",
+            help="A `gbdoctor price -f json` output of this spec: show each kind's predicted gain",
+        ),
     ] = None,
     format: PlanFormatOpt = "table",
     output: OutputOpt = None,
@@ -40,7 +51,8 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    preflight(format, "plan", output, inputs=(spec,))
+    preflight(format, "plan", output, inputs=(spec, price_file))
+    price = _read_price(price_file) if price_file is not None else None
     loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
@@ -50,10 +62,23 @@ def plan(
 
         emit(plan_html(result, emit_config), output)
     elif emit_config is None:
-        emit(render_plan_table(result), output)
+        emit(render_plan_table(result, price), output)
     else:
         # The table still shows (on stderr): stdout or --output holds only the emitted config.
-        err_console.print(render_plan_table(result), markup=False, highlight=False)
+        err_console.print(render_plan_table(result, price), markup=False, highlight=False)
         emit(emit_plan(result, emit_config), output)
     if not result.verified:
         raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+def _read_price(path: Path) -> PriceReport:
+    from gbdoctor.errors import BaselineError
+    from gbdoctor.report.json import load_scan_json
+
+    report = load_scan_json(path)
+    if report.price is None:
+        raise BaselineError(
+            f"{path}: a scan without prices",
+            hint="give the JSON output of `gbdoctor price SPEC -f json -o FILE`",
+        )
+    return report.price

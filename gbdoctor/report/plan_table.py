@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from gbdoctor.records import Plan
+from gbdoctor.records import Plan, PriceReport
 
 
-def render_plan_table(plan: Plan) -> str:
+def render_plan_table(plan: Plan, price: PriceReport | None = None) -> str:
+    """The plan as a table; with ``price`` (a ``gbdoctor price`` output of the same spec) each
+    kind's predicted gain: the measured price of the breaks its fix removes."""
     from rich.table import Table
 
     from gbdoctor.report.table import plain_text, recording_console
@@ -44,6 +46,9 @@ def render_plan_table(plan: Plan) -> str:
             "yes" if k.verified else "NO",
         )
     console.print(table)
+    if price is not None:
+        for line in predicted_gains(plan, price):
+            console.print(line, markup=False, highlight=False)
     for k in plan.kinds:
         for reason in k.reasons:
             console.print(f"  {k.kind}: {reason}", markup=False)
@@ -74,3 +79,29 @@ def render_plan_table(plan: Plan) -> str:
     for s in plan.suggestions:
         console.print(f"  also possible: {s}", markup=False)
     return plain_text(console)
+
+
+def predicted_gains(plan: Plan, price: PriceReport) -> list[str]:
+    """One line per plan kind: the priced kind's measured price (its fix's predicted gain)."""
+    by_kind = {k.kind: k for k in price.kinds}
+    lines = []
+    for k in plan.kinds:
+        priced = by_kind.get(k.kind)
+        if priced is None or priced.ms_per_step is None:
+            why = (
+                "no price (no breaks there, or the kind did not train)"
+                if priced is None
+                else priced.detail
+            )
+            lines.append(f"  {k.kind}: predicted gain: {why}")
+            continue
+        spread = (
+            f" [{priced.spread_ms[0]:.1f} to {priced.spread_ms[1]:.1f}]" if priced.spread_ms else ""
+        )
+        share = f", {priced.share:.1%} of the step" if priced.share is not None else ""
+        free = " (within noise)" if priced.free else ""
+        lines.append(
+            f"  {k.kind}: predicted gain {priced.ms_per_step:.1f}{spread} ms/step{share}{free}, "
+            f"measured against {priced.counterfactual} on {price.device} ({price.backend})"
+        )
+    return lines
