@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ import torch.nn as nn
 
 from gbdoctor import causes
 from gbdoctor.capture import cudagraphs
+from gbdoctor.causes import is_torch_file
 from gbdoctor.records import Location, RawBreak
 
 _GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
@@ -73,7 +75,8 @@ class RawCapture:
     breaks: list[tuple[RawBreak, str]] = field(default_factory=list)
     """(break, region fqn) pairs, one per break Dynamo logged."""
     frame_skips: list[tuple[RawBreak, str]] = field(default_factory=list)
-    seen: list[tuple[Any, tuple[Location, ...]]] = field(default_factory=list)
+    seen: list[tuple[Any, tuple[Location, ...], int]] = field(default_factory=list)
+    """(gb_type + instance, user frames, index in ``breaks``) of every statement recorded."""
     counter_types: dict[str, int] = field(default_factory=dict)
     """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
     cudagraph_findings: list[Any] = field(default_factory=list)
@@ -320,7 +323,8 @@ class CaptureSession:
     def _record(self, result: RawCapture, reason: str, exc: Any, tracer: Any = None) -> None:
         stack = getattr(exc, "real_stack", None) or []
         frames = tuple(
-            Location(file=f.filename, line=f.lineno or 0, function=f.name) for f in stack
+            Location(file=f.filename, line=f.lineno or 0, function=user_function(f.name))
+            for f in stack
         )
         if frames and all(causes.is_torch_file(f.file) for f in frames):
             caller = _caller_outside_torch()
@@ -358,17 +362,29 @@ class CaptureSession:
         instance: str | None = None,
     ) -> None:
         parts = causes.parse_reasons(reason)
-        key = (parts[0].gb_type, hop, len(parts), instance)
-        # Dynamo meets the same break again when it restarts analysis (same stack), and once
-        # more when the inner function is traced as a frame of its own (a suffix of the stack).
-        for seen_key, seen_frames in result.seen:
-            if seen_key == key and _is_suffix(frames, seen_frames):
-                return
-        result.seen.append((key, frames))
+        skips_frame = len(parts) > 1 or causes.is_frame_skip(parts[0].gb_type)
+        key = (parts[0].gb_type, instance)
+        statement = user_frames(frames)
+        # One statement is one break, whatever frames Dynamo meets it in: again when it restarts
+        # analysis (the same stack); once more when it traces the inner function as a frame of
+        # its own (a custom autograd.Function's forward, traced first inside its HOP, then
+        # alone; a helper after a break in its caller): then the user frames of one stack end
+        # with those of the other. The longer stack is kept (it says which module called).
+        for i, (seen_key, seen_frames, index) in enumerate(result.seen):
+            if seen_key != key:
+                continue
+            if _is_suffix(statement, seen_frames):
+                break
+            if _is_suffix(seen_frames, statement):
+                result.seen[i] = (key, statement, index)
+                result.breaks[index] = (self._raw(parts[0], reason, frames, hop, instance), region)
+                break
+        else:
+            result.seen.append((key, statement, len(result.breaks)))
+            result.breaks.append((self._raw(parts[0], reason, frames, hop, instance), region))
         # "Failed to handle graph break gracefully ... another graph break occurred": the first
         # part is the real break, the last one says the whole frame was skipped (GB7000).
-        result.breaks.append((self._raw(parts[0], reason, frames, hop, instance), region))
-        if len(parts) > 1 or causes.is_frame_skip(parts[0].gb_type):
+        if skips_frame:
             result.frame_skips.append((self._raw(parts[-1], reason, frames, hop, instance), region))
 
     def _record_from_log(self, result: RawCapture, message: str) -> None:
@@ -432,6 +448,26 @@ def _count_fixed_backward_inputs(gm: torch.fx.GraphModule) -> int:
         if "tangents" in node.name:
             return i
     return len(placeholders)
+
+
+_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
+"""Dynamo's name for the continuation of a function after a break (``convert_frame``'s resume
+functions); a resume function's own resume nests the pattern."""
+
+
+def user_function(name: str) -> str:
+    """The user's function name behind a Dynamo-generated one
+    (``torch_dynamo_resume_in_forward_at_165`` -> ``forward``)."""
+    while (match := _RESUME.match(name)) is not None:
+        name = match.group(1)
+    return name
+
+
+def user_frames(frames: tuple[Location, ...]) -> tuple[Location, ...]:
+    """The frames of a stack outside PyTorch (torch's own frames between two user frames depend
+    on how Dynamo reached the statement: ``autograd.Function``'s HOP wrapper, ``_call_impl``)."""
+    user = tuple(f for f in frames if not is_torch_file(f.file))
+    return user or frames
 
 
 def _is_suffix(short: tuple[Location, ...], long: tuple[Location, ...]) -> bool:
