@@ -54,12 +54,8 @@ FRAMEWORK_SEAM = ("gbdoctor.frameworks.interface", "gbdoctor.frameworks.registry
 BELOW_FRAMEWORKS = ("records", "errors", "setup", "capture", "causes", "models", "usercode")
 """Stages ``frameworks/`` may import (and which never import it)."""
 FRAMEWORK_ALLOWED = {
-    # The installed torchtitan (>= 0.3) is set up from its own config registry, not a spec, so
-    # it is not a registered spec framework yet: `scan --torchtitan MODULE:CONFIG` is its entry
-    # (and `--version` prints its version), and scan.torchtitan drives it.
+    # `--version` prints the installed torchtitan's version and the releases tested with it.
     ("gbdoctor.cli.root", "gbdoctor.frameworks.torchtitan.setup"),
-    ("gbdoctor.cli.scan", "gbdoctor.frameworks.torchtitan.setup"),
-    ("gbdoctor.scan.torchtitan", "gbdoctor.frameworks.torchtitan.setup"),
     # The locator attributes a frame to the library whose files it is in (a hook component,
     # like fsdp or tp), which is not choosing a framework.
     ("gbdoctor.capture.locate", "deepspeed"),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gbdoctor.cli.inputs import choose_strategy, load_spec_options
+from gbdoctor.cli.inputs import choose_strategy, load_spec_args, load_spec_options, spec_path
 from gbdoctor.cli.options import (
     GateFormatOpt,
     OutputOpt,
@@ -16,6 +16,7 @@ from gbdoctor.cli.options import (
     SimulateOpt,
     StrategyOpt,
     StrictImprovementsOpt,
+    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err
@@ -27,8 +28,15 @@ if TYPE_CHECKING:
 
 def gate(
     specs: Annotated[
-        list[Path] | None, typer.Argument(help="Spec TOMLs to scan and gate", show_default=False)
+        list[str] | None,
+        typer.Argument(
+            metavar="SPEC...",
+            help="Spec TOMLs to scan and gate; with --torchtitan, torchtitan's own --section.key "
+            "overrides instead",
+            show_default=False,
+        ),
     ] = None,
+    torchtitan: TorchtitanOpt = None,
     baseline: Annotated[
         Path,
         typer.Option(
@@ -74,17 +82,23 @@ def gate(
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
-    if not specs and not scan_json:
+    if not specs and not scan_json and torchtitan is None:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    preflight(format, "gate", output, html, inputs=(baseline, *(specs or []), *(scan_json or [])))
+    files = [spec_path([s]) for s in specs or []] if torchtitan is None else []
+    preflight(format, "gate", output, html, inputs=(baseline, *files, *(scan_json or [])))
     # Everything that can be wrong with the inputs is found before the first scan starts.
     accepted = open_baseline(baseline, update=update_baseline)
     reports = [load_scan_json(path) for path in scan_json or []]
     scanned: list[ScanReport] = []
-    loaded_specs = [
-        load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
-        for spec in specs or []
-    ]
+    # With --torchtitan the run (name + overrides) is the one spec; its key in the baseline.
+    loaded_specs = (
+        [load_spec_args(specs, torchtitan, set_, simulate=simulate, world_size=world_size)]
+        if torchtitan is not None
+        else [
+            load_spec_options(path, set_, simulate=simulate, world_size=world_size)
+            for path in files
+        ]
+    )
     strategies = [choose_strategy(loaded, strategy, None) for loaded in loaded_specs]
     # The probe costs about two eager steps per kind: only when recompiles are gated.
     scans = [

@@ -29,6 +29,46 @@ def load_spec_options(
     return load_spec(spec, [*(overrides or ()), *extra])
 
 
+def load_spec_args(
+    args: list[str] | None,
+    run: str | None,
+    overrides: list[str] | None,
+    *,
+    simulate: bool = False,
+    world_size: int | None = None,
+) -> Spec:
+    """One spec from the command line: a TOML file (``args`` holds its path), or with
+    ``--torchtitan MODULE:CONFIG`` a run of its config registry (``args``: torchtitan's own
+    overrides, which the command passes through unparsed)."""
+    if run is not None:
+        from gbdoctor.frameworks.registry import spec_for_run
+
+        return spec_for_run(
+            RUN_FLAG,
+            run,
+            tuple(args or ()),
+            tuple(overrides or ()),
+            simulate=simulate,
+            world_size=world_size,
+        )
+    return load_spec_options(spec_path(args), overrides, simulate=simulate, world_size=world_size)
+
+
+RUN_FLAG = "--torchtitan"
+"""The option that names a run by a framework's config registry (``options.TorchtitanOpt``)."""
+
+
+def spec_path(args: list[str] | None) -> Path:
+    """The one SPEC.toml of ``args``; an option-like leftover is a framework override given
+    without the run it belongs to."""
+    if not args or len(args) != 1 or args[0].startswith("-"):
+        raise typer.BadParameter(
+            "give one SPEC.toml (unknown options such as --section.key are torchtitan "
+            f"overrides: they need {RUN_FLAG} MODULE:CONFIG)"
+        )
+    return Path(args[0])
+
+
 def choose_strategy(spec: Spec, strategy: str | None, plan: Path | None) -> Any:
     """What the scan compiles with: a saved plan (``--plan``), a named preset (``--strategy``,
     checked against the spec's framework's presets), or None for the spec's own choice."""

@@ -14,6 +14,24 @@ from gbdoctor.report import COMMAND_FORMATS
 SpecArg = Annotated[
     Path, typer.Argument(help="torchtitan v0.2.x TOML train config", show_default=False)
 ]
+SpecArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        metavar="SPEC",
+        help="torchtitan v0.2.x TOML train config; with --torchtitan, torchtitan's own "
+        "--section.key overrides instead",
+        show_default=False,
+    ),
+]
+TorchtitanOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--torchtitan",
+        help="Set up with the installed torchtitan (>= 0.3): MODULE:CONFIG of its config "
+        "registry, followed by torchtitan's own --section.key overrides",
+        show_default=False,
+    ),
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(

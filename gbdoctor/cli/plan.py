@@ -7,13 +7,14 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gbdoctor.cli.inputs import load_spec_options
+from gbdoctor.cli.inputs import load_spec_args
 from gbdoctor.cli.options import (
     OutputOpt,
     PlanFormatOpt,
     SetOpt,
     SimulateOpt,
-    SpecArg,
+    SpecArgs,
+    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
@@ -24,7 +25,8 @@ if TYPE_CHECKING:
 
 
 def plan(
-    spec: SpecArg,
+    spec: SpecArgs = None,
+    torchtitan: TorchtitanOpt = None,
     set_: SetOpt = None,
     emit_config: Annotated[
         str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
@@ -51,9 +53,10 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    preflight(format, "plan", output, inputs=(spec, price_file))
+    files = tuple(spec or ()) if torchtitan is None else ()
+    preflight(format, "plan", output, inputs=(*files, price_file))
     price = _read_price(price_file) if price_file is not None else None
-    loaded = load_spec_options(spec, set_, simulate=simulate, world_size=world_size)
+    loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
     if format == "html":

@@ -143,9 +143,13 @@ def _root(
     app_debug[0] = debug
 
 
-# ``scan --torchtitan MODULE:CONFIG`` passes torchtitan's own --section.key options through.
-app.command(context_settings={"ignore_unknown_options": True})(handle_errors(scan))
-for _command in (inspect, causes, plan, run, price, timeline, gate, diff, report):
+# ``--torchtitan MODULE:CONFIG`` passes torchtitan's own --section.key options through, on
+# every command that takes a spec.
+_SPEC_COMMANDS = (scan, inspect, plan, run, gate)
+for _command in (scan, inspect, causes, plan, run, price, timeline, gate, diff, report):
+    if _command in _SPEC_COMMANDS:
+        app.command(context_settings={"ignore_unknown_options": True})(handle_errors(_command))
+        continue
     app.command()(handle_errors(_command))
 
 

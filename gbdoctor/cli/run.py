@@ -8,8 +8,16 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gbdoctor.cli.inputs import load_spec_options
-from gbdoctor.cli.options import OutputOpt, RunFormatOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
+from gbdoctor.cli.inputs import load_spec_args
+from gbdoctor.cli.options import (
+    OutputOpt,
+    RunFormatOpt,
+    SetOpt,
+    SpecArgs,
+    StrictOpt,
+    TorchtitanOpt,
+    WorldSizeOpt,
+)
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say
 from gbdoctor.errors import ExitCode
 from gbdoctor.records.enums import ENVIRONMENT_FAILURES, ModeStatus
@@ -19,7 +27,8 @@ if TYPE_CHECKING:
 
 
 def run(
-    spec: SpecArg,
+    spec: SpecArgs = None,
+    torchtitan: TorchtitanOpt = None,
     set_: SetOpt = None,
     modes: Annotated[
         str | None,
@@ -85,8 +94,9 @@ def run(
     from gbdoctor.report.run_formats import render_run, write_csv
     from gbdoctor.run import run_modes
 
-    preflight(format, "run", output, csv, inputs=(spec, plan_file))
-    loaded = load_spec_options(spec, set_, world_size=world_size)
+    files = tuple(spec or ()) if torchtitan is None else ()
+    preflight(format, "run", output, csv, inputs=(*files, plan_file))
+    loaded = load_spec_args(spec, torchtitan, set_, world_size=world_size)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
     def show_plan(result: Plan) -> None:

@@ -24,10 +24,12 @@ def register(framework: Any) -> Any:
 
 def _builtins() -> None:
     from gbdoctor.frameworks.deepspeed import DeepSpeed
+    from gbdoctor.frameworks.torchtitan import InstalledTorchtitan
     from gbdoctor.frameworks.torchtitan_v02 import TorchtitanV02
 
     register(TorchtitanV02())
     register(DeepSpeed())
+    register(InstalledTorchtitan())
 
 
 def framework_names() -> tuple[str, ...]:
@@ -53,6 +55,16 @@ def framework_named(name: str) -> Framework:
 def framework_for(spec: Any) -> Framework:
     """The framework that sets ``spec`` up (``[gbdoctor] framework``)."""
     return framework_named(spec.gbdoctor.framework)
+
+
+def spec_for_run(flag: str, name: str, args: Any, overrides: Any = (), **options: Any) -> Any:
+    """The spec of a run named on the command line by a framework's own option (``flag``, e.g.
+    ``--torchtitan MODULE:CONFIG``) with that framework's overrides (``args``), ``--set``
+    capture settings (``overrides``) and ``simulate``/``world_size`` (which it may refuse)."""
+    for framework in _REGISTRY.values():
+        if getattr(framework, "flag", None) == flag:  # a framework that names runs so
+            return framework.spec_for_run(name, args, overrides, **options)  # type: ignore[attr-defined]
+    raise SpecError(f"no training framework is named by {flag}")
 
 
 def all_frameworks() -> tuple[Framework, ...]:

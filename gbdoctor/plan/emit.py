@@ -7,14 +7,17 @@ from __future__ import annotations
 
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.common.emit import emit_python
-from gbdoctor.frameworks.registry import all_frameworks
+from gbdoctor.frameworks.registry import all_frameworks, framework_named
 from gbdoctor.plan.planner import dump_plan
 from gbdoctor.records import Plan
 
-_FRAMEWORK_EMITTERS = {
-    name: emitter for framework in all_frameworks() for name, emitter in framework.emitters.items()
-}
-EMITTERS = ("json", *_FRAMEWORK_EMITTERS, "python")
+# Two frameworks may offer a format under one name (both torchtitans emit "torchtitan"): the
+# plan's own framework's emitter is the one used.
+EMITTERS = tuple(
+    dict.fromkeys(
+        ["json", *(name for framework in all_frameworks() for name in framework.emitters), "python"]
+    )
+)
 
 
 def emit(plan: Plan, fmt: str) -> str:
@@ -22,6 +25,12 @@ def emit(plan: Plan, fmt: str) -> str:
         return dump_plan(plan)
     if fmt == "python":
         return emit_python(plan)
-    if fmt in _FRAMEWORK_EMITTERS:
-        return _FRAMEWORK_EMITTERS[fmt](plan)
+    own = framework_named(plan.framework)
+    if fmt in own.emitters:
+        return own.emitters[fmt](plan)
+    if fmt in EMITTERS:
+        raise SpecError(
+            f"--emit-config {fmt} is not for {own.title} plans",
+            hint=f"choose from {', '.join(['json', *own.emitters, 'python'])}",
+        )
     raise SpecError(f"unknown --emit-config {fmt!r}", hint=f"choose from {', '.join(EMITTERS)}")

@@ -116,6 +116,24 @@ class DeepSpeedSpec:
 
 
 @record
+class RegistryRun:
+    """A run named by a framework's Python config registry instead of a spec file (torchtitan
+    >= 0.3: ``--torchtitan MODULE:CONFIG`` plus its own overrides)."""
+
+    module: str
+    """The registry's module (``deepseek_v3``, or a dotted module holding a ``config_registry``)."""
+    config: str
+    """A config function of that registry (``deepseek_v3_debugmodel``)."""
+    args: tuple[str, ...] = ()
+    """The framework's own ``--section.key VALUE`` overrides, verbatim and in order."""
+
+    @property
+    def label(self) -> str:
+        """How reports and baselines name the run (``Spec.path``): name plus overrides."""
+        return f"{self.module}:{self.config}" + "".join(f" {a}" for a in self.args)
+
+
+@record
 class Spec:
     path: str
     """The spec file as given (reports print it; it is not opened again)."""
@@ -127,6 +145,8 @@ class Spec:
     gbdoctor: ToolSpec = field(default_factory=ToolSpec)
     deepspeed: DeepSpeedSpec | None = None
     """Set for ``framework = "deepspeed"`` specs."""
+    registry_run: RegistryRun | None = None
+    """Set for a run named by a config registry (``path`` is then its label)."""
     root: str = ""
     """Absolute directory that report paths are relative to: the repository holding the spec
     file (its nearest ancestor with ``.git``), else the spec file's directory. Never the working

@@ -17,7 +17,7 @@ from typing import Any
 
 from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.records import Decision, ScanReport, Spec
-from gbdoctor.scan.estimate import decide, pin
+from gbdoctor.scan.estimate import decide, pin, require_real
 from gbdoctor.scan.job import Progress, ScanJob, probe_by_default, strategy_for
 from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import scan_rank, scan_rank_entry
@@ -56,13 +56,19 @@ def scan(
     if strategy is None or isinstance(strategy, str):
         strategy = strategy_for(spec, strategy)
     launched.check_world(spec.parallelism.world_size)
-    if framework_for(spec).capture_style == CaptureStyle.ENGINE_STEPS:
+    framework = framework_for(spec)
+    if framework.capture_style == CaptureStyle.ENGINE_STEPS:
         from gbdoctor.scan.engine_steps import scan_engine_steps
 
         return scan_engine_steps(spec, strategy=strategy, progress=progress, strict=strict)
     # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
+    # A framework that cannot simulate runs for real or is refused with how to shrink it.
     if decision is None:
-        decision = decide(spec)
+        decision = (
+            decide(spec)
+            if framework.simulates
+            else Decision(simulate=False, estimate=require_real(spec, command="scan"))
+        )
     spec = pin(spec, decision)
     if decision.simulate:
         return simulate_scan(

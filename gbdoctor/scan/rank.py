@@ -121,8 +121,12 @@ def _scan_set_up(
         # The model's output on the warm-up says where the loss came from (a note); the
         # captures drive blocks directly, so only the warm-up's forward reaches this hook.
         sources: list[LossSource] = []
-        watch = setup.model.register_forward_hook(
-            lambda module, args, output: sources.append(loss_source(output, labels, vocab))
+        watch = (
+            None
+            if setup.own_loss  # the framework's own loss reads the output: nothing to say
+            else setup.model.register_forward_hook(
+                lambda module, args, output: sources.append(loss_source(output, labels, vocab))
+            )
         )
         probe = None
         if job.probe_recompiles:
@@ -157,10 +161,12 @@ def _scan_set_up(
                 probe=probe,
             )
         finally:
-            watch.remove()
+            if watch is not None:
+                watch.remove()
         if sources:
             notes += (loss_note(sources[0]),)
-    return reports, setup_info(spec, job, setup), notes
+    # A framework that sets up with its own code says what it changed (CPU stand-ins).
+    return reports, setup_info(spec, job, setup), notes + tuple(getattr(setup, "notes", ()))
 
 
 WarmUp = list[tuple[str, Callable[[], None]]]

@@ -79,6 +79,9 @@ class Setup:
     """TP keeps the logits vocabulary-sharded DTensors: the loss runs under ``loss_parallel()``."""
     engine: Any = None
     """The DeepSpeed engine (``frameworks.deepspeed.setup``): it runs forward, backward and step."""
+    own_loss: bool = False
+    """The framework's step turns the model's output into the loss itself (the installed
+    torchtitan's chunked loss applies the LM head): no note on what the model returned."""
 
     @property
     def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:

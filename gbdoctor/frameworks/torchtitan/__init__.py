@@ -1,7 +1,176 @@
-"""The installed torchtitan (>= 0.3), set up by its own code from its config registry
-(``scan --torchtitan MODULE:CONFIG``; ``setup``: :class:`InstalledTorchtitanRecipe`).
+"""The installed torchtitan (>= 0.3, Python config registries) behind the framework seam
+(:class:`InstalledTorchtitan`).
 
-Not yet registered as a spec framework: its input is a ``TitanRun`` (torchtitan >= 0.3 has no
-TOML), not a ``Spec``, so it implements the seam's build / set up / step part only and is driven
-by ``scan.torchtitan``. Registering it means reading a ``TitanRun`` from a spec section.
+A run is named by its config registry, not a TOML file: ``--torchtitan MODULE:CONFIG`` plus
+torchtitan's own ``--section.key`` overrides on every command that takes a spec (``spec.py``
+turns it into a ``Spec`` whose ``registry_run`` holds the name and overrides). torchtitan's own
+code builds and sets the model up (``setup.py``); scans capture per block like the v0.2 mirror
+(``CaptureStyle.PER_BLOCK``, ``scan.rank``), on the ranks its parallelism asks for, never
+simulated. ``plan.py``: keep torchtitan's per-block compile where it is clean, else flags, a
+``fullgraph=False`` block or an eager one; ``emit.py``: the config-registry function (plus a
+``parallelize`` wrapper) a torchtitan user applies.
 """
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gbdoctor.frameworks.interface import CaptureStyle
+
+NAME = "torchtitan-installed"
+FLAG = "--torchtitan"
+"""The command-line option that names a run of this framework (``MODULE:CONFIG``)."""
+
+
+@dataclass(frozen=True)
+class TitanStrategy:
+    """What a scan or run changes of torchtitan's own setup."""
+
+    name: str
+    compile: bool | None = None
+    """None: as the config says (``compile.enable``); False: nothing compiled; True: enabled."""
+    layers: tuple[tuple[str, str], ...] = ()
+    """(layer, ``eager`` | ``nofullgraph``) after torchtitan's compile (``layer_plan``)."""
+    flags: tuple[tuple[str, bool], ...] = ()
+    plan: str | None = None
+    """The plan file's identity when a saved plan is applied."""
+    summary: str = ""
+
+
+STRATEGIES = {
+    "torchtitan": TitanStrategy("torchtitan", summary="torchtitan's own compile settings"),
+    "eager": TitanStrategy("eager", compile=False, summary="nothing compiled"),
+}
+
+
+@dataclass(frozen=True)
+class TitanRunModes:
+    strategies: Mapping[str, str] = field(
+        default_factory=lambda: {"eager": "eager", "torchtitan": "torchtitan"}
+    )
+    modes: tuple[str, ...] = ("eager", "torchtitan", "plan")
+    baselines: tuple[str, ...] = ("torchtitan",)
+
+
+class InstalledTorchtitan:
+    """torchtitan >= 0.3 as installed: its config registry, model registry, ``parallelize_fn``,
+    loss, optimizer and training-step body."""
+
+    name = NAME
+    title = "torchtitan (installed)"
+    capture_style = CaptureStyle.PER_BLOCK
+    simulates = False
+    spec_sections: tuple[str, ...] = ()
+    plan_section = None
+    strategy_names: tuple[str, ...] = tuple(STRATEGIES)
+    default_strategy = "torchtitan"
+    run_modes = TitanRunModes()
+    plan_modes: tuple[str, ...] = ("block", "eager")
+    flag = FLAG
+
+    @property
+    def strategies(self) -> Mapping[str, Any]:
+        return STRATEGIES
+
+    # ---------------------------------------------------------------- spec
+
+    def spec_for_run(self, name: str, args: Any, overrides: Any = (), **options: Any) -> Any:
+        """The spec of a run named ``MODULE:CONFIG`` with torchtitan's own overrides."""
+        from gbdoctor.frameworks.torchtitan.spec import spec_for_run
+
+        return spec_for_run(NAME, name, args, overrides, **options)
+
+    def check_spec(
+        self, spec: Any, data: Mapping[str, Any], strategy_set: bool, spec_dir: str, ctx: Any
+    ) -> Any:
+        ctx.fail(
+            f"framework '{NAME}' is not read from a TOML file: torchtitan >= 0.3 names a run "
+            "by its config registry",
+            hint=f"pass {FLAG} MODULE:CONFIG [torchtitan overrides] instead of a spec file",
+        )
+
+    def check_foreign_spec(self, spec: Any, data: Mapping[str, Any], ctx: Any) -> None:
+        return None
+
+    def compiles_per_compile_section(self) -> bool:
+        return True
+
+    # ---------------------------------------------------------------- set up and step
+
+    def meta_model(self, spec: Any) -> Any:
+        """The model torchtitan builds, on meta (memory estimates)."""
+        from gbdoctor.frameworks.torchtitan.setup import meta_model
+
+        return meta_model(spec)
+
+    def build(
+        self, spec: Any, device_type: str, *, meta: bool = False, max_seq_len: int | None = None
+    ) -> tuple[Any, Any]:
+        from gbdoctor.frameworks.torchtitan.setup import build
+
+        return build(spec, device_type)
+
+    def set_up(
+        self,
+        model: Any,
+        spec: Any,
+        meshes: Any,
+        *,
+        strategy: Any,
+        compile_fn: Any = None,
+        backend: str | None = None,
+        build_optimizer: bool | None = None,
+        backend_for: Callable[[str], Any] | None = None,
+    ) -> Any:
+        from gbdoctor.frameworks.torchtitan.setup import set_up
+
+        if isinstance(strategy, str) or strategy is None:
+            strategy = STRATEGIES[strategy or self.default_strategy]
+        if backend is not None:
+            meshes.config.compile.backend = backend
+        return set_up(model, meshes, strategy, compile_fn)
+
+    def step_context(self, setup: Any) -> contextlib.AbstractContextManager[None]:
+        from gbdoctor.frameworks.torchtitan.setup import step_context
+
+        return step_context(setup)
+
+    def train_step(self, setup: Any, tokens: Any, labels: Any) -> float:
+        return self.timed_train_step(setup, tokens, labels)[0]
+
+    def timed_train_step(
+        self, setup: Any, tokens: Any, labels: Any, sync: Any = None
+    ) -> tuple[float, tuple[float, float, float]]:
+        from gbdoctor.frameworks.torchtitan.setup import timed_train_step
+
+        return timed_train_step(setup, tokens, labels, sync)
+
+    def prepare_ranks(self, device: str) -> None:
+        return None
+
+    def release_rank(self) -> None:
+        return None
+
+    # ---------------------------------------------------------------- run and plan
+
+    def propose_plan(self, spec: Any, *, scan_fn: Any, progress: Any) -> Any:
+        from gbdoctor.frameworks.torchtitan.plan import propose_layer_plan
+
+        return propose_layer_plan(spec, scan_fn=scan_fn, progress=progress)
+
+    def plan_strategy(self, plan: Any) -> Any:
+        from gbdoctor.frameworks.torchtitan.plan import layer_plan_strategy
+
+        return layer_plan_strategy(plan)
+
+    def check_plan(self, plan: Any, name: str, hint: str) -> None:
+        return None
+
+    @property
+    def emitters(self) -> Mapping[str, Any]:
+        from gbdoctor.frameworks.torchtitan.emit import emit_config_registry
+
+        return {"torchtitan": emit_config_registry}

@@ -29,45 +29,22 @@ import torch
 import torch.nn as nn
 
 from gbdoctor.errors import SetupError, SpecError
+from gbdoctor.records import RegistryRun, Spec
 from gbdoctor.setup.apply import BlockSlot
 
 TORCHTITAN_VERSIONS_TESTED = ("0.3.0",)
 """torchtitan releases the installed-torchtitan path was measured against (torch 2.13.0)."""
 
-DEFAULT_BATCH_SIZE = 2
-DEFAULT_SEQ_LEN = 64
-"""Capture shape unless ``--set gbdoctor.batch_size/seq_len`` says otherwise: torchtitan's
-debug configs train 8 x 2048, whose eager FlexAttention math on CPU needs GiBs per layer."""
 
-
-@dataclass(frozen=True)
-class TitanRun:
-    """How the user names a torchtitan run (picklable: sent to spawned ranks)."""
-
-    module: str
-    """``deepseek_v3`` (a torchtitan model) or a dotted module with a ``config_registry``."""
-    config: str
-    """A config function of that registry, ``deepseek_v3_debugmodel``."""
-    args: tuple[str, ...] = ()
-    """torchtitan's own overrides, verbatim: ``--compile.enable``,
-    ``--parallelism.expert_parallel_degree 2``."""
-    batch_size: int = DEFAULT_BATCH_SIZE
-    seq_len: int = DEFAULT_SEQ_LEN
-    seed: int = 0
-
-    @property
-    def label(self) -> str:
-        return f"torchtitan:{self.module}:{self.config}" + "".join(f" {a}" for a in self.args)
-
-
-def parse_run(name: str, args: tuple[str, ...] = (), **capture: Any) -> TitanRun:
+def parse_run(name: str, args: tuple[str, ...] = ()) -> RegistryRun:
+    """``MODULE:CONFIG`` plus torchtitan's own overrides as the run record."""
     module, sep, config = name.partition(":")
     if not sep or not module or not config:
         raise SpecError(
             f"--torchtitan expects MODULE:CONFIG, got {name!r}",
             hint="e.g. --torchtitan deepseek_v3:deepseek_v3_debugmodel",
         )
-    return TitanRun(module=module, config=config, args=tuple(args), **capture)
+    return RegistryRun(module=module, config=config, args=tuple(args))
 
 
 def torchtitan_version() -> str | None:
@@ -138,7 +115,7 @@ def _triton_stand_in() -> Iterator[None]:
         del sys.modules["triton"], sys.modules["triton.language"]
 
 
-def import_torchtitan(run: TitanRun) -> Any:
+def import_torchtitan(run: RegistryRun) -> Any:
     """Import torchtitan's config registry for ``run`` (with the triton stand-in)."""
     if torchtitan_version() is None:
         raise SetupError(
@@ -219,32 +196,40 @@ def cpu_stand_ins(device: str) -> Iterator[None]:
 
 
 @dataclass
-class TitanSetup:
-    """A model as torchtitan's own code set it up, plus what a training step needs."""
+class TitanMeshes:
+    """What ``build`` returns beside the model: torchtitan's loaded config and its
+    ``ParallelDims`` (the seam's "meshes"; ``set_up`` hands both to its ``parallelize_fn``)."""
 
-    run: TitanRun
+    config: Any
+    parallel_dims: Any
+    device: torch.device
+
+
+@dataclass
+class TitanSetup:
+    """A model as torchtitan's own code set it up, plus what a training step needs (the fields
+    the scan, inspect and run stages read of any framework's setup)."""
+
     config: Any
     model: nn.Module
     blocks: list[BlockSlot]
     optimizer: Any
-    parallel_dims: Any
+    meshes: TitanMeshes
+    strategy: Any
     loss_fn: Any
     trainer_state: Any
     dynamo_flags: tuple[tuple[str, Any], ...]
     hooks: list[Any] = field(default_factory=list)
     fsdp: bool = False
-    ac_enabled: bool = False
     notes: tuple[str, ...] = ()
+    loss_parallel: bool = False
+    engine: Any = None
+    own_loss: bool = True
+    """torchtitan's loss (its chunked loss applies the LM head) turns the output into the loss."""
 
-    def tokens(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Random token ids and labels (no tokenizer or dataset ships in the wheel)."""
-        import torch.distributed as dist
-
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        gen = torch.Generator().manual_seed(self.run.seed * 1_000_003 + rank)
-        vocab = _vocab_size(self.model)
-        rows = torch.randint(0, vocab, (self.run.batch_size, self.run.seq_len + 1), generator=gen)
-        return rows[:, :-1], rows[:, 1:]
+    @property
+    def ac_enabled(self) -> bool:
+        return any(slot.ac_wrapped for slot in self.blocks)
 
     def batch(
         self, tokens: torch.Tensor, labels: torch.Tensor
@@ -258,13 +243,6 @@ class TitanSetup:
             self.trainer_state, {"input": tokens, "positions": positions}, labels
         )
         return inputs, extra, labels
-
-
-def _vocab_size(model: nn.Module) -> int:
-    emb = getattr(model, "tok_embeddings", None)
-    if isinstance(emb, nn.Embedding):
-        return emb.num_embeddings
-    raise SetupError("the torchtitan model has no token embedding to size random inputs by")
 
 
 def _is_checkpoint_wrapper(module: nn.Module) -> bool:
@@ -288,7 +266,17 @@ class _RecordingCompile:
     def __init__(self, model: nn.Module, session: Any) -> None:
         self.model = model
         self.session = session
-        self.regions: list[tuple[str, bool]] = []
+        self.compiled: dict[str, bool] = {}
+        """Region FQN -> fullgraph, the latest compile of each."""
+
+    @property
+    def regions(self) -> list[tuple[str, bool]]:
+        return list(self.compiled.items())
+
+    def forget(self, fqns: tuple[str, ...]) -> None:
+        """Regions whose compile was undone (a plan's eager layers)."""
+        for fqn in fqns:
+            self.compiled.pop(fqn, None)
 
     def _fqn(self, obj: Any) -> str:
         for name, module in self.model.named_modules():
@@ -309,7 +297,7 @@ class _RecordingCompile:
         def module_compile(module: nn.Module, *args: Any, **kwargs: Any) -> None:
             fqn = recorder._fqn(module)
             fullgraph = bool(kwargs.get("fullgraph", False))
-            recorder.regions.append((fqn, fullgraph))
+            recorder.compiled[fqn] = fullgraph
             if recorder.session is None:
                 return original_module_compile(module, *args, **kwargs)
             with recorder.originals():  # the session calls the real ones
@@ -320,7 +308,7 @@ class _RecordingCompile:
                 return lambda fn: compile_(fn, **kwargs)
             fqn = recorder._fqn(target)
             fullgraph = bool(kwargs.get("fullgraph", False))
-            recorder.regions.append((fqn, fullgraph))
+            recorder.compiled[fqn] = fullgraph
             if recorder.session is None:
                 return original_compile(target, **kwargs)
             with recorder.originals():
@@ -364,7 +352,7 @@ def world_size_for(config: Any) -> int:
     return fixed * shard
 
 
-def load_config(run: TitanRun) -> Any:
+def load_config(run: RegistryRun) -> Any:
     import_torchtitan(run)
     from torchtitan.config.manager import ConfigManager
 
@@ -395,7 +383,36 @@ def _dynamo_settings() -> dict[str, Any]:
     }
 
 
-def _build_model(run: TitanRun, config: Any) -> tuple[nn.Module, Any]:
+def build(spec: Spec, device_type: str) -> tuple[nn.Module, TitanMeshes]:
+    """torchtitan's config and its model on meta (it materializes after parallelizing)."""
+    run = registry_run(spec)
+    config = load_config(run)
+    with cpu_stand_ins(device_type):
+        model, parallel_dims = _build_model(spec, config)
+    return model, TitanMeshes(config, parallel_dims, torch.device(device_type))
+
+
+def meta_model(spec: Spec) -> nn.Module:
+    """The model torchtitan's config builds, on meta, without a process group (estimates)."""
+    from torchtitan.config import TORCH_DTYPE_MAP
+    from torchtitan.tools import utils as tt_utils
+
+    config = load_config(registry_run(spec))
+    model_config = config.model_spec.model
+    model_config.update_from_config(config=config)
+    with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
+        return model_config.build()
+
+
+def registry_run(spec: Spec) -> RegistryRun:
+    if spec.registry_run is None:
+        raise SpecError(
+            f"{spec.path} is not a torchtitan run", hint="name it with --torchtitan MODULE:CONFIG"
+        )
+    return spec.registry_run
+
+
+def _build_model(spec: Spec, config: Any) -> tuple[nn.Module, Any]:
     import torch.distributed as dist
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.distributed import ParallelDims
@@ -411,9 +428,8 @@ def _build_model(run: TitanRun, config: Any) -> tuple[nn.Module, Any]:
             hint="adjust --parallelism.* degrees",
         ) from exc
     dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
-    torch.manual_seed(run.seed)
-    spec = config.model_spec
-    model_config = spec.model
+    torch.manual_seed(spec.training.seed)
+    model_config = config.model_spec.model
     model_config.update_from_config(config=config)
     if config.override.imports:
         from torchtitan.config.override import apply_overrides
@@ -424,15 +440,29 @@ def _build_model(run: TitanRun, config: Any) -> tuple[nn.Module, Any]:
     return model, parallel_dims
 
 
-def _set_up(
-    run: TitanRun, config: Any, model: nn.Module, parallel_dims: Any, session: Any, device: str
-) -> TitanSetup:
+def set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: Any) -> TitanSetup:
+    """torchtitan's ``parallelize_fn`` (with the recording compile when ``compile_fn`` belongs
+    to a capture session), then ``strategy``'s changes (eager: nothing compiled; a plan: its
+    per-layer compile and Dynamo flags, ``layer_plan``), weights, loss, optimizer."""
+    with cpu_stand_ins(meshes.device.type):
+        return _set_up(model, meshes, strategy, compile_fn)
+
+
+def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: Any) -> TitanSetup:
     from torchtitan.components.loss import ChunkedLossWrapper
     from torchtitan.distributed import utils as dist_utils
 
+    from gbdoctor.frameworks.torchtitan.layer_plan import apply_layer_plan
+
+    config, parallel_dims, device = meshes.config, meshes.parallel_dims, meshes.device.type
+    if strategy.compile is not None:
+        config.compile.enable = strategy.compile
     spec = config.model_spec
     model_config = spec.model
     before = _dynamo_settings()
+    # A capture session's compile_fn comes with the session: torchtitan >= 0.3 compiles in
+    # place (Module.compile), which the session does with compile_in_place.
+    session = getattr(compile_fn, "__self__", None)
     recorder = _RecordingCompile(model, session)
     with recorder.installed():
         model = spec.parallelize_fn(
@@ -444,6 +474,10 @@ def _set_up(
             ac_config=config.activation_checkpoint,
             dump_folder=config.dump_folder,
         )
+        if strategy.layers:
+            recorder.forget(
+                apply_layer_plan(model, strategy.layers, strategy.flags, config.compile.backend)
+            )
     after = _dynamo_settings()
     flags = tuple(sorted((k, v) for k, v in after.items() if before.get(k) != v))
 
@@ -476,22 +510,29 @@ def _set_up(
     ac = config.activation_checkpoint
     ac_label = "sac" if ac is not None and type(ac).__qualname__.startswith("Selective") else "ac"
     blocks = _blocks(model, recorder.regions, ac_label)
-    notes = []
-    if not recorder.regions:
+    notes = [stand_in_note()]
+    if not recorder.regions and strategy.compile is not False:
         notes.append("torchtitan compiled nothing under this config (pass --compile.enable)")
     return TitanSetup(
-        run=run,
         config=config,
         model=model,
         blocks=blocks,
         optimizer=optimizer,
-        parallel_dims=parallel_dims,
+        meshes=meshes,
+        strategy=strategy,
         loss_fn=loss_fn,
         trainer_state=trainer_state,
         dynamo_flags=flags,
         fsdp=fsdp,
-        ac_enabled=any(b.ac_wrapped for b in blocks),
         notes=tuple(notes),
+    )
+
+
+def stand_in_note() -> str:
+    return (
+        f"set up by torchtitan {torchtitan_version()}'s own code; CPU stand-ins: triton "
+        "stand-in while torchtitan loads, 'cpu' device type, FlexAttention's CPU-backward guard "
+        "lifted, FSDP2 SUM reductions on gloo, random token ids instead of its dataloader"
     )
 
 
@@ -544,90 +585,51 @@ def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) ->
     return out
 
 
-class InstalledTorchtitanRecipe:
-    """The setup seam (``frameworks.interface.Framework``: build, set up, step) implemented by
-    the installed torchtitan.
-
-    Same four steps as the built-in recipe, but its "spec" is a :class:`TitanRun` (torchtitan
-    >= 0.3 has no TOML) and its compile is in place (``Module.compile``), so ``set_up`` takes
-    the capture session rather than a module-swapping ``compile_fn``.
-    """
-
-    name = "torchtitan-installed"
-
-    def build(self, run: TitanRun, device_type: str = "cpu") -> tuple[Any, Any]:
-        """torchtitan's config and its model on meta (it materializes after parallelizing)."""
-        config = load_config(run)
-        with cpu_stand_ins(device_type):
-            return config, _build_model(run, config)
-
-    def set_up(
-        self,
-        built: tuple[Any, Any],
-        run: TitanRun,
-        *,
-        session: Any = None,
-        device_type: str = "cpu",
-    ) -> TitanSetup:
-        config, (model, parallel_dims) = built
-        with cpu_stand_ins(device_type):
-            return _set_up(run, config, model, parallel_dims, session, device_type)
-
-    @contextlib.contextmanager
-    def step_context(self, setup: TitanSetup) -> Iterator[None]:
-        """torchtitan set its Dynamo globals itself (``apply_compile``); the CPU stand-ins and
-        its SPMD train context stay on while steps and captures run."""
-        with cpu_stand_ins(str(setup.trainer_state.device)), setup.trainer_state.train_context():
-            yield
-
-    def train_step(self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> float:
-        """torchtitan's ``_forward_backward_body``, then the optimizer step (whose pre-step hook
-        is its MoE load balancing)."""
-        return self.timed_train_step(setup, tokens, labels)[0]
-
-    def timed_train_step(
-        self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
-    ) -> tuple[float, tuple[float, float, float]]:
-        """``train_step`` split into (forward with the loss, backward, optimizer) seconds. The
-        body stays torchtitan's own: the forward/backward boundary is read when its loss
-        function returns (it is wrapped for the call), so the forward includes the loss."""
-        import time
-
-        from torchtitan.trainer import Trainer
-
-        def now() -> float:
-            if sync is not None:
-                sync()
-            return time.perf_counter()
-
-        inputs, extra, labels = setup.batch(tokens, labels)
-        state = setup.trainer_state
-        loss_fn = state.loss_fn
-        marks: list[float] = []
-
-        def timed_loss(*args: Any, **kwargs: Any) -> Any:
-            out = loss_fn(*args, **kwargs)
-            marks.append(now())
-            return out
-
-        state.loss_fn = timed_loss
-        try:
-            t0 = now()
-            loss = Trainer._forward_backward_body(
-                state, inputs, labels, torch.tensor(labels.numel()), extra
-            )
-            t2 = now()
-        finally:
-            state.loss_fn = loss_fn
-        setup.optimizer.step()
-        setup.optimizer.zero_grad()
-        t3 = now()
-        t1 = marks[-1] if marks else t2
-        return float(loss.detach()), (t1 - t0, t2 - t1, t3 - t2)
-
-    def forward(self, setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> None:
-        inputs, extra, _ = setup.batch(tokens, labels)
-        setup.model(inputs, **extra)
+@contextlib.contextmanager
+def step_context(setup: TitanSetup) -> Iterator[None]:
+    """torchtitan set its Dynamo globals itself (``apply_compile``); the CPU stand-ins and its
+    SPMD train context stay on while steps and captures run."""
+    with cpu_stand_ins(setup.meshes.device.type), setup.trainer_state.train_context():
+        yield
 
 
-RECIPE = InstalledTorchtitanRecipe()
+def timed_train_step(
+    setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
+) -> tuple[float, tuple[float, float, float]]:
+    """torchtitan's ``_forward_backward_body``, then the optimizer step (whose pre-step hook is
+    its MoE load balancing), split into (forward with the loss, backward, optimizer) seconds.
+    The body stays torchtitan's own: the forward/backward boundary is read when its loss
+    function returns (it is wrapped for the call), so the forward includes the loss."""
+    import time
+
+    from torchtitan.trainer import Trainer
+
+    def now() -> float:
+        if sync is not None:
+            sync()
+        return time.perf_counter()
+
+    inputs, extra, labels = setup.batch(tokens, labels)
+    state = setup.trainer_state
+    loss_fn = state.loss_fn
+    marks: list[float] = []
+
+    def timed_loss(*args: Any, **kwargs: Any) -> Any:
+        out = loss_fn(*args, **kwargs)
+        marks.append(now())
+        return out
+
+    state.loss_fn = timed_loss
+    try:
+        t0 = now()
+        loss = Trainer._forward_backward_body(
+            state, inputs, labels, torch.tensor(labels.numel()), extra
+        )
+        t2 = now()
+    finally:
+        state.loss_fn = loss_fn
+    setup.optimizer.step()
+    setup.optimizer.zero_grad()
+    t3 = now()
+    t1 = marks[-1] if marks else t2
+    return float(loss.detach()), (t1 - t0, t2 - t1, t3 - t2)
