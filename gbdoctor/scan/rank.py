@@ -223,6 +223,7 @@ def capture_set_up(
     return tuple(reports), tuple(dict.fromkeys(notes))
 
 
+_NO_CPU_KERNEL = "with arguments from the 'CPU' backend"
 _BF16_FAILURE = re.compile(
     r"BFloat16|bfloat16|same dtype|expected scalar type|dtype mismatch", re.IGNORECASE
 )
@@ -279,6 +280,12 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
     issue = known_issue(failures[-1])
     if issue is not None:
         hint = f"a known upstream bug ({issue.link}); {issue.workaround}"
+    if any(_NO_CPU_KERNEL in f for f in failures):
+        # e.g. a flash/varlen attention op: only CUDA kernels are registered for it.
+        hint = (
+            "an op of this model has no CPU kernel (CUDA only): scan on a GPU machine, or "
+            "choose a configuration with a CPU path (e.g. another attention backend)"
+        )
     if any(_BF16_FAILURE.search(f) for f in failures):
         # FSDP's MixedPrecisionPolicy casts parameters to bfloat16 (torchtitan's default
         # mixed_precision_param); code that builds fp32 tensors next to them then fails.

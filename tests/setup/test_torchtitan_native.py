@@ -85,12 +85,12 @@ def test_torchtitan_03_ep2_against_builtin_v022_recipe():
     """torchtitan 0.3.0's deepseek_v3 debug config, EP=2 + FSDP2 on two gloo ranks, set up by its
     own parallelize code, against the built-in recipe on the nearest v0.2.x spec: the v0.2.2
     debug TOML with EP=2 under ``titan-v0.2.2`` (which matches torchtitan 0.2.2's own Trainer)."""
-    from gbdoctor.scan.torchtitan import scan_torchtitan
+    from gbdoctor.frameworks.registry import spec_for_run
 
-    native = scan_torchtitan(parse_run("deepseek_v3:deepseek_v3_debugmodel", EP2))
+    native = scan(spec_for_run("--torchtitan", "deepseek_v3:deepseek_v3_debugmodel", EP2))
     builtin = scan(load_spec("fixtures/deepseek_v3_debug_ep2.toml"), strategy="titan-v0.2.2")
 
-    assert native.setup.strategy == "torchtitan==0.3.0" and native.setup.world_size == 2
+    assert native.setup.strategy == "torchtitan" and native.setup.world_size == 2
     assert native.setup.ep_degree == 2 and native.setup.fsdp
     assert ("capture_scalar_outputs", "True") in native.setup.dynamo_config
     assert not any("fails under this setup" in n for n in native.notes)  # its own step ran

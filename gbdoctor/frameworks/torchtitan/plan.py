@@ -128,9 +128,10 @@ def propose_layer_plan(
         kinds[block.kind] = _Kind(kind=block.kind, layers=layers)
         _absorb(kinds[block.kind], block, flags)
     rounds = 0
-    for rounds in range(1, MAX_ROUNDS + 1):
-        if all(not k.actions for k in kinds.values()):
-            break  # torchtitan's own compile is clean: the strict scan below proves it
+    # When torchtitan's own compile is clean there is nothing to refine: the strict scan below
+    # proves it.
+    while rounds < MAX_ROUNDS and any(k.actions for k in kinds.values()):
+        rounds += 1
         say(f"verification round {rounds}", rounds, total)
         after = scan_fn(spec, strategy=_candidate_strategy(kinds, flags), recompiles=False)
         dirty = [b for b in representatives(after) if b.kind in kinds and not _ok(kinds[b.kind], b)]

@@ -133,9 +133,15 @@ def import_torchtitan(run: RegistryRun) -> Any:
         try:
             registry = importlib.import_module(target)
         except ImportError as exc:
+            missing = getattr(exc, "name", None)
+            hint = (
+                f"torchtitan models: {', '.join(sorted(_supported_models))}"
+                if not missing or missing.startswith(("torchtitan", run.module))
+                else f"that model needs {missing!r}, which torchtitan does not install: install "
+                "it (on CPU only if it has a CPU path), or choose another model"
+            )
             raise SpecError(
-                f"cannot import torchtitan module {run.module!r}: {exc}",
-                hint=f"torchtitan models: {', '.join(sorted(_supported_models))}",
+                f"cannot import torchtitan module {run.module!r}: {exc}", hint=hint
             ) from exc
         import torchtitan.config.manager  # noqa: F401 - loads the rest of its config code
         import torchtitan.trainer  # noqa: F401
