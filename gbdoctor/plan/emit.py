@@ -5,6 +5,8 @@ plain-PyTorch one on a model)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.common.emit import emit_python
 from gbdoctor.frameworks.registry import all_frameworks, framework_named
@@ -12,12 +14,12 @@ from gbdoctor.plan.planner import dump_plan
 from gbdoctor.records import Plan
 
 # Two frameworks may offer a format under one name (both torchtitans emit "torchtitan"): the
-# plan's own framework's emitter is the one used.
-EMITTERS = tuple(
-    dict.fromkeys(
-        ["json", *(name for framework in all_frameworks() for name in framework.emitters), "python"]
-    )
-)
+# plan's own framework's emitter is used, else the first framework's that offers it.
+_FRAMEWORK_EMITTERS: dict[str, Callable[[Plan], str]] = {}
+for _framework in all_frameworks():
+    for _name, _emitter in _framework.emitters.items():
+        _FRAMEWORK_EMITTERS.setdefault(_name, _emitter)
+EMITTERS = ("json", *_FRAMEWORK_EMITTERS, "python")
 
 
 def emit(plan: Plan, fmt: str) -> str:
@@ -25,12 +27,9 @@ def emit(plan: Plan, fmt: str) -> str:
         return dump_plan(plan)
     if fmt == "python":
         return emit_python(plan)
-    own = framework_named(plan.framework)
-    if fmt in own.emitters:
-        return own.emitters[fmt](plan)
-    if fmt in EMITTERS:
-        raise SpecError(
-            f"--emit-config {fmt} is not for {own.title} plans",
-            hint=f"choose from {', '.join(['json', *own.emitters, 'python'])}",
-        )
+    own = framework_named(plan.framework).emitters
+    if fmt in own:
+        return own[fmt](plan)
+    if fmt in _FRAMEWORK_EMITTERS:
+        return _FRAMEWORK_EMITTERS[fmt](plan)
     raise SpecError(f"unknown --emit-config {fmt!r}", hint=f"choose from {', '.join(EMITTERS)}")

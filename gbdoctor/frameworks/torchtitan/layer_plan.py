@@ -23,22 +23,18 @@ def apply_layer_plan(
     layers: tuple[tuple[str, str], ...],
     flags: tuple[tuple[str, bool], ...],
     backend: str,
-) -> tuple[str, ...]:
+) -> None:
     """Per ``(layer, mode)`` of ``model.layers``: ``eager`` undoes the block's in-place compile,
-    ``nofullgraph`` compiles it again with ``fullgraph=False``; then each Dynamo flag is set.
-    Returns the FQNs left eager."""
+    ``nofullgraph`` compiles it again with ``fullgraph=False``; then each Dynamo flag is set."""
     import torch._dynamo
 
-    eager = []
     for name, mode in layers:
         block = model.layers.get_submodule(name)
         if mode == "eager":
             block._compiled_call_impl = None  # what Module.compile set
-            eager.append(f"layers.{name}")
         elif mode == "nofullgraph":
             block.compile(backend=backend, fullgraph=False)
         else:
             raise ValueError(f"unknown layer mode {mode!r} for layers.{name}")
     for flag, value in flags:
         setattr(torch._dynamo.config, flag, value)
-    return tuple(eager)

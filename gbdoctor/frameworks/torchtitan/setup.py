@@ -182,10 +182,38 @@ def _flex_cpu_backward() -> Iterator[None]:
             original(query, key, value)
 
     flex._validate_device = validate
+    # torchtitan compiles flex_attention once, at class level, with inductor, whose CPU
+    # FlexAttention kernel has no backward on torch 2.13 (IndexError in the lowering): outside
+    # a compiled block (eager training, run's eager mode) it runs through aot_eager instead,
+    # the same math. Inside a compiled block it is traced into the block's graph either way.
+    attention = sys.modules.get("torchtitan.models.common.attention")
+    holder = getattr(attention, "FlexAttention", None)
+    compiled = getattr(holder, "_compiled_flex_attn", None)
+    if compiled is not None:
+        holder._compiled_flex_attn = torch.compile(flex.flex_attention, backend="aot_eager")
     try:
         yield
     finally:
         flex._validate_device = original
+        if compiled is not None:
+            holder._compiled_flex_attn = compiled
+
+
+@contextlib.contextmanager
+def _no_regional_inductor() -> Iterator[None]:
+    """Under ``aot_eager`` torchtitan lowers FlexAttention regions with inductor all the same
+    (``distributed/compile.py``, regional inductor); on CPU that lowering has no backward (the
+    same ``IndexError``), so on CPU the flex region stays in ``aot_eager`` like the rest."""
+    compile_module = sys.modules.get("torchtitan.distributed.compile")
+    original = getattr(compile_module, "_maybe_regional_inductor_backend", None)
+    if original is None:
+        yield
+        return
+    compile_module._maybe_regional_inductor_backend = lambda model, backend: backend  # type: ignore[union-attr]
+    try:
+        yield
+    finally:
+        compile_module._maybe_regional_inductor_backend = original  # type: ignore[union-attr]
 
 
 @contextlib.contextmanager
@@ -194,7 +222,7 @@ def cpu_stand_ins(device: str) -> Iterator[None]:
     if device != "cpu":
         yield
         return
-    with _cpu_device_type(), _flex_cpu_backward():
+    with _cpu_device_type(), _flex_cpu_backward(), _no_regional_inductor():
         yield
 
 
@@ -226,6 +254,9 @@ class TitanSetup:
     trainer_state: Any
     dynamo_flags: tuple[tuple[str, Any], ...]
     hooks: list[Any] = field(default_factory=list)
+    dynamo_restore: tuple[tuple[str, Any], ...] = ()
+    """The Dynamo settings torchtitan's setup changed, as they were before: put back when the
+    steps are done, so the next setup in this process starts from the same state."""
     fsdp: bool = False
     notes: tuple[str, ...] = ()
     loss_parallel: bool = False
@@ -274,15 +305,17 @@ class _RecordingCompile:
         self.session = session
         self.compiled: dict[str, bool] = {}
         """Region FQN -> fullgraph, the latest compile of each."""
+        self.in_place: dict[str, nn.Module] = {}
 
     @property
     def regions(self) -> list[tuple[str, bool]]:
-        return list(self.compiled.items())
-
-    def forget(self, fqns: tuple[str, ...]) -> None:
-        """Regions whose compile was undone (a plan's eager layers)."""
-        for fqn in fqns:
-            self.compiled.pop(fqn, None)
+        """Compiled regions, less in-place compiles undone since (a plan's eager layers, set
+        by gbdoctor's strategy or by an emitted ``parallelize`` wrapper)."""
+        return [
+            (fqn, fullgraph)
+            for fqn, fullgraph in self.compiled.items()
+            if fqn not in self.in_place or self.in_place[fqn]._compiled_call_impl is not None
+        ]
 
     def _fqn(self, obj: Any) -> str:
         for name, module in self.model.named_modules():
@@ -304,6 +337,7 @@ class _RecordingCompile:
             fqn = recorder._fqn(module)
             fullgraph = bool(kwargs.get("fullgraph", False))
             recorder.compiled[fqn] = fullgraph
+            recorder.in_place[fqn] = module
             if recorder.session is None:
                 return original_module_compile(module, *args, **kwargs)
             with recorder.originals():  # the session calls the real ones
@@ -480,12 +514,11 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
             ac_config=config.activation_checkpoint,
             dump_folder=config.dump_folder,
         )
-        if strategy.layers:
-            recorder.forget(
-                apply_layer_plan(model, strategy.layers, strategy.flags, config.compile.backend)
-            )
+        if strategy.layers or strategy.flags:
+            apply_layer_plan(model, strategy.layers, strategy.flags, config.compile.backend)
     after = _dynamo_settings()
     flags = tuple(sorted((k, v) for k, v in after.items() if before.get(k) != v))
+    restore = tuple((k, before[k]) for k, _ in flags if k in before)
 
     model.to_empty(device=device)
     with torch.no_grad():
@@ -529,6 +562,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
         loss_fn=loss_fn,
         trainer_state=trainer_state,
         dynamo_flags=flags,
+        dynamo_restore=restore,
         fsdp=fsdp,
         notes=tuple(notes),
     )
@@ -594,9 +628,16 @@ def _blocks(model: nn.Module, regions: list[tuple[str, bool]], ac_label: str) ->
 @contextlib.contextmanager
 def step_context(setup: TitanSetup) -> Iterator[None]:
     """torchtitan set its Dynamo globals itself (``apply_compile``); the CPU stand-ins and its
-    SPMD train context stay on while steps and captures run."""
-    with cpu_stand_ins(setup.meshes.device.type), setup.trainer_state.train_context():
-        yield
+    SPMD train context stay on while steps and captures run. torchtitan never unsets those
+    globals: they are put back on exit (a plan's re-scans run in one process)."""
+    import torch._dynamo
+
+    try:
+        with cpu_stand_ins(setup.meshes.device.type), setup.trainer_state.train_context():
+            yield
+    finally:
+        for name, value in setup.dynamo_restore:
+            setattr(torch._dynamo.config, name, value)
 
 
 def timed_train_step(
