@@ -255,8 +255,9 @@ class TitanSetup:
     dynamo_flags: tuple[tuple[str, Any], ...]
     hooks: list[Any] = field(default_factory=list)
     dynamo_restore: tuple[tuple[str, Any], ...] = ()
-    """The Dynamo settings torchtitan's setup changed, as they were before: put back when the
-    steps are done, so the next setup in this process starts from the same state."""
+    """The Dynamo settings torchtitan's setup changed, as they were before: its settings are in
+    effect inside ``step_context`` only, so the next setup in this process (or another
+    framework's) starts from the same state."""
     fsdp: bool = False
     notes: tuple[str, ...] = ()
     loss_parallel: bool = False
@@ -519,6 +520,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     after = _dynamo_settings()
     flags = tuple(sorted((k, v) for k, v in after.items() if before.get(k) != v))
     restore = tuple((k, before[k]) for k, _ in flags if k in before)
+    _set_dynamo(restore)  # in effect inside step_context only (inspect enters none)
 
     model.to_empty(device=device)
     with torch.no_grad():
@@ -630,14 +632,19 @@ def step_context(setup: TitanSetup) -> Iterator[None]:
     """torchtitan set its Dynamo globals itself (``apply_compile``); the CPU stand-ins and its
     SPMD train context stay on while steps and captures run. torchtitan never unsets those
     globals: they are put back on exit (a plan's re-scans run in one process)."""
-    import torch._dynamo
-
+    _set_dynamo(setup.dynamo_flags)
     try:
         with cpu_stand_ins(setup.meshes.device.type), setup.trainer_state.train_context():
             yield
     finally:
-        for name, value in setup.dynamo_restore:
-            setattr(torch._dynamo.config, name, value)
+        _set_dynamo(setup.dynamo_restore)
+
+
+def _set_dynamo(settings: tuple[tuple[str, Any], ...]) -> None:
+    import torch._dynamo
+
+    for name, value in settings:
+        setattr(torch._dynamo.config, name, value)
 
 
 def timed_train_step(
