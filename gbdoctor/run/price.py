@@ -51,12 +51,10 @@ from gbdoctor.run.measure import (
     load_average,
     per_step_max,
     strip_rank,
-    workaround_note,
 )
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import BlockRecipe, Strategy
-from gbdoctor.spec import with_overrides
 from gbdoctor.summary import group_by_kind
 
 AS_SET_UP = "as set up"
@@ -119,11 +117,9 @@ def price_scan(
             report, price=_empty(report, run_spec, device, backend, rounds, warmup, steps, notes)
         )
     framework.prepare_ranks(device)
-    runs, failures, workaround, loads = _train(
+    runs, failures, loads = _train(
         run_spec, modes, device, backend, warmup, steps, rounds, progress
     )
-    if workaround:
-        notes.append(workaround)
     if AS_SET_UP in failures:
         raise SetupError(
             f"the setup as scanned does not train: {failures[AS_SET_UP]}",
@@ -243,17 +239,16 @@ def _train(
     steps: int,
     rounds: int,
     progress: Progress | None,
-) -> tuple[dict[str, list[list[RankRun]]], dict[str, str], str, list[float]]:
+) -> tuple[dict[str, list[list[RankRun]]], dict[str, str], list[float]]:
     """Every mode ``rounds`` times in alternating order, one shared compile cache.
-    Returns (per mode the per-round rank runs, failures, the known-bug workaround note, the
-    load averages seen before each job)."""
+    Returns (per mode the per-round rank runs, failures, the load averages seen before each
+    job). A mode that hits a known upstream bug with a config workaround is a SetupError."""
     from gbdoctor.setup.dist import run_ranks
 
     world = spec.parallelism.world_size
     cache = tempfile.mkdtemp(prefix="gbdoctor-price-")
     runs: dict[str, list[list[RankRun]]] = {m.name: [] for m in modes}
     failures: dict[str, str] = {}
-    workaround = ""
     loads: list[float] = []
     total, done = rounds * len(modes), 0
     try:
@@ -265,49 +260,50 @@ def _train(
                 if progress:
                     progress(f"round {r + 1}/{rounds}: {mode.name}", done, total)
                 loads.append(load_average())
-                while True:
-                    job = ModeJob(
-                        spec=spec,
-                        mode=mode.name,
-                        strategy=mode.strategy,
-                        device=device,
-                        backend=backend,
-                        warmup=warmup,
-                        steps=steps,
-                        cache_dir=cache,
-                        profile_breaks=mode.name == AS_SET_UP and r == 0,
-                    )
-                    try:
-                        runs[mode.name].append(
-                            run_ranks(
-                                run_mode_rank,
-                                job,
-                                world_size=world,
-                                device_type=device,
-                                timeout_s=spec.gbdoctor.timeout_s,
-                            )
+                job = ModeJob(
+                    spec=spec,
+                    mode=mode.name,
+                    strategy=mode.strategy,
+                    device=device,
+                    backend=backend,
+                    warmup=warmup,
+                    steps=steps,
+                    cache_dir=cache,
+                    profile_breaks=mode.name == AS_SET_UP and r == 0,
+                )
+                try:
+                    runs[mode.name].append(
+                        run_ranks(
+                            run_mode_rank,
+                            job,
+                            world_size=world,
+                            device_type=device,
+                            timeout_s=spec.gbdoctor.timeout_s,
                         )
-                    except ModeFailure as exc:
-                        issue = known_bug_workaround(exc.message, mode.strategy)
-                        if issue is not None and not workaround:
-                            # As in `run`: what a user trains today is the workaround, so every
-                            # mode is priced under it (the breaks stay those of the scan).
-                            workaround = workaround_note(issue)
-                            spec = with_overrides(spec, issue.overrides)
-                            runs = {m.name: [] for m in modes}
-                            continue
-                        failures[mode.name] = strip_rank(exc.message, world)
-                    except SpecError:
-                        raise
-                    except GbdoctorError as exc:
-                        failures[mode.name] = strip_rank(exc.message, world)
-                    break
+                    )
+                except ModeFailure as exc:
+                    issue = known_bug_workaround(exc.message, mode.strategy)
+                    if issue is not None:
+                        # `run` measures baselines under the workaround; a price cannot: the
+                        # workaround changes the setup (its block kinds, their breaks), so
+                        # the scan's breaks would not be the ones measured.
+                        raise SetupError(
+                            f"the setup as scanned does not train: it hits a known upstream "
+                            f"bug ({issue.link})",
+                            hint="price the setup users run until the fix: "
+                            + " ".join(f"--set {o}" for o in issue.overrides),
+                        ) from None
+                    failures[mode.name] = strip_rank(exc.message, world)
+                except SpecError:
+                    raise
+                except GbdoctorError as exc:
+                    failures[mode.name] = strip_rank(exc.message, world)
                 done += 1
     finally:
         shutil.rmtree(cache, ignore_errors=True)
     if progress:
         progress("done", total, total)
-    return runs, failures, workaround, loads
+    return runs, failures, loads
 
 
 def _median_step(ranks: list[RankRun]) -> float:
