@@ -385,3 +385,30 @@ def test_a_rank_that_dies_under_torchrun_ends_the_job(tmp_path: Path) -> None:
     root_cause = done.stderr.split("Root Cause", 1)[-1]
     assert "rank      : 1" in root_cause and "SIGKILL" in root_cause, done.stderr[-3000:]
     assert took < 60 + 30, took
+
+
+@pytest.mark.slow
+@pytest.mark.extra("deepspeed")
+def test_the_real_deepspeed_launcher(tiny_dp2: tuple[Path, str]) -> None:
+    """``deepspeed --num_gpus 2 --module gbdoctor scan ...`` on CPU (DeepSpeed's CPU accelerator):
+    its ``--local_rank=N`` argument is dropped, the report is the self-spawned one."""
+    spec, expected = tiny_dp2
+    runner = [sys.executable, "-m", "deepspeed.launcher.runner"]
+    (done,) = _run_all(
+        [
+            (
+                runner
+                + ["--num_gpus", "2", "--master_port", str(free_port()), "--module"]
+                + ["gbdoctor", "scan", str(spec), "-f", "json"],
+                _env(DS_BUILD_OPS="0"),
+            )
+        ]
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()  # the launcher logs to stdout too: the report is "{" ... "}"
+    json_text = "\n".join(lines[lines.index("{") : len(lines) - lines[::-1].index("}")])
+    _check_launched(
+        subprocess.CompletedProcess(done.args, 0, json_text + "\n", done.stderr),
+        expected,
+        ("deepspeed", 1, 2),
+    )

@@ -153,6 +153,14 @@ for _command in (scan, inspect, causes, plan, run, price, timeline, gate, diff, 
     app.command()(handle_errors(_command))
 
 
+def _without_local_rank(args: list[str]) -> list[str]:
+    """The DeepSpeed launcher puts ``--local_rank=N`` before the command's own arguments (unless
+    ``--no_local_rank``); the rank is read from the environment, so the option is dropped."""
+    if args and args[0].startswith(("--local_rank=", "--local-rank=")):
+        return args[1:]
+    return args
+
+
 def main(args: list[str] | None = None) -> None:
     """Console-script entry point. SIGTERM (what CI sends on cancel or timeout) unwinds like
     Ctrl-C: children are stopped, and the exit status is 143 (130 for Ctrl-C).
@@ -177,6 +185,8 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(int(exc.exit_code))
     if session is not None and session.rank != 0:
         launched.serve(session)
+    if session is not None:
+        args = _without_local_rank(sys.argv[1:] if args is None else args)
 
     def command() -> None:
         with no_empty_cache_dirs():
