@@ -839,7 +839,7 @@ CASES: list[Case] = [
     ),
     # ---- usage errors from the option parser
     Case(
-        "usage-unknown-option", ["inspect", str(LLAMA3), "--fast"], 2, ("No such option: --fast",)
+        "usage-unknown-option", ["inspect", str(LLAMA3), "--fast"], 2, ("no such option: --fast",)
     ),
     Case(
         "usage-bad-int",

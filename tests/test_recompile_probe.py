@@ -115,11 +115,28 @@ def test_gate_recompiles_fails_on_the_recompiling_model(scans, monkeypatch):
     assert plain.exit_code == 0, plain.output
 
 
-def test_torchtitan_scans_refuse_the_probe():
-    """``scan --torchtitan`` has no probe: asking for one is a usage error (exit 2), not a
-    scan whose empty recompiles would read as measured."""
+@pytest.mark.extra("torchtitan")
+def test_torchtitan_scans_run_the_probe(tmp_path):
+    """The installed torchtitan scans through the one per-block pipeline, so ``--recompile-probe``
+    measures its blocks too (it used to be refused): the JSON says the probe ran."""
+    import json
+
+    out = tmp_path / "scan.json"
     result = CliRunner().invoke(
-        app, ["scan", "--torchtitan", "llama3:debugmodel", "--recompile-probe"]
+        app,
+        [
+            "scan",
+            "--torchtitan",
+            "llama3:llama3_debugmodel",
+            "--compile.enable",
+            "--recompile-probe",
+            "-f",
+            "json",
+            "-o",
+            str(out),
+        ],
     )
-    assert result.exit_code == 2
-    assert "no recompile probe" in " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["setup"]["probed_recompiles"] is True
+    assert all(isinstance(block["recompiles"], list) for block in data["blocks"])

@@ -62,8 +62,10 @@ def spec_path(args: list[str] | None) -> Path:
     """The one SPEC.toml of ``args``; an option-like leftover is a framework override given
     without the run it belongs to."""
     if not args or len(args) != 1 or args[0].startswith("-"):
+        options = [a for a in args or [] if a.startswith("-")]
+        unknown = f"no such option: {' '.join(options)}; " if options else ""
         raise typer.BadParameter(
-            "give one SPEC.toml (unknown options such as --section.key are torchtitan "
+            f"{unknown}give one SPEC.toml (unknown options such as --section.key are torchtitan "
             f"overrides: they need {RUN_FLAG} MODULE:CONFIG)"
         )
     return Path(args[0])

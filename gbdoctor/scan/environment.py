@@ -19,7 +19,7 @@ from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.records import Decision, ScanReport, Spec
 from gbdoctor.scan.estimate import decide, pin, require_real
 from gbdoctor.scan.job import Progress, ScanJob, probe_by_default, strategy_for
-from gbdoctor.scan.merge import merge_ranks
+from gbdoctor.scan.merge import merge_ranks, with_layout
 from gbdoctor.scan.rank import scan_rank, scan_rank_entry
 from gbdoctor.scan.simulate import (
     fake_process_group,
@@ -140,8 +140,13 @@ def simulate_scan(
     with fake_process_group(world):
         rank0 = scan_rank(job, progress, fake_mode=mode)
     report = merge_ranks(spec, job, [rank0])
-    return replace(
-        report,
-        setup=replace(report.setup, simulated=True),
-        notes=simulation_notes(spec, reason) + report.notes,
+    # One process stands for the whole world: the layout counts the ranks it simulates, so the
+    # report reads as the real scan it stands for.
+    return with_layout(
+        replace(
+            report,
+            setup=replace(report.setup, simulated=True),
+            notes=simulation_notes(spec, reason) + report.notes,
+        ),
+        world,
     )

@@ -78,7 +78,7 @@ def simulate_inspect(
         replace(
             report, setup=replace(report.setup, simulated=True), notes=notes + spec_notes(spec)
         ),
-        1,
+        spec.parallelism.world_size,
     )
 
 
