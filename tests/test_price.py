@@ -30,6 +30,26 @@ from gbdoctor.report.price_rows import break_rows, cause_totals, price_check
 MODEL = FIXTURES / "models" / "priced.py"
 
 
+def _price(**fields):
+    """A synthetic PriceReport: the measurement fields every unit test shares, then ``fields``."""
+    return PriceReport(
+        **{
+            "backend": "inductor",
+            "device": "cpu",
+            "device_name": "cpu",
+            "world_size": 1,
+            "rounds": 2,
+            "warmup": 1,
+            "steps": 1,
+            "batch_size": 1,
+            "seq_len": 1,
+            "step_ms": 100.0,
+            "step_spread_ms": (90.0, 110.0),
+            **fields,
+        }
+    )
+
+
 def _source_line(text: str) -> int:
     lines = MODEL.read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if line.strip().startswith(text))
@@ -171,18 +191,7 @@ def test_rows_rank_the_most_expensive_break_first_and_the_check_adds_up():
             split=PriceSplit.EAGER_TIME,
         )
 
-    price = PriceReport(
-        backend="inductor",
-        device="cpu",
-        device_name="cpu",
-        world_size=1,
-        rounds=2,
-        warmup=1,
-        steps=1,
-        batch_size=1,
-        seq_len=1,
-        step_ms=100.0,
-        step_spread_ms=(90.0, 110.0),
+    price = _price(
         kinds=(
             KindPrice(
                 kind="moe",
@@ -228,21 +237,7 @@ def test_diff_fails_on_a_price_rise_beyond_threshold_and_spreads_only():
             ms_per_step=ms,
             spread_ms=spread,
         )
-        price = PriceReport(
-            backend="inductor",
-            device=device,
-            device_name="d",
-            world_size=2,
-            rounds=2,
-            warmup=1,
-            steps=1,
-            batch_size=1,
-            seq_len=1,
-            step_ms=100.0,
-            step_spread_ms=(90.0, 110.0),
-            kinds=(kind,),
-            breaks=(),
-        )
+        price = _price(device=device, world_size=2, kinds=(kind,), breaks=())
         setup = SetupInfo(
             strategy="block",
             device=device,
@@ -291,18 +286,8 @@ def test_plan_shows_each_kinds_predicted_gain_from_a_priced_scan():
             KindPlan(kind="dense", layers=("layers.0",), mode="block", fullgraph=True),
         ),
     )
-    price = PriceReport(
-        backend="inductor",
-        device="cpu",
-        device_name="cpu",
+    price = _price(
         world_size=2,
-        rounds=2,
-        warmup=1,
-        steps=1,
-        batch_size=1,
-        seq_len=1,
-        step_ms=100.0,
-        step_spread_ms=(90.0, 110.0),
         kinds=(
             KindPrice(
                 kind="moe",
