@@ -13,6 +13,7 @@ import ctypes
 import importlib
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import sys
@@ -260,6 +261,22 @@ def failure_message(rank: int | None, exc: BaseException) -> tuple[Any, ...]:
             time.time(),
         )
     return ("crash", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time())
+
+
+_LOST_PEER = re.compile(
+    r"(?:Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited"
+    r"|NCCL communicator was aborted)(?:(?!\. )[^;()\n])*"
+)
+"""How a collective fails on a rank whose peer died (gloo's TCP pair, NCCL's watchdog): an echo
+of the peer's death, not a failure of this rank's work."""
+
+
+def lost_peer(exc: BaseException) -> str | None:
+    """The words saying a peer rank went away, when ``exc`` (or the error text it carries,
+    e.g. a warm-up failure) says so; else None."""
+    text = exc.message if isinstance(exc, GbdoctorError) else str(exc)
+    found = _LOST_PEER.search(text)
+    return found.group(0).strip() if found else None
 
 
 def failure_error(message: tuple[Any, ...]) -> GbdoctorError:

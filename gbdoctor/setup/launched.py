@@ -35,7 +35,14 @@ from typing import Any, NoReturn
 from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError, SetupError, SpecError
 from gbdoctor.launcher import Launched
 from gbdoctor.records.enums import Launcher
-from gbdoctor.setup.dist import failure_error, failure_message, loopback_interface, pg_timeout
+from gbdoctor.setup.dist import (
+    FAILURE_GRACE_S,
+    failure_error,
+    failure_message,
+    loopback_interface,
+    lost_peer,
+    pg_timeout,
+)
 
 POLL_S = 0.1
 """How often a waiting rank looks at the store (a job to run, a failure, its peers' exits)."""
@@ -259,6 +266,9 @@ def _run_target(session: Session, n: int, target: Callable[[Any], Any], payload:
         with exits_guarded():
             out = target(payload)
     except BaseException as exc:  # noqa: BLE001 - posted so no peer waits for this rank
+        gone = lost_peer(exc)
+        if gone is not None:
+            exc = _peer_gone(session, n, exc, gone)
         first = session.post_failure(failure_message(session.rank, exc))
         if session.rank != 0:
             if session.ending.acquire(blocking=False):
@@ -267,10 +277,33 @@ def _run_target(session: Session, n: int, target: Callable[[Any], Any], payload:
         if not session.ending.acquire(blocking=False):
             time.sleep(3600)  # the watcher is ending this process with the first failure
         if first[1] == 0 and isinstance(exc, GbdoctorError | KeyboardInterrupt):
-            raise
+            raise exc  # not a bare raise: a lost peer replaced the exception caught
         raise failure_error(first) from None
     session.store.set(f"done/{n}/{session.rank}", "1")
     return out
+
+
+def _peer_gone(session: Session, n: int, exc: BaseException, gone: str) -> BaseException:
+    """This rank's collective failed because a peer went away: that peer's own failure, if it
+    posts one within the grace time, is the job's first; otherwise a peer died outright
+    (SIGKILL, a native crash) and this says so instead of blaming the model."""
+    deadline = time.monotonic() + FAILURE_GRACE_S
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if session.store.check(["fail"]):
+                return exc  # post_failure will return the peer's failure as the first
+        time.sleep(POLL_S)
+    unfinished = []
+    for r in range(session.world_size):
+        with contextlib.suppress(Exception):
+            if r != session.rank and not session.store.check([f"done/{n}/{r}"]):
+                unfinished.append(r)
+    return SetupError(
+        f"a peer rank went away while this rank waited for it in a collective ({gone}); "
+        f"ranks not finished: {unfinished}",
+        hint="the launcher's summary names the rank that died and how (SIGKILL: out of host "
+        "memory?); run `gbdoctor --debug ...` for the traceback",
+    )
 
 
 def run_job(
