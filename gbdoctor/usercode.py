@@ -34,11 +34,14 @@ from typing import Any
 from gbdoctor.errors import ExitCode, GbdoctorError
 
 __all__ = [
+    "OWN_CODE_HINT",
     "TRUSTED_FACTORY_ENV",
     "UserCodeExit",
     "defined_in",
     "exits_guarded",
+    "foreign_factory",
     "installed_distribution",
+    "installed_file",
     "raised_at",
     "stdlib_file",
     "stdlib_target",
@@ -174,8 +177,7 @@ def installed_distribution(module: str) -> str | None:
     where the import system would load the package from (site-packages). A package the user
     opted into through ``GBDOCTOR_TRUSTED_FACTORY_PACKAGES`` counts as the user's own."""
     top = module.strip().split(".", 1)[0]
-    trusted = {name.strip() for name in os.environ.get(TRUSTED_FACTORY_ENV, "").split(",")}
-    if top in trusted:
+    if top in _trusted_packages():
         return None
     names = _distributions_by_package().get(top)
     if names:
@@ -198,6 +200,56 @@ def stdlib_file(path: str) -> bool:
     """Whether a factory file lies inside the standard library's directory."""
     return os.path.normcase(os.path.realpath(path)).startswith(
         os.path.normcase(os.path.realpath(_STDLIB))
+    )
+
+
+def installed_file(path: str) -> str | None:
+    """The installed package a factory file belongs to (its top-level name under a
+    site-packages directory: ``.../site-packages/torch/utils/collect_env.py`` is ``torch``),
+    else None; a package trusted through ``GBDOCTOR_TRUSTED_FACTORY_PACKAGES`` is None."""
+    real = os.path.normcase(os.path.realpath(path))
+    for directory in _site_directories():
+        if real.startswith(directory):
+            top = real[len(directory) :].split(os.sep, 1)[0].removesuffix(".py")
+            return None if top in _trusted_packages() else top
+    return None
+
+
+def _trusted_packages() -> set[str]:
+    return {name.strip() for name in os.environ.get(TRUSTED_FACTORY_ENV, "").split(",")}
+
+
+OWN_CODE_HINT = (
+    "point the factory at your own file or package, which defines build(flavor) -> nn.Module"
+)
+
+
+def foreign_factory(target: str, *, is_path: bool) -> tuple[str, str] | None:
+    """Why a factory target (a module name, or a resolved ``.py`` path) is not the user's own
+    code, as (problem, hint: the problem a predicate, "names X, which ..."); None when it may
+    be imported. Decided without importing
+    anything from it, so the spec loader refuses it before any command runs code
+    (docs/security.md): the standard library, builtins, or a module or file of an installed
+    distribution the user did not trust explicitly."""
+    if is_path and stdlib_file(target):
+        return f"names {target!r}, which is part of the Python standard library", OWN_CODE_HINT
+    if not is_path and stdlib_target(target):
+        return (
+            f"names the standard-library or builtin module {target!r}, not a model factory",
+            OWN_CODE_HINT,
+        )
+    top = installed_file(target) if is_path else target.strip().split(".", 1)[0]
+    package = top if is_path else installed_distribution(target)
+    if top is None or package is None:
+        return None
+    package = _distributions_by_package().get(top, [package])[0]
+    return (
+        f"names {target!r}, which belongs to the installed package {package!r}, not to your "
+        "model code; a "
+        "spec may not run an installed package's callables (it would call one with the "
+        "flavor string)",
+        f"point the factory at your own file or package; if {top} is your model package, "
+        f"trust it explicitly: {TRUSTED_FACTORY_ENV}={top}",
     )
 
 

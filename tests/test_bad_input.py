@@ -9,6 +9,7 @@ launcher must not have been called).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -122,6 +123,7 @@ def _plan(**changes) -> str:
 _DEEP = "[" * 100000 + "]" * 100000
 _BASELINE_OK = BASELINE.read_text()
 _STDLIB_OS = os.path.join(os.path.dirname(os.__file__), "os.py")
+_COLLECT_ENV = importlib.util.find_spec("torch.utils.collect_env").origin  # finds, runs nothing
 
 CASES: list[Case] = [
     # ---- spec files
@@ -417,15 +419,40 @@ CASES: list[Case] = [
         ("module 'os.path'",),
         {"s.toml": _custom("x", "os.path:join")},
     ),
-    # ---- factories that fail when they are loaded or called (the model build is where they fail)
     Case(
         "factory-stdlib-file",
         ["scan", "{f:s.toml}"],
         2,
         ("is part of the Python standard library",),
         {"s.toml": _custom("x", f"{Path(_STDLIB_OS).as_posix()}:system")},
-        before_build=False,
     ),
+    Case(
+        "factory-installed-package-file",  # a path into site-packages, not a module name
+        ["scan", "{f:s.toml}"],
+        2,
+        ("collect_env.py', which belongs to the installed package 'torch'", "flavor string)"),
+        {"s.toml": _custom("touch pwned", f"{Path(_COLLECT_ENV).as_posix()}:run")},
+    ),
+    *(
+        Case(  # every command that loads a spec refuses it as the spec loads (a "pwned" file
+            # written by the shell command would fail the files-left-behind check)
+            f"factory-installed-package-{command[0]}",
+            [*command, "{f:s.toml}"],
+            2,
+            ("which belongs to the installed package 'torch'", "flavor string)"),
+            {"s.toml": _custom("touch pwned", "torch.utils.collect_env:run")},
+        )
+        for command in (
+            ["scan"],
+            ["inspect"],
+            ["plan"],
+            ["run"],
+            ["gate", "--baseline", "{tmp}/b.json", "--update-baseline"],
+            ["price"],
+            ["timeline"],
+        )
+    ),
+    # ---- factories that fail when they are loaded or called (the model build is where they fail)
     Case(
         "factory-file-missing",
         ["scan", "{f:s.toml}"],

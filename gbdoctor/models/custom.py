@@ -20,19 +20,10 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import SpecError, exception_line
-from ..usercode import (
-    TRUSTED_FACTORY_ENV,
-    defined_in,
-    installed_distribution,
-    stdlib_file,
-    stdlib_target,
-)
+from ..usercode import OWN_CODE_HINT, defined_in, foreign_factory
 from .structure import find_blocks
 
 _FORMAT_HINT = "write the factory as 'path/to/file.py:build' or 'package.module:build'"
-_OWN_CODE_HINT = (
-    "point the factory at your own file or package, which defines build(flavor) -> nn.Module"
-)
 
 
 def _split(ref: str) -> tuple[str, str]:
@@ -56,11 +47,7 @@ def _import_file(target: str, ref: str):
             f"model factory {ref!r}: file {str(path)!r} does not exist",
             hint="relative factory paths are resolved against the spec file's directory",
         )
-    if stdlib_file(str(path)):
-        raise SpecError(
-            f"model factory {ref!r}: {str(path)!r} is part of the Python standard library",
-            hint=_OWN_CODE_HINT,
-        )
+    _refuse_foreign(str(path), ref, is_path=True)
     # A unique, stable module name: two factories called model.py in different folders must not collide.
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
     name = f"gbdoctor_factory_{path.stem}_{digest}"
@@ -90,23 +77,16 @@ def _import_file(target: str, ref: str):
     return module
 
 
+def _refuse_foreign(target: str, ref: str, *, is_path: bool) -> None:
+    """The spec loader refuses these already (``frameworks.common.sections``); checked again
+    here for factories given to the library directly."""
+    foreign = foreign_factory(target, is_path=is_path)
+    if foreign is not None:
+        raise SpecError(f"model factory {ref!r} {foreign[0]}", hint=foreign[1])
+
+
 def _import_module(target: str, ref: str):
-    if stdlib_target(target):
-        raise SpecError(
-            f"model factory {ref!r}: {target!r} is a standard-library or builtin module, "
-            "not a model factory",
-            hint=_OWN_CODE_HINT,
-        )
-    distribution = installed_distribution(target)
-    if distribution is not None:
-        top = target.split(".", 1)[0]
-        raise SpecError(
-            f"model factory {ref!r}: {target!r} belongs to the installed package "
-            f"{distribution!r}, not to your model code; a spec may not run an installed "
-            "package's callables (it would call one with the flavor string)",
-            hint=f"point the factory at your own file or package; if {top} is your model "
-            f"package, trust it explicitly: {TRUSTED_FACTORY_ENV}={top}",
-        )
+    _refuse_foreign(target, ref, is_path=False)
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:
@@ -178,7 +158,7 @@ def load_factory(ref: str, flavor: str) -> nn.Module:
         owner = getattr(factory, "__module__", None) or "an unknown module"
         raise SpecError(
             f"model factory {ref!r}: {attr!r} is defined in {owner}, not in {target}",
-            hint=_OWN_CODE_HINT,
+            hint=OWN_CODE_HINT,
         )
     try:
         model = factory(flavor)

@@ -175,19 +175,16 @@ def _resolve_factory(factory: str, spec_dir: str, ctx: SpecContext) -> str:
             "'path/to/file.py:build' or 'package.module:build'",
             "name the file (relative to the spec file) or module, a colon, and the function",
         )
-    if not is_path:
-        from gbdoctor.usercode import stdlib_target
+    from gbdoctor.usercode import foreign_factory
 
-        if stdlib_target(target):
-            ctx.fail(
-                f"{ctx.where('model', 'factory')} = '{factory}' names the standard-library or "
-                f"builtin module '{target}', not a model factory",
-                "point the factory at your own file or package, which defines "
-                "build(flavor) -> nn.Module",
-            )
-        return factory
-    resolved = os.path.normpath(os.path.join(spec_dir, os.path.expanduser(target)))
-    return f"{resolved}:{attr}"
+    if is_path:
+        target = os.path.normpath(os.path.join(spec_dir, os.path.expanduser(target)))
+    # Refused here, when the spec loads, so no command imports anything (torch included)
+    # before saying so: a spec must not turn someone else's callable into a command runner.
+    foreign = foreign_factory(target, is_path=is_path)
+    if foreign is not None:
+        ctx.fail(f"{ctx.where('model', 'factory')} = '{factory}' {foreign[0]}", foreign[1])
+    return f"{target}:{attr}"
 
 
 def _num_experts(model: ModelSpec) -> int | None:
