@@ -115,6 +115,20 @@ def _triton_stand_in() -> Iterator[None]:
         del sys.modules["triton"], sys.modules["triton.language"]
 
 
+def _registry_path(module: str) -> str:
+    """The config registry ``module`` names, found as torchtitan's ``ConfigManager`` finds it:
+    a short name of a model (``llama3``) or an experiment (``graph_trainer.llama3``) is
+    ``<package>.<name>.config_registry``; anything else is a dotted module path."""
+    from torchtitan.experiments import _supported_experiments
+    from torchtitan.models import _supported_models
+
+    if module in _supported_models:
+        return f"torchtitan.models.{module}.config_registry"
+    if module in _supported_experiments:
+        return f"torchtitan.experiments.{module}.config_registry"
+    return module
+
+
 def import_torchtitan(run: RegistryRun) -> Any:
     """Import torchtitan's config registry for ``run`` (with the triton stand-in)."""
     if torchtitan_version() is None:
@@ -123,19 +137,16 @@ def import_torchtitan(run: RegistryRun) -> Any:
             hint='pip install "gbdoctor[torchtitan]" (torchtitan 0.3.0), or scan a v0.2.x TOML',
         )
     with _triton_stand_in():
+        from torchtitan.experiments import _supported_experiments
         from torchtitan.models import _supported_models
 
-        target = (
-            f"torchtitan.models.{run.module}.config_registry"
-            if run.module in _supported_models
-            else run.module
-        )
         try:
-            registry = importlib.import_module(target)
+            registry = importlib.import_module(_registry_path(run.module))
         except ImportError as exc:
             missing = getattr(exc, "name", None)
             hint = (
-                f"torchtitan models: {', '.join(sorted(_supported_models))}"
+                "torchtitan models: "
+                f"{', '.join(sorted(_supported_models | _supported_experiments))}"
                 if not missing or missing.startswith(("torchtitan", run.module))
                 else f"that model needs {missing!r}, which torchtitan does not install: install "
                 "it (on CPU only if it has a CPU path), or choose another model"
@@ -494,6 +505,11 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     from torchtitan.distributed import utils as dist_utils
 
     from gbdoctor.frameworks.torchtitan.layer_plan import apply_layer_plan
+    from gbdoctor.frameworks.torchtitan.whole_model import (
+        compile_blocks_when_traced_whole,
+        simple_fsdp_note,
+        unapplied_ac_note,
+    )
 
     config, parallel_dims, device = meshes.config, meshes.parallel_dims, meshes.device.type
     if strategy.compile is not None:
@@ -515,6 +531,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
             ac_config=config.activation_checkpoint,
             dump_folder=config.dump_folder,
         )
+        per_block = compile_blocks_when_traced_whole(model, recorder, config.compile, strategy)
         if strategy.layers or strategy.flags:
             apply_layer_plan(model, strategy.layers, strategy.flags, config.compile.backend)
     after = _dynamo_settings()
@@ -527,6 +544,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
         model.init_weights(buffer_device=None)
     model.train()
     fsdp = _sum_reductions_on_gloo(model)
+    simple_fsdp = simple_fsdp_note(model)
 
     loss_fn = config.loss.build(compile_config=config.compile)
     if isinstance(loss_fn, ChunkedLossWrapper):
@@ -552,6 +570,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     ac_label = "sac" if ac is not None and type(ac).__qualname__.startswith("Selective") else "ac"
     blocks = _blocks(model, recorder.regions, ac_label)
     notes = [stand_in_note()]
+    notes += [n for n in (per_block, simple_fsdp, unapplied_ac_note(config, blocks)) if n]
     if not recorder.regions and strategy.compile is not False:
         notes.append("torchtitan compiled nothing under this config (pass --compile.enable)")
     return TitanSetup(
@@ -565,7 +584,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
         trainer_state=trainer_state,
         dynamo_flags=flags,
         dynamo_restore=restore,
-        fsdp=fsdp,
+        fsdp=fsdp or simple_fsdp is not None,
         notes=tuple(notes),
     )
 
