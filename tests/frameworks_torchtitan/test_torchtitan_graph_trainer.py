@@ -1,0 +1,96 @@
+"""torchtitan's ``experiments/graph_trainer`` as a setup: its config registry, its own
+``parallelize`` (SimpleFSDP on a real gloo group, applied unconditionally) and its whole-model
+tracing, scanned per block. The installed torchtitan 0.3.0 is the oracle: its SimpleFSDP
+parameters, and Dynamo's own graph-break log (``torch._dynamo.explain``) on the same block with
+the inputs torchtitan's training step gave it."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from gbdoctor.cli import app
+from gbdoctor.report.json import load_scan_json
+
+pytestmark = pytest.mark.extra("torchtitan")
+
+GT_LLAMA = ("--torchtitan", "graph_trainer.llama3:graph_trainer_llama3_debugmodel")
+runner = CliRunner()
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def gt_scan(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gt") / "scan.json"
+    code, _, err = _cli("scan", *GT_LLAMA, "--no-recompile-probe", "-f", "json", "-o", str(out))
+    assert code == 0, err
+    return load_scan_json(out)
+
+
+def test_graph_trainer_scans_per_block_under_simple_fsdp(gt_scan):
+    """graph_trainer traces the whole step with make_fx (compile.mode aot_fx_trace): no block is
+    a Dynamo region of its own, so each is compiled fullgraph=True; SimpleFSDP is FSDP (its
+    parametrized all-gather is traced: no FSDP2 hooks, no fsdp-hook break)."""
+    report = gt_scan
+    assert report.spec == "torchtitan:graph_trainer.llama3:graph_trainer_llama3_debugmodel"
+    assert report.model == "llama3/graph_trainer_llama3_debugmodel"
+    assert report.setup.fsdp and report.setup.world_size == 1
+    # No eager AC wrapper: graph_trainer applies SAC to the traced graph (memory_policy).
+    assert [b.kind for b in report.blocks] == ["dense"] * 6
+    for block in report.blocks:
+        assert block.regions == block.fullgraph_regions == (block.fqn,)
+        assert block.graph_count == 1 and not block.breaks and block.error is None
+    notes = " ".join(report.notes)
+    assert "make_fx" in notes and "fullgraph=True" in notes
+    assert "SimpleFSDP" in notes and "wraps no block" in notes
+
+
+def _titan_block_inputs():
+    """graph_trainer's model set up by its own parallelize (compile off) on a world-size-1 gloo
+    group, one torchtitan training step, and block 0's call as torchtitan made it."""
+    from gbdoctor.frameworks.registry import framework_for, spec_for_run
+
+    spec = spec_for_run("--torchtitan", GT_LLAMA[1], ())
+    titan = framework_for(spec)
+    model, meshes = titan.build(spec, "cpu")
+    setup = titan.set_up(model, spec, meshes, strategy="eager")
+    calls = []
+    block = setup.blocks[0].outer
+    hook = block.register_forward_pre_hook(
+        lambda m, args, kwargs: calls.append((args, kwargs)), with_kwargs=True
+    )
+    import torch
+
+    tokens = torch.randint(0, 256, (2, 64))
+    with titan.step_context(setup):
+        titan.train_step(setup, tokens, tokens)
+    hook.remove()
+    return setup, titan, block, calls[0]
+
+
+@pytest.mark.slow  # a second torchtitan setup plus an eager step (~15 s idle, 35 s at load 11)
+def test_dynamo_graph_break_log_on_the_same_block_agrees(gt_scan):
+    """Oracle: plain Dynamo (``torch._dynamo.explain``) on block 0 as graph_trainer's SimpleFSDP
+    leaves it, with the arguments torchtitan's own step passed: the scan's graph and break
+    counts, and the SimpleFSDP parameters torchtitan made (DTensors) are what the note counts."""
+    import torch
+    import torch._dynamo
+    from torch.distributed.tensor import DTensor
+
+    from gbdoctor.setup.dist import single_process_group
+
+    with single_process_group("cpu"):
+        setup, titan, block, (args, kwargs) = _titan_block_inputs()
+        sharded = sum(isinstance(p, DTensor) for p in setup.model.parameters())
+        torch._dynamo.reset()
+        with titan.step_context(setup):
+            explained = torch._dynamo.explain(block)(*args, **kwargs)
+        torch._dynamo.reset()
+    scanned = gt_scan.blocks[0]
+    assert explained.graph_break_count == len(scanned.breaks) == 0
+    assert explained.graph_count == scanned.graph_count == 1
+    assert f"SimpleFSDP: {sharded} parameters" in " ".join(gt_scan.notes)
