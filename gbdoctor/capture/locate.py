@@ -15,15 +15,17 @@ import linecache
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 
 from gbdoctor.causes import is_torch_file
+from gbdoctor.models.custom import portable_module_names
 from gbdoctor.models.structure import find_moe_layers, hidden_size
 from gbdoctor.records import Component, Location
+from gbdoctor.usercode import stdlib_file
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _FSDP_DIR = os.path.join(_TORCH_DIR, "distributed", "fsdp") + os.sep
@@ -89,11 +91,14 @@ def clean_fqn(name: str) -> str:
 
 
 def portable_path(path: str, root: str | None = None) -> str:
-    """Report paths that depend neither on the machine nor on the working directory: an
-    installed library's file from ``site-packages/`` on (also when the virtual environment lives
-    inside the repository, as CI's ``.venv`` does); else relative to ``root`` (the spec's
-    repository, ``Spec.root``) when under it, so CI annotations land on the diff; else absolute.
-    Without a root, the working directory stands in (library callers that have no spec)."""
+    """Report paths that depend neither on the machine, the virtual environment nor the working
+    directory: an installed library's file from ``site-packages/`` on (also when the virtual
+    environment lives inside the repository, as CI's ``.venv`` does); else relative to ``root``
+    (the spec's repository, ``Spec.root``) when under it, so CI annotations land on the diff;
+    else named by module: the path from the outermost package holding it (``copy.py``,
+    ``json/decoder.py`` for the standard library, ``model.py`` for a factory file outside the
+    repository). Without a root, the working directory stands in (library callers that have no
+    spec)."""
     full = os.path.abspath(path)
     marker = os.sep + "site-packages" + os.sep
     if marker in full:
@@ -101,26 +106,85 @@ def portable_path(path: str, root: str | None = None) -> str:
     base = os.path.abspath(root if root else os.getcwd()) + os.sep
     if full.startswith(base):
         return os.path.relpath(full, base).replace(os.sep, "/")
-    return full
+    if not os.path.isabs(path) or not os.path.exists(full):
+        return path.replace(os.sep, "/")  # not a file of this machine (``<string>``, generated)
+    return _module_path(full)
+
+
+def _module_path(full: str) -> str:
+    """``full`` from the directory above its outermost package (``__init__.py`` directories)."""
+    parts = [os.path.basename(full)]
+    directory = os.path.dirname(full)
+    while os.path.exists(os.path.join(directory, "__init__.py")):
+        parts.append(os.path.basename(directory))
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    return "/".join(reversed(parts))
+
+
+_ABSOLUTE_PATH = re.compile(r"(?<![\w./~-])(/[\w.+@~-]+(?:/[\w.+@~-]+)+)")
+"""An absolute POSIX path inside free text (Dynamo's messages quote files and directories)."""
+
+
+def portable_text(text: str, root: str | None = None) -> str:
+    """``text`` with every absolute path of an existing file or directory made portable
+    (:func:`portable_path`): Dynamo's contexts and messages quote them (``skip reason: file
+    matches MOD_SKIPLIST (/.../site-packages/torch/_dynamo)``, a frame's file), and factory
+    modules by their file's name."""
+    text = portable_module_names(text)
+    if "/" not in text:
+        return text
+
+    def replace(match: re.Match[str]) -> str:
+        found = match.group(1)
+        return portable_path(found, root) if os.path.exists(found) else found
+
+    return _ABSOLUTE_PATH.sub(replace, text)
+
+
+def is_library_file(path: str) -> bool:
+    """Code the user did not write: PyTorch, an installed package, the standard library."""
+    full = os.path.abspath(path)
+    return (
+        is_torch_file(path)
+        or os.sep + "site-packages" + os.sep in full
+        or os.sep + "dist-packages" + os.sep in full
+        or stdlib_file(full)
+    )
 
 
 def innermost_user_location(
     frames: tuple[Location, ...], root: str | None = None, component: str = ""
 ) -> Location | None:
-    """The innermost frame outside torch (where a human would look), else the innermost;
-    with a portable path. For a library component (``zero``) the innermost frame of that
-    library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
+    """Where a human would look: the innermost frame of user code (not PyTorch, an installed
+    package or the standard library), with the library frame it called into kept as ``via``
+    (``copy.deepcopy`` raising inside ``copy.py``); else the innermost frame outside torch;
+    else the innermost. Paths portable. For a library component (``zero``) the innermost frame
+    of that library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's
+    nvtx)."""
     chosen = None
     if component in (Component.ZERO, Component.DEEPSPEED):
         chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
+    user = next(
+        (i for i in reversed(range(len(frames))) if not is_library_file(frames[i].file)), None
+    )
+    via = None
+    if chosen is None and user is not None:
+        chosen = frames[user]
+        deeper = [f for f in frames[user + 1 :] if not is_torch_file(f.file)]
+        via = _portable(deeper[-1], root) if deeper else None
     chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None
     )
     if chosen is None:
         return None
-    return Location(
-        file=portable_path(chosen.file, root), line=chosen.line, function=chosen.function
-    )
+    return replace(_portable(chosen, root), via=via)
+
+
+def _portable(frame: Location, root: str | None) -> Location:
+    return Location(file=portable_path(frame.file, root), line=frame.line, function=frame.function)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import logging
 import re
 from collections.abc import Callable, Iterator
 
+from gbdoctor.models.custom import portable_module_names
 from gbdoctor.records import Recompile
 
 RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
@@ -108,8 +109,9 @@ _LIMIT_REASON = re.compile(r"last reason: (.*)")
 
 def _stable(reason: str) -> str:
     """A guard without the object ids Dynamo prints (``___check_type_id(x, 9393...)`` ->
-    ``___check_type_id(x)``): they differ from process to process."""
-    return _OBJECT_ID.sub(r"\1)", reason)
+    ``___check_type_id(x)``): they differ from process to process; and a factory file's
+    classes by the file's module name, not the digest of its absolute path."""
+    return portable_module_names(_OBJECT_ID.sub(r"\1)", reason))
 
 
 def parse_recompile(

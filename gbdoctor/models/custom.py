@@ -14,6 +14,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -48,7 +49,8 @@ def _import_file(target: str, ref: str):
             hint="relative factory paths are resolved against the spec file's directory",
         )
     _refuse_foreign(str(path), ref, is_path=True)
-    # A unique, stable module name: two factories called model.py in different folders must not collide.
+    # A unique, stable module name: two factories called model.py in different folders must not
+    # collide. Reports name it without the digest (``portable_module_names``).
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
     name = f"gbdoctor_factory_{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
@@ -83,6 +85,14 @@ def _refuse_foreign(target: str, ref: str, *, is_path: bool) -> None:
     foreign = foreign_factory(target, is_path=is_path)
     if foreign is not None:
         raise SpecError(f"model factory {ref!r} {foreign[0]}", hint=foreign[1])
+_FACTORY_MODULE = re.compile(r"\bgbdoctor_factory_(\w+?)_[0-9a-f]{10}\b")
+
+
+def portable_module_names(text: str) -> str:
+    """``text`` with a factory file's module named by its file (``model``), not by the name it
+    was imported under, which holds a digest of its absolute path (Dynamo's guards quote it:
+    ``type=<class 'gbdoctor_factory_model_1a2b3c4d5e.Block'>``)."""
+    return _FACTORY_MODULE.sub(r"\1", text) if "gbdoctor_factory_" in text else text
 
 
 def _import_module(target: str, ref: str):

@@ -8,19 +8,21 @@ from gbdoctor.records.base import record
 from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
 from gbdoctor.records.price import PriceReport
 
-SCHEMA_VERSION = 5
-"""Version of the scan and inspect JSON documents. 5: scan reports carry ``price`` (``gbdoctor
-price``: what each distinct break costs a step; null otherwise). 4: the setup records how the ranks were
-started: ``launcher`` (``self``, ``torchrun``, ``deepspeed``, ``slurm``, ``env``), ``nodes`` and
-``ranks_per_node`` (documents before 4 read as ``self`` on one node, ``ranks_per_node`` 0: not
-recorded). 3: the setup carries ``dp_replicate`` (the
+SCHEMA_VERSION = 6
+"""Version of the scan and inspect JSON documents. 6: a location carries ``via`` (the library
+frame its line called into), paths inside messages are portable too, and blocks carry
+``dedupe`` (how a layer that shares a capture was proven identical). 5: scan reports carry
+``price`` (``gbdoctor price``: what each distinct break costs a step; null otherwise). 4: the
+setup records how the ranks were started: ``launcher`` (``self``, ``torchrun``, ``deepspeed``,
+``slurm``, ``env``), ``nodes`` and ``ranks_per_node`` (documents before 4 read as ``self`` on
+one node, ``ranks_per_node`` 0: not recorded). 3: the setup carries ``dp_replicate`` (the
 resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_stage``/``steps``;
 blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
 capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
 spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
-setup its ``tp_degree``. Readers accept 1 to 4 (the new fields take their defaults: no
-recompiles recorded)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+setup its ``tp_degree``. Readers accept 1 to 6 (the new fields take their defaults: no
+recompiles recorded, no price, no via, no dedupe proof)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 @record
@@ -63,6 +65,9 @@ class Location:
     file: str
     line: int
     function: str = ""
+    via: Location | None = None
+    """The library frame the user's line called into, where Dynamo raised the break
+    (``copy.py:153`` under ``copy.deepcopy(...)``); None when the break is in the line itself."""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"

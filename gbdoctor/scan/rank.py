@@ -34,7 +34,7 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
-from gbdoctor.capture.locate import portable_path, within
+from gbdoctor.capture.locate import portable_path, portable_text, within
 from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.frameworks import Framework, framework_for
@@ -363,7 +363,7 @@ def capture_block(
             else:
                 run_block(slot.outer, args, kwargs)
         except Exception as exc:  # a block that cannot be traced is data, not a crash
-            raw.error = describe_error(exc, root)
+            raw.error = portable_text(describe_error(exc, root), root)
             raw.error_traceback = error_traceback(exc)
             if os.environ.get(DEBUG_ENV) == "1":  # --debug: the report keeps one line, stderr all
                 print(f"{slot.fqn} does not trace:\n{raw.error_traceback}", file=sys.stderr)
@@ -422,9 +422,9 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
             in_checkpoint=rb.in_checkpoint,
             component=rb.component,
             region=region,
-            explanation=rb.explanation,
-            hints=rb.hints,
-            context=rb.context,
+            explanation=portable_text(rb.explanation, root),
+            hints=tuple(portable_text(h, root) for h in rb.hints),
+            context=portable_text(rb.context, root),
         )
         key = (brk.cause, brk.gb_type, str(brk.location), brk.module, brk.in_checkpoint)
         merged[key] = replace(merged[key], count=merged[key].count + 1) if key in merged else brk
@@ -445,7 +445,8 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
             module=module,
             gb_type=rb.gb_type,
             location=location,
-            detail=rb.context or "Dynamo skipped the whole frame and ran it eagerly",
+            detail=portable_text(rb.context, root)
+            or "Dynamo skipped the whole frame and ran it eagerly",
         )
     seen_types = {b.gb_type for b in merged.values()}
     for gb_type, n in sorted(raw.counter_types.items()):
