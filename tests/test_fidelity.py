@@ -66,15 +66,23 @@ def _breaks(block) -> int:
 # ------------------------------------------------------------------ one break per statement
 
 
-@pytest.mark.parametrize("flavor", ["autograd_function", "nested", "nested_after_break", "resume"])
-def test_one_break_per_statement_whatever_frames_dynamo_meets_it_in(flavor, scanned):
-    """A custom autograd.Function's forward is traced inside its HOP and again as a frame of its
-    own; a helper after a break runs in Dynamo's continuation: each statement is one break."""
-    expected, _ = SHAPES.EXPECTED[flavor]
+@pytest.mark.parametrize("flavor", sorted(SHAPES.EXPECTED))
+def test_each_construct_class_matches_plain_compile(flavor, scanned):
+    """Breaks per block as plain ``torch.compile(block)`` logs them, one per statement, whatever
+    frames Dynamo meets a statement in (a custom autograd.Function's forward: inside its HOP,
+    then as a frame of its own; a helper after a break: in Dynamo's continuation); and a
+    ``frame_skipped`` event exactly where Dynamo abandons a frame (failing import, generator,
+    unsupported context manager, a break in a loop)."""
+    expected, skipped = SHAPES.EXPECTED[flavor]
     report = scanned(flavor)
     assert [_breaks(b) for b in report.blocks] == [expected] * len(report.blocks)
     lines = [b.location.line for b in report.blocks[0].breaks]
     assert len(set(lines)) == len(lines) == expected
+    skips = [e for e in report.blocks[0].events if e.kind == "frame_skipped"]
+    assert len(skips) == (1 if skipped else 0), [(e.module, e.detail) for e in skips]
+    for event in skips:
+        assert event.module == "layers.0" and "abandoned frame forward" in event.detail
+        assert event.location.line in lines  # the statement that made Dynamo give up
 
 
 def test_autograd_function_break_belongs_to_the_submodule_that_called_it(scanned):

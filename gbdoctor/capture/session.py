@@ -20,7 +20,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -237,6 +237,7 @@ class CaptureSession:
 
         handler = _LogRecords()
         self._log_records = handler
+        metrics_limit = _start_compile_metrics()
         gb_logger = logging.getLogger(_GB_LOGGER)
         old_propagate = gb_logger.propagate
         torch._logging.set_logs(graph_breaks=True)
@@ -253,6 +254,7 @@ class CaptureSession:
             gb_logger.removeHandler(handler)
             gb_logger.propagate = old_propagate
             torch._logging.set_logs()
+            self._record_abandoned_frames(result, _end_compile_metrics(metrics_limit))
             for key, n in counters.get("graph_break", {}).items():
                 gb_type = causes.parse_reason(key).gb_type
                 result.counter_types[gb_type] = result.counter_types.get(gb_type, 0) + n
@@ -266,19 +268,47 @@ class CaptureSession:
     def paused(self) -> Iterator[None]:
         """Inside a capture: run more steps without recording their graphs or breaks (the scan's
         recompile probe; what they compile again is what ``capture.recompiles`` records)."""
+        from torch._dynamo import utils as dynamo_utils
         from torch._dynamo.utils import counters
 
         breaks = dict(counters.get("graph_break", {}))
         logged = len(self._log_records.messages) if self._log_records else 0
+        compiles = list(dynamo_utils.get_compilation_metrics())
         self._paused = True
         try:
             yield
         finally:
             self._paused = False
+            dynamo_utils.clear_compilation_metrics()
+            dynamo_utils._compilation_metrics.extend(compiles)
             counters["graph_break"].clear()
             counters["graph_break"].update(breaks)
             if self._log_records:
                 del self._log_records.messages[logged:]
+
+    def _record_abandoned_frames(self, result: RawCapture, metrics: list[Any]) -> None:
+        """A frame skip for every frame Dynamo gave up on: its compile ended in an exception
+        (``fail_type``) and left no compiled code, so the whole frame ran eagerly, whatever the
+        construct (an import that fails, a context manager or generator Dynamo cannot trace, a
+        break inside a loop). Read from Dynamo's compilation metrics, one per compiled frame."""
+        for metric in metrics:
+            if not getattr(metric, "fail_type", None) or not getattr(metric, "co_filename", None):
+                continue
+            function = user_function(metric.co_name or "")
+            frame = Location(
+                file=metric.co_filename, line=metric.co_firstlineno or 0, function=function
+            )
+            file = metric.fail_user_frame_filename or frame.file
+            line = metric.fail_user_frame_lineno or frame.line
+            same_code = file == frame.file and line >= frame.line
+            statement = Location(file=file, line=line, function=function if same_code else "")
+            reason = causes.parse_reason(metric.fail_reason or metric.fail_type)
+            detail = (
+                f"Dynamo abandoned frame {function} ({frame.file} line {frame.line}) and ran it "
+                f"eagerly: {reason.gb_type}"
+            )
+            raw = self._raw(reason, metric.fail_reason or "", (frame, statement), None)
+            result.frame_skips.append((replace(raw, context=detail), self.root))
 
     def _region(self) -> str:
         return self._region_stack[-1] if self._region_stack else ""
@@ -392,6 +422,32 @@ class CaptureSession:
         if parsed is not None:
             reason, frames = parsed
             self._add(result, reason, frames, None, "")
+
+
+def _start_compile_metrics() -> int | None:
+    """Empty Dynamo's compilation metrics and let them hold every compile of one capture
+    (64 by default: a whole-model capture compiles more frames). Returns the old limit."""
+    from torch._dynamo import utils as dynamo_utils
+
+    metrics = getattr(dynamo_utils, "_compilation_metrics", None)
+    if metrics is None or not hasattr(dynamo_utils, "set_compilation_metrics_limit"):
+        return None  # other torch versions: no frame skips from metrics
+    limit = metrics.maxlen
+    dynamo_utils.clear_compilation_metrics()
+    dynamo_utils.set_compilation_metrics_limit(1 << 16)
+    return limit
+
+
+def _end_compile_metrics(limit: int | None) -> list[Any]:
+    """The metrics of the capture's compiles; the old limit back."""
+    from torch._dynamo import utils as dynamo_utils
+
+    if limit is None:
+        return []
+    metrics = list(dynamo_utils.get_compilation_metrics())
+    dynamo_utils.clear_compilation_metrics()
+    dynamo_utils.set_compilation_metrics_limit(limit)
+    return metrics
 
 
 def _underlying_reason(exc: BaseException) -> str:
