@@ -18,7 +18,10 @@ import pytest
 import torch
 from repo_paths import FIXTURES, REPO
 
+from gbdoctor.records import BlockReport, Break, DedupeProof, Location, Readiness
+from gbdoctor.records.oracle import OracleStatement
 from gbdoctor.scan import scan
+from gbdoctor.scan.oracle import compare, oracle_check, render_oracle
 from gbdoctor.spec import load_spec
 
 MODEL = FIXTURES / "models" / "frame_shapes.py"
@@ -111,7 +114,7 @@ def test_break_raised_in_the_standard_library_is_located_at_the_users_line(scann
     source = MODEL.read_text().splitlines()
     assert "copy.deepcopy" in source[brk.location.line - 1]
     assert brk.location.function == "forward"
-    via = brk.location.via
+    via = brk.via
     assert via is not None and via.file == "copy.py" and via.function == "deepcopy"
 
 
@@ -163,3 +166,148 @@ def test_same_scan_from_two_venv_paths_and_two_model_copies_is_byte_identical(tm
     assert one == two
     assert str(tmp_path) not in one and sys.prefix not in one and "/site-packages/" not in one
     assert '"via"' in one and '"file": "copy.py"' in one
+
+
+# ------------------------------------------------------------------ proven dedupe
+
+
+@pytest.mark.parametrize("flavor", sorted(SHAPES.BY_LAYER))
+def test_layers_that_only_look_alike_are_captured_not_copied(flavor, scanned):
+    """Identical modules whose forward branches on a plain attribute (the layer index, a
+    per-layer flag): a layer shares a capture only when the representative's compiled code runs
+    on it unchanged; the others are captured and say which guard failed."""
+    report = scanned(flavor)
+    assert tuple(_breaks(b) for b in report.blocks) == SHAPES.BY_LAYER[flavor]
+    for block in report.blocks[1:]:
+        if block.same_as is None:
+            assert block.dedupe == DedupeProof.GUARDS_FAIL
+            assert "guards fail here" in block.dedupe_detail
+            assert "breaks differently" in block.dedupe_detail
+        else:
+            assert block.dedupe in (DedupeProof.GUARDS_PASS, DedupeProof.RETRACED_SAME)
+            shared = next(b for b in report.blocks if b.fqn == block.same_as)
+            assert _breaks(shared) == _breaks(block)
+
+
+def test_index_branch_names_the_failed_guard(scanned):
+    """Layer 1 fails layer 0's guard on its index but re-traced meets the same (no) breaks, so
+    it shares; layer 2 breaks differently and is captured; layer 3 shares layer 2's capture."""
+    blocks = scanned("by_index").blocks
+    assert [b.same_as for b in blocks] == [None, "layers.0", None, "layers.2"]
+    assert blocks[1].dedupe == DedupeProof.RETRACED_SAME
+    assert "self.layer_index == 0" in blocks[1].dedupe_detail
+    assert blocks[2].dedupe == DedupeProof.GUARDS_FAIL
+    assert "breaks differently" in blocks[2].dedupe_detail
+
+
+def test_per_layer_flag_shares_only_between_layers_with_the_same_flag(scanned):
+    blocks = scanned("by_flag").blocks
+    assert [b.same_as for b in blocks] == [None, None, "layers.0", "layers.1"]
+    assert blocks[2].dedupe == DedupeProof.GUARDS_PASS
+
+
+@pytest.mark.parametrize("flavor", ["clean", "autograd_function"])
+def test_alike_layers_are_proven_identical(flavor, scanned):
+    """Layers that trace alike share the first capture, with the proof: every guard passes, or
+    only guards on a value computed at run time (the host read's result) fail and the re-trace
+    meets no other break."""
+    blocks = scanned(flavor).blocks
+    assert [b.same_as for b in blocks] == [None, "layers.0", "layers.0", "layers.0"]
+    assert blocks[0].dedupe is None
+    assert {b.dedupe for b in blocks[1:]} <= {DedupeProof.GUARDS_PASS, DedupeProof.RETRACED_SAME}
+    assert all(b.dedupe_detail for b in blocks[1:])
+
+
+def test_frame_skip_makes_the_proof_impossible_so_layers_are_captured(scanned):
+    blocks = scanned("loop").blocks
+    assert [b.dedupe for b in blocks[1:]] == [DedupeProof.UNPROVABLE] * 3
+    assert all(_breaks(b) == 1 for b in blocks)
+
+
+# ------------------------------------------------------------------ CUDA-graph readiness
+
+
+def test_region_sent_to_eager_by_a_break_names_the_break_to_fix_first(tmp_path):
+    """Full AC around a block with a print: the checkpointed region runs eagerly, so there is
+    nothing to graph; readiness says so and names the break, instead of 'unknown'."""
+    spec = write_spec(tmp_path, "resume")
+    spec.write_text(spec.read_text().replace('mode = "none"', 'mode = "full"'))
+    block = scan(load_spec(spec)).blocks[0]
+    assert ("region_eager", "layers.0") in {(e.kind, e.module) for e in block.events}
+    ready = block.cudagraphs
+    assert ready is not None and ready.status == Readiness.EAGER, ready
+    first = min(b.location.line for b in block.breaks)
+    assert "layers.0 runs eagerly" in ready.summary and "activation-checkpoint" in ready.summary
+    assert 'fix "Failed to trace builtin operator" at ' in ready.summary
+    assert f"frame_shapes.py:{first} first" in ready.summary
+
+
+# ------------------------------------------------------------------ the oracle check
+
+
+def _scan_and_oracle(spec_path: Path):
+    spec = load_spec(spec_path)
+    report = scan(spec)
+    return report, oracle_check(spec, report)
+
+
+@pytest.mark.parametrize("flavor", ["stdlib", "by_index", "autograd_function", "loop"])
+def test_oracle_agrees_on_each_construct_class(flavor, tmp_path):
+    spec = load_spec(write_spec(tmp_path, flavor))
+    report = scan(spec)
+    checked = oracle_check(spec, report)
+    assert checked.agreeing == len(report.blocks) == len(checked.blocks), render_oracle(checked)
+    expected = SHAPES.BY_LAYER.get(flavor) or (SHAPES.EXPECTED[flavor][0],) * len(report.blocks)
+    assert tuple(len(b.oracle) for b in checked.blocks) == expected
+
+
+@pytest.mark.parametrize("spec", ["fixtures/custom_tiny.toml", "fixtures/llama3_debug.toml"])
+def test_oracle_agrees_on_bundled_specs(spec, monkeypatch):
+    monkeypatch.chdir(REPO)
+    report, checked = _scan_and_oracle(REPO / spec)
+    assert checked.blocks and checked.agreeing == len(checked.blocks), render_oracle(checked)
+
+
+def test_oracle_flags_a_break_the_scan_missed_and_explains_setup_breaks():
+    """The check can fail: a statement only plain compile logs is unexpected; a break only the
+    scan has is expected when the training setup put it there."""
+    stmt = OracleStatement(file="m.py", line=7, gb_type="Failed to trace builtin operator")
+    missed = compare((stmt,), BlockReport(fqn="layers.0", kind="dense"))
+    assert [(d.side, d.expected) for d in missed] == [("oracle", False)]
+    fsdp = Break(
+        cause="fsdp-hook",
+        gb_type="Attempted to call function marked as skipped",
+        gb_id=None,
+        location=Location(file="torch/distributed/fsdp/x.py", line=3),
+        module="layers.0",
+        in_checkpoint=False,
+        component="fsdp",
+    )
+    block = BlockReport(fqn="layers.0", kind="dense", breaks=(fsdp,))
+    (extra,) = compare((), block)
+    assert extra.side == "gbdoctor" and extra.expected and "training setup" in extra.explanation
+
+
+def test_scan_oracle_cli_prints_the_agreement(tmp_path):
+    spec = write_spec(tmp_path, "by_flag")
+    env = dict(os.environ, PYTHONPATH=str(REPO), GBDOCTOR_RECOMPILE_PROBE="0")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gbdoctor.cli",
+            "scan",
+            str(spec),
+            "--oracle",
+            "--format",
+            "json",
+            "-o",
+            str(tmp_path / "out.json"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "4/4 layers agree with the scan" in done.stderr

@@ -44,6 +44,8 @@ from gbdoctor.records import (
     BlockerKind,
     CudaGraphFinding,
     CudaGraphReadiness,
+    Event,
+    EventKind,
     Location,
     Readiness,
 )
@@ -467,14 +469,22 @@ def _mutates_placeholder(node: torch.fx.Node, index: dict[torch.fx.Node, int]) -
 # ------------------------------------------------------------------------------ verdict
 
 
-def readiness(findings: Sequence[CudaGraphFinding], graphs: int) -> CudaGraphReadiness:
-    """The verdict for one block kind: ``ready``, ``ready with N static copies``, or ``blocked by``."""
+def readiness(
+    findings: Sequence[CudaGraphFinding], graphs: int, eager: Sequence[Event] = ()
+) -> CudaGraphReadiness:
+    """The verdict for one block kind: ``ready``, ``ready with N static copies``, or ``blocked by``;
+    ``eager`` when nothing was compiled because a break sent the region to eager (``eager``: the
+    block's ``region_eager`` and ``frame_skipped`` events), naming the break to fix first. A
+    region that runs eagerly next to compiled code is named in the summary as well."""
     ordered = tuple(sorted(findings, key=_order))
     blocking = Counter(f.kind for f in ordered if f.effect == BlockerEffect.BLOCKS)
     copies = sum(1 for f in ordered if f.effect == BlockerEffect.COPY)
     rerecord = Counter(f.kind for f in ordered if f.effect == BlockerEffect.RERECORD)
     allowed = Counter(f.kind for f in ordered if f.effect == BlockerEffect.ALLOWED)
-    if graphs == 0:
+    ran_eagerly = "; ".join(_eager_note(e) for e in eager)
+    if graphs == 0 and ran_eagerly:
+        status, summary = Readiness.EAGER, ran_eagerly
+    elif graphs == 0:
         status, summary = Readiness.UNKNOWN, "no compiled graph captured"
     elif blocking:
         status = Readiness.BLOCKED
@@ -488,11 +498,26 @@ def readiness(findings: Sequence[CudaGraphFinding], graphs: int) -> CudaGraphRea
         status, summary = Readiness.READY, "ready"
     notes = [f"re-recorded per distinct {k} ({n})" for k, n in sorted(rerecord.items())]
     notes += [f"{k} ({n}) allowed" for k, n in sorted(allowed.items())]
-    if notes and status != Readiness.UNKNOWN:
+    if ran_eagerly and status != Readiness.EAGER:
+        notes.append(ran_eagerly)
+    if notes and status not in (Readiness.UNKNOWN, Readiness.EAGER):
         summary += "; " + "; ".join(notes)
     return CudaGraphReadiness(
         status=status, summary=summary, static_copies=copies, graphs=graphs, findings=ordered
     )
+
+
+def _eager_note(event: Event) -> str:
+    """``layers.1 runs eagerly (a break inside its activation-checkpoint region): fix
+    "Failed to trace builtin operator" at model.py:42 first``."""
+    why = (
+        "a break inside its activation-checkpoint region"
+        if event.kind == EventKind.REGION_EAGER
+        else "Dynamo abandoned a frame of it"
+    )
+    at = f" at {event.location}" if event.location else ""
+    fix = f': fix "{event.gb_type}"{at} first' if event.gb_type else ""
+    return f"{event.module} runs eagerly, nothing to graph ({why}){fix}"
 
 
 def _order(f: CudaGraphFinding) -> tuple[Any, ...]:

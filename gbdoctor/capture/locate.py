@@ -15,7 +15,7 @@ import linecache
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -159,28 +159,37 @@ def innermost_user_location(
     frames: tuple[Location, ...], root: str | None = None, component: str = ""
 ) -> Location | None:
     """Where a human would look: the innermost frame of user code (not PyTorch, an installed
-    package or the standard library), with the library frame it called into kept as ``via``
-    (``copy.deepcopy`` raising inside ``copy.py``); else the innermost frame outside torch;
-    else the innermost. Paths portable. For a library component (``zero``) the innermost frame
-    of that library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's
-    nvtx)."""
+    package or the standard library); else the innermost frame outside torch; else the
+    innermost. Paths portable. For a library component (``zero``) the innermost frame of that
+    library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
     chosen = None
     if component in (Component.ZERO, Component.DEEPSPEED):
         chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
-    user = next(
-        (i for i in reversed(range(len(frames))) if not is_library_file(frames[i].file)), None
-    )
-    via = None
+    user = _innermost_user_index(frames)
     if chosen is None and user is not None:
         chosen = frames[user]
-        deeper = [f for f in frames[user + 1 :] if not is_torch_file(f.file)]
-        via = _portable(deeper[-1], root) if deeper else None
     chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None
     )
-    if chosen is None:
+    return None if chosen is None else _portable(chosen, root)
+
+
+def library_via(
+    frames: tuple[Location, ...], root: str | None = None, component: str = ""
+) -> Location | None:
+    """The library frame (outside torch) the innermost user frame called into, where the break
+    was raised (``copy.py:153`` under ``copy.deepcopy``); None when there is none."""
+    user = _innermost_user_index(frames)
+    if user is None or component in (Component.ZERO, Component.DEEPSPEED):
         return None
-    return replace(_portable(chosen, root), via=via)
+    deeper = [f for f in frames[user + 1 :] if not is_torch_file(f.file)]
+    return _portable(deeper[-1], root) if deeper else None
+
+
+def _innermost_user_index(frames: tuple[Location, ...]) -> int | None:
+    return next(
+        (i for i in reversed(range(len(frames))) if not is_library_file(frames[i].file)), None
+    )
 
 
 def _portable(frame: Location, root: str | None) -> Location:

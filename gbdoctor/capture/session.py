@@ -64,6 +64,10 @@ def _caller_outside_torch() -> Location | None:
     return None
 
 
+CodeKey = tuple[str, int, str]
+"""(file, first line, name) of a code object: how Dynamo's compilation metrics name a frame."""
+
+
 @dataclass
 class RawCapture:
     """What one capture saw, before classification."""
@@ -77,6 +81,8 @@ class RawCapture:
     frame_skips: list[tuple[RawBreak, str]] = field(default_factory=list)
     seen: list[tuple[Any, tuple[Location, ...], int]] = field(default_factory=list)
     """(gb_type + instance, user frames, index in ``breaks``) of every statement recorded."""
+    break_frames: dict[int, set[CodeKey]] = field(default_factory=dict)
+    """Index in ``breaks`` -> the frames (code objects) Dynamo was compiling when it met it."""
     counter_types: dict[str, int] = field(default_factory=dict)
     """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
     cudagraph_findings: list[Any] = field(default_factory=list)
@@ -85,6 +91,8 @@ class RawCapture:
     """AOTAutograd forward + backward graphs compiled during the capture."""
     aten_graphs_by_region: dict[str, int] = field(default_factory=dict)
     """The same per region FQN (a whole-model capture splits them per block: DeepSpeed)."""
+    compiled: set[CodeKey] = field(default_factory=set)
+    """Frames Dynamo compiled (a scratch capture's re-trace, ``CaptureSession.scratch``)."""
     error: str | None = None
     error_traceback: str | None = None
 
@@ -124,7 +132,19 @@ class CaptureSession:
 
     # ------------------------------------------------------------------ compile side
     def recording_backend(self, fqn: str) -> Any:
-        """A Dynamo backend that counts each graph of region ``fqn``, then runs aot_eager."""
+        """A Dynamo backend that counts each graph of region ``fqn``, then runs aot_eager (for
+        frameworks that compile regions themselves, without region markers: DeepSpeed)."""
+        return self._backend(lambda: fqn)
+
+    @functools.cached_property
+    def _region_backend(self) -> Any:
+        """One recording backend for every region gbdoctor compiles itself, the region read
+        from the marker around the compiled call. One object, as training passes one backend:
+        Dynamo guards on the backend (BACKEND_MATCH), so per-region backends would make each
+        layer's code look foreign to the next, and the dedupe proof would fail on that alone."""
+        return self._backend(self._region)
+
+    def _backend(self, region_of: Any) -> Any:
         session = self
         # aot_eager, not the graph's own forward: AOTAutograd functionalizes checkpoint regions
         # and in-place buffer updates the way a real backend does, so backward behaves as in
@@ -138,6 +158,7 @@ class CaptureSession:
             # Paused: the recompile probe's steps keep the counts those of the capture step.
             if current is None or session._paused:
                 return inner_backend(gm, example_inputs)
+            fqn = region_of()
             graphs = current.graphs.setdefault(fqn, [])
             graphs.append(count_ops(gm))
             index = len(graphs) - 1
@@ -169,7 +190,7 @@ class CaptureSession:
     def compile_function(self, fn: Any, fqn: str, fullgraph: bool) -> Any:
         """``torch.compile(fn)`` with the recording backend, as region ``fqn`` (torchtitan
         v0.2.x compiles the experts' grouped-mm function on its own)."""
-        compiled = torch.compile(fn, backend=self.recording_backend(fqn), fullgraph=False)
+        compiled = torch.compile(fn, backend=self._region_backend, fullgraph=False)
 
         @functools.wraps(fn)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -183,7 +204,7 @@ class CaptureSession:
         recording backend. The region marker wraps the compiled call from outside: hooks
         registered on ``module`` itself run inside the compiled ``_call_impl``, where Dynamo
         would trace them."""
-        module.compile(backend=self.recording_backend(fqn), fullgraph=False)
+        module.compile(backend=self._region_backend, fullgraph=False)
         compiled = module._compiled_call_impl
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -196,7 +217,7 @@ class CaptureSession:
         if not isinstance(module, nn.Module):
             return self.compile_function(module, fqn, fullgraph)
         session = self
-        compiled = torch.compile(module, backend=self.recording_backend(fqn), fullgraph=False)
+        compiled = torch.compile(module, backend=self._region_backend, fullgraph=False)
 
         def enter(mod: nn.Module, args: Any) -> None:
             # Not while paused: the recompile probe's eager steps enter every region.
@@ -228,9 +249,10 @@ class CaptureSession:
         session = self
 
         def intercept(tracer: Any, code_options: Any, reason: str, exc: Any) -> None:
-            if not getattr(exc, "logged", False) and not session._paused:
+            target = session._current
+            if not getattr(exc, "logged", False) and not session._paused and target is not None:
                 try:
-                    session._record(result, reason, exc, tracer)
+                    session._record(target, reason, exc, tracer)
                 except Exception:  # noqa: BLE001 - never let bookkeeping break the traced code
                     logging.getLogger(__name__).debug("could not record a break", exc_info=True)
             return original(tracer, code_options, reason, exc)
@@ -254,7 +276,9 @@ class CaptureSession:
             gb_logger.removeHandler(handler)
             gb_logger.propagate = old_propagate
             torch._logging.set_logs()
-            self._record_abandoned_frames(result, _end_compile_metrics(metrics_limit))
+            compiled = _end_compile_metrics(metrics_limit)
+            if result.error is None:  # a block that did not trace reports its error instead
+                self._record_abandoned_frames(result, compiled)
             for key, n in counters.get("graph_break", {}).items():
                 gb_type = causes.parse_reason(key).gb_type
                 result.counter_types[gb_type] = result.counter_types.get(gb_type, 0) + n
@@ -285,6 +309,24 @@ class CaptureSession:
             counters["graph_break"].update(breaks)
             if self._log_records:
                 del self._log_records.messages[logged:]
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[RawCapture]:
+        """Inside ``paused()``: record what Dynamo traces into a separate capture (the dedupe
+        proof's re-trace of another layer), leaving the block's own records untouched."""
+        from torch._dynamo import utils as dynamo_utils
+
+        own, paused = self._current, self._paused
+        scratch = RawCapture()
+        before = len(dynamo_utils.get_compilation_metrics())
+        self._current, self._paused = scratch, False
+        try:
+            yield scratch
+        finally:
+            self._current, self._paused = own, paused
+            compiled = list(dynamo_utils.get_compilation_metrics())[before:]
+            scratch.compiled = compiled_frames(compiled)
+            self._record_abandoned_frames(scratch, compiled)
 
     def _record_abandoned_frames(self, result: RawCapture, metrics: list[Any]) -> None:
         """A frame skip for every frame Dynamo gave up on: its compile ended in an exception
@@ -368,7 +410,12 @@ class CaptureSession:
             if underlying:
                 reason = causes.chain_reasons(underlying, reason)
         instance = self._instance(tracer) if self.module_names is not None else None
-        self._add(result, reason, frames, getattr(exc, "_hop_name", None), self._region(), instance)
+        index = self._add(
+            result, reason, frames, getattr(exc, "_hop_name", None), self._region(), instance
+        )
+        code = _compiled_code(tracer)
+        if code is not None:
+            result.break_frames.setdefault(index, set()).add(code)
 
     def _instance(self, tracer: Any) -> str | None:
         """FQN of the module whose frame Dynamo was tracing: the first module of the model among
@@ -390,7 +437,9 @@ class CaptureSession:
         hop: str | None,
         region: str,
         instance: str | None = None,
-    ) -> None:
+    ) -> int:
+        """Record one break (unless it is a statement already recorded); its index in
+        ``result.breaks``."""
         parts = causes.parse_reasons(reason)
         skips_frame = len(parts) > 1 or causes.is_frame_skip(parts[0].gb_type)
         key = (parts[0].gb_type, instance)
@@ -410,18 +459,42 @@ class CaptureSession:
                 result.breaks[index] = (self._raw(parts[0], reason, frames, hop, instance), region)
                 break
         else:
-            result.seen.append((key, statement, len(result.breaks)))
+            index = len(result.breaks)
+            result.seen.append((key, statement, index))
             result.breaks.append((self._raw(parts[0], reason, frames, hop, instance), region))
         # "Failed to handle graph break gracefully ... another graph break occurred": the first
         # part is the real break, the last one says the whole frame was skipped (GB7000).
         if skips_frame:
             result.frame_skips.append((self._raw(parts[-1], reason, frames, hop, instance), region))
+        return index
 
     def _record_from_log(self, result: RawCapture, message: str) -> None:
         parsed = causes.parse_graph_break_log(message)
         if parsed is not None:
             reason, frames = parsed
             self._add(result, reason, frames, None, "")
+
+
+def code_key(file: str, first_line: int, name: str) -> CodeKey:
+    return (file, first_line, name)
+
+
+def _compiled_code(tracer: Any) -> CodeKey | None:
+    """The frame Dynamo was compiling (the root of the inlining tracers) when it met a break."""
+    root = getattr(getattr(tracer, "output", None), "root_tx", None) or tracer
+    code = getattr(root, "f_code", None)
+    if code is None:
+        return None
+    return code_key(code.co_filename, code.co_firstlineno, code.co_name)
+
+
+def compiled_frames(metrics: list[Any]) -> set[CodeKey]:
+    """Every frame Dynamo compiled, by its compilation metrics."""
+    return {
+        code_key(m.co_filename, m.co_firstlineno or 0, m.co_name or "")
+        for m in metrics
+        if getattr(m, "co_filename", None)
+    }
 
 
 def _start_compile_metrics() -> int | None:

@@ -51,6 +51,14 @@ def scan(
             show_default=False,
         ),
     ] = None,
+    oracle: Annotated[
+        bool,
+        typer.Option(
+            "--oracle",
+            help="Then compile every layer alone with plain torch.compile and the graph-break "
+            "log, and print where that and the scan differ (exit 1 on an unexpected difference)",
+        ),
+    ] = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
     from gbdoctor.report import render
@@ -58,6 +66,11 @@ def scan(
 
     files = () if torchtitan is not None else tuple((spec_args or [])[:1])
     preflight(format, "scan", output, inputs=(*files, plan))
+    if oracle and (torchtitan is not None or simulate):
+        raise typer.BadParameter(
+            "--oracle compiles every layer of a SPEC.toml's bare model for real: it takes no "
+            "--torchtitan and no --simulate"
+        )
     loaded = load_spec_args(spec_args, torchtitan, set_, simulate=simulate, world_size=world_size)
     report = scan_with_progress(
         loaded,
@@ -67,8 +80,18 @@ def scan(
     )
     notice(report.notes, output, format)
     emit(render(report, format), output)
-    if strict and has_findings(report):
+    disagrees = oracle and not _oracle_agrees(loaded, report)
+    if (strict and has_findings(report)) or disagrees:
         raise typer.Exit(int(ExitCode.FINDINGS))
+
+
+def _oracle_agrees(spec: Spec, report: ScanReport) -> bool:
+    """Run the oracle check (``scan.oracle``), print it on stderr; whether every layer agrees."""
+    from gbdoctor.scan.oracle import oracle_check, render_oracle
+
+    result = oracle_check(spec, report)
+    typer.echo(render_oracle(result), err=True)
+    return result.agreeing == len(result.blocks)
 
 
 def scan_with_progress(

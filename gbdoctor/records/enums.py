@@ -85,8 +85,12 @@ class Readiness(StrEnum):
 
     READY = "ready"
     BLOCKED = "blocked"
+    EAGER = "eager"
+    """Nothing compiled to graph: a break sent the region to eager (a break inside its
+    activation-checkpoint region, a frame Dynamo abandoned); the summary names the break to fix
+    first."""
     UNKNOWN = "unknown"
-    """Nothing compiled was captured."""
+    """Nothing compiled was captured, and no break says why."""
 
 
 class EventKind(StrEnum):
@@ -100,6 +104,25 @@ class EventKind(StrEnum):
     """Ranks captured different graphs or breaks."""
     RECOMPILE_LIMIT = "recompile_limit"
     """Dynamo hit ``recompile_limit`` on some code, which runs eagerly from then on."""
+
+
+class DedupeProof(StrEnum):
+    """``BlockReport.dedupe``: how a layer came to share another's capture, or why not."""
+
+    GUARDS_PASS = "guards-pass"
+    """Shares the capture: the representative's compiled code runs on this layer unchanged
+    (every Dynamo guard of every frame passes on this layer's module and inputs)."""
+    RETRACED_SAME = "retraced-same"
+    """Shares the capture: a guard failed (a per-layer attribute, a run-time value stored on
+    the module or handed across a break: ``___stack0 == 8``), and re-tracing the frames whose
+    guards failed met exactly the breaks the representative met in those frames."""
+    GUARDS_FAIL = "guards-fail"
+    """Captured on its own: a guard of the representative's code fails on this layer, and
+    re-traced, it breaks differently (it branches on a per-layer attribute)."""
+    UNPROVABLE = "unprovable"
+    """No proof possible: Dynamo abandoned a frame of the representative (skipped code has no
+    guards to check), so this layer was captured on its own; or the representative did not
+    trace at all, so this layer shares its error record, unproven (``same_as`` set)."""
 
 
 class Severity(StrEnum):

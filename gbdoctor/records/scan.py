@@ -5,11 +5,11 @@ consume. Field names are the JSON contract (see docs/json-schema.md). No torch i
 from __future__ import annotations
 
 from gbdoctor.records.base import record
-from gbdoctor.records.enums import BlockerEffect, BlockerKind, Readiness
+from gbdoctor.records.enums import BlockerEffect, BlockerKind, DedupeProof, Readiness
 from gbdoctor.records.price import PriceReport
 
 SCHEMA_VERSION = 6
-"""Version of the scan and inspect JSON documents. 6: a location carries ``via`` (the library
+"""Version of the scan and inspect JSON documents. 6: a break carries ``via`` (the library
 frame its line called into), paths inside messages are portable too, and blocks carry
 ``dedupe`` (how a layer that shares a capture was proven identical). 5: scan reports carry
 ``price`` (``gbdoctor price``: what each distinct break costs a step; null otherwise). 4: the
@@ -65,9 +65,6 @@ class Location:
     file: str
     line: int
     function: str = ""
-    via: Location | None = None
-    """The library frame the user's line called into, where Dynamo raised the break
-    (``copy.py:153`` under ``copy.deepcopy(...)``); None when the break is in the line itself."""
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
@@ -98,6 +95,9 @@ class Break:
     """Dynamo's "Developer debug context" line (op names, skipped function, ...)."""
     count: int = 1
     """How many times Dynamo logged this break during the capture."""
+    via: Location | None = None
+    """The library frame ``location``'s line called into, where Dynamo raised the break
+    (``copy.py:153`` under ``copy.deepcopy(...)``); None when the break is in the line itself."""
 
 
 @record
@@ -179,6 +179,12 @@ class BlockReport:
     """Structural kind label: ``dense``, ``moe``, with ``+ac``/``+sac`` etc. for wrapping."""
     same_as: str | None = None
     """FQN of the block whose capture this one shares (None for the captured representative)."""
+    dedupe: DedupeProof | None = None
+    """How this layer came to share ``same_as``'s capture (``guards-pass``), or why a layer of
+    the same structure was captured on its own (``guards-fail``, ``unprovable``); None for the
+    first layer of a structure and scans without dedupe."""
+    dedupe_detail: str = ""
+    """The proof in words: the guard that failed, or what made it unprovable."""
     graph_count: int = 0
     op_count: int = 0
     breaks: tuple[Break, ...] = ()

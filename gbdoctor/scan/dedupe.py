@@ -1,23 +1,35 @@
-"""Dedupe: blocks with the same structure are captured once; the others share that capture.
+"""Dedupe: a layer shares another's capture only when that is proven; otherwise it is captured.
 
-A block's structure is everything that can change what Dynamo sees in it (module classes,
-local parameter shapes, buffers, hooks, wrappers, compiled regions, input shapes); blocks are
-grouped by its hash, and distinct structures sharing a label get numbered kinds (``moe#2``).
+Candidates come from structure: everything that can change what Dynamo sees in a block (module
+classes, local parameter shapes, buffers, hooks, wrappers, compiled regions, input shapes);
+blocks are grouped by its hash, and distinct structures sharing a label get numbered kinds
+(``moe#2``). Structure is not behaviour: a forward that branches on a plain attribute (its
+layer index, a per-layer flag) traces differently in layers that look alike. So the proof: right
+after the representative's capture, with Dynamo's caches still holding its compiled code, each
+other candidate runs forward and backward under ``set_stance("fail_on_recompile")``. Dynamo then
+runs the cached code only where every guard of every frame passes on that layer's module and
+inputs, and raises, naming the failed guard, where it would have to trace again. A layer that
+runs through is what the representative's capture describes; one that does not is captured
+itself (and proves the candidates after it in turn). The proof costs one eager-speed step per
+layer (``benchmarks/dedupe_proof.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from gbdoctor.capture import within
+from gbdoctor.capture import CaptureSession, RawCapture, within
 from gbdoctor.capture.locate import HOOK_DICTS
-from gbdoctor.records import BlockKind, BlockReport
+from gbdoctor.capture.session import CodeKey, user_frames
+from gbdoctor.errors import first_line
+from gbdoctor.records import BlockKind, BlockReport, DedupeProof
 from gbdoctor.setup.apply import Setup
 
 
@@ -45,6 +57,138 @@ def rebase(report: BlockReport, old: str, new: str) -> BlockReport:
             findings=tuple(replace(f, region=re_fqn(f.region)) for f in report.cudagraphs.findings),
         ),
     )
+
+
+@dataclass(frozen=True)
+class Proof:
+    """Whether a layer may share the representative's capture, and why (``BlockReport.dedupe``)."""
+
+    method: DedupeProof
+    detail: str
+    compiled_other_code: bool = False
+    """The proof re-traced this layer and it broke differently: Dynamo's caches now hold code
+    that is not the representative's, so no further layer can be proven on them."""
+    failed_guard: str = ""
+    """Set when a guard failed on the unchanged code: the layer may still be re-traced
+    (:func:`retrace_shared`)."""
+
+    @property
+    def shared(self) -> bool:
+        return self.method in (DedupeProof.GUARDS_PASS, DedupeProof.RETRACED_SAME)
+
+
+_RECOMPILE = "fail_on_recompile"
+_GUARD_FAILURE = re.compile(r"^\s*-\s*\d+/\d+:\s*(.+?)\s*(?:#.*)?$")
+"""One failed guard (``- 3/0: ___stack0 == 0.45   # source``); the user stack after it is not."""
+
+
+def prove_shared(rep: str, run: Callable[[], None], on_failure: Callable[[], None]) -> Proof:
+    """Run a layer (``run``: its forward and backward on fresh inputs) on the compiled code
+    Dynamo holds for ``rep``: every guard passes, and the layer shares ``rep``'s capture as is;
+    else the failed guard (``failed_guard``), for :func:`retrace_shared`. Compiles nothing.
+    ``on_failure`` puts the model back to idle after a failed run."""
+    import torch
+
+    try:
+        with torch.compiler.set_stance("fail_on_recompile"):
+            run()
+    except Exception as exc:  # noqa: BLE001 - a failed proof is data: capture the layer
+        on_failure()
+        message = str(exc)
+        if _RECOMPILE not in message:
+            return Proof(
+                DedupeProof.GUARDS_FAIL,
+                f"{rep}'s compiled code does not run here ({type(exc).__name__}: "
+                f"{first_line(exc)[:200]})",
+            )
+        guard = _first_guard(message)
+        return Proof(
+            DedupeProof.GUARDS_FAIL, f"{rep}'s guards fail here: {guard}", failed_guard=guard
+        )
+    return Proof(
+        DedupeProof.GUARDS_PASS,
+        f"{rep}'s compiled code runs here unchanged: every Dynamo guard passes on this layer's "
+        "module and inputs",
+    )
+
+
+def retrace_shared(
+    rep: str,
+    run: Callable[[], None],
+    session: CaptureSession,
+    rep_capture: RawCapture,
+    on_failure: Callable[[], None],
+    guard: str,
+) -> Proof:
+    """After a guard failed (a per-layer attribute, a run-time value stored on the module or
+    handed across a break): run the layer with Dynamo free to re-trace the frames whose guards
+    failed; it shares ``rep``'s capture only if, in exactly those frames, Dynamo meets the
+    breaks ``rep`` met there."""
+    with session.scratch() as seen:
+        try:
+            run()
+        except Exception as exc:  # noqa: BLE001 - a failed proof is data: capture the layer
+            on_failure()
+            return Proof(
+                DedupeProof.GUARDS_FAIL,
+                f"{rep}'s guards fail here ({guard}) and re-tracing failed "
+                f"({type(exc).__name__}: {first_line(exc)[:160]})",
+            )
+    theirs = _statements(seen)
+    ours = _statements(rep_capture, within=seen.compiled)
+    if theirs != ours or seen.frame_skips:
+        differ = sorted(theirs ^ ours)
+        where = ", ".join(f"{gb_type} at {line}" for gb_type, line in differ) or "a frame skipped"
+        return Proof(
+            DedupeProof.GUARDS_FAIL,
+            f"{rep}'s guards fail here ({guard}); re-traced, this layer breaks differently: "
+            f"{where}"[:400],
+            compiled_other_code=True,
+        )
+    return Proof(
+        DedupeProof.RETRACED_SAME,
+        f"{rep}'s guards fail here ({guard}); Dynamo re-traced the frames concerned and met "
+        f"the breaks {rep} met there",
+    )
+
+
+def _statements(raw: RawCapture, within: set[CodeKey] | None = None) -> set[tuple[str, str]]:
+    """(gb_type, innermost user file:line) of the breaks of a capture; ``within``: only those
+    met while compiling one of those frames."""
+    found = set()
+    for index, (brk, _region) in enumerate(raw.breaks):
+        if within is not None and not raw.break_frames.get(index, set()) & within:
+            continue
+        frames = user_frames(brk.frames)
+        found.add((brk.gb_type, f"{frames[-1].file}:{frames[-1].line}" if frames else ""))
+    return found
+
+
+def _failed_guards(message: str) -> list[str]:
+    """The failed guards of Dynamo's fail_on_recompile message, without their source comments
+    (``self.layer_index == 0``)."""
+    _, _, failures = message.partition("guard failure(s):")
+    guards = []
+    for line in failures.splitlines():
+        match = _GUARD_FAILURE.match(line)
+        if match and match.group(1):
+            guards.append(match.group(1)[:200])
+    return guards
+
+
+def _first_guard(message: str) -> str:
+    """The first failed guard; else the function Dynamo would have compiled afresh."""
+    guards = _failed_guards(message)
+    if guards:
+        return guards[0]
+    function = re.search(r"function name: '([^']+)'", message)
+    if function:
+        return f"Dynamo would compile `{function.group(1)}` afresh (no compiled code for it yet)"
+    return message.strip().splitlines()[0][:200] if message.strip() else "unknown guard"
+
+
+def unprovable(rep: str, why: str) -> Proof:
+    return Proof(DedupeProof.UNPROVABLE, f"{rep}'s capture proves nothing here: {why}")
 
 
 def _shape_sig(obj: Any) -> Any:

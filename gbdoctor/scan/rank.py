@@ -34,12 +34,30 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
-from gbdoctor.capture.locate import portable_path, portable_text, within
+from gbdoctor.capture.locate import library_via, portable_path, portable_text, within
 from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.frameworks import Framework, framework_for
-from gbdoctor.records import BlockReport, Break, Event, RawBreak, Recompile, SetupInfo, Spec
-from gbdoctor.scan.dedupe import group_blocks, kind_labels, rebase, shortcut_repeated_blocks
+from gbdoctor.records import (
+    BlockReport,
+    Break,
+    Event,
+    EventKind,
+    RawBreak,
+    Recompile,
+    SetupInfo,
+    Spec,
+)
+from gbdoctor.scan.dedupe import (
+    Proof,
+    group_blocks,
+    kind_labels,
+    prove_shared,
+    rebase,
+    retrace_shared,
+    shortcut_repeated_blocks,
+    unprovable,
+)
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
@@ -200,25 +218,68 @@ def capture_set_up(
         remove()
     session.locator = Locator(setup.model, setup.hooks)
     groups = group_blocks(setup, store) if dedupe else [[s.fqn] for s in setup.blocks]
+    slots = {s.fqn: s for s in setup.blocks}
     reps: dict[str, BlockReport] = {}
-    for i, members in enumerate(groups):
-        rep = members[0]
-        if progress:
-            progress(f"capturing {rep} ({len(members)} layer(s))", i, len(groups))
-        slot = next(s for s in setup.blocks if s.fqn == rep)
-        reps[rep] = capture_block(
-            session, setup, slot, store.get(rep), strict=strict, root=root, probe=probe, notes=notes
-        )
-    if progress:
-        progress("captured", len(groups), len(groups))
-    kinds = kind_labels(setup, groups)
-    reports = []
+    shares: list[tuple[str, list[str]]] = []
+    """(representative, the layers proven to share its capture), in capture order."""
+    proofs: dict[str, Proof] = {}
     for members in groups:
-        base = reps[members[0]]
+        pending = list(members)
+        while pending:
+            rep, pending = pending[0], pending[1:]
+            if progress:
+                progress(
+                    f"capturing {rep} ({len(pending) + 1} candidate layer(s))",
+                    len(reps),
+                    len(reps) + 1,
+                )
+            proven: dict[str, Proof] = {}
+            reps[rep] = capture_block(
+                session,
+                setup,
+                slots[rep],
+                store.get(rep),
+                strict=strict,
+                root=root,
+                probe=probe,
+                notes=notes,
+                prove=_prover(session, setup, slots, store, rep, pending, proven)
+                if pending
+                else None,
+            )
+            why = _unprovable_reason(reps[rep])
+            for fqn in pending:
+                proofs[fqn] = proven.get(fqn) or unprovable(rep, why)
+            if reps[rep].error is not None:
+                # Nothing traced, nothing to prove with: the others share the error record
+                # (capturing each would repeat the failure; --no-dedupe captures every layer).
+                shares.append((rep, [rep, *pending]))
+                break
+            shares.append((rep, [rep, *(f for f in pending if proofs[f].shared)]))
+            pending = [f for f in pending if not proofs[f].shared]
+    if progress:
+        progress("captured", len(reps), len(reps))
+    # Kinds stay structural: layers of one structure that trace differently are captured apart
+    # (``same_as``/``dedupe`` say so) but keep their structure's label, as plans and baselines
+    # key their entries by it.
+    labels = kind_labels(setup, groups)
+    kinds = {fqn: labels[members[0]] for members in groups for fqn in members}
+    reports = []
+    for rep, members in shares:
+        base = reps[rep]
         for fqn in members:
-            same_as = None if fqn == members[0] else members[0]
-            shared = rebase(base, members[0], fqn) if same_as else base
-            reports.append(replace(shared, kind=kinds[members[0]], same_as=same_as))
+            same_as = None if fqn == rep else rep
+            shared = rebase(base, rep, fqn) if same_as else base
+            proof = proofs.get(fqn)
+            reports.append(
+                replace(
+                    shared,
+                    kind=kinds[rep],
+                    same_as=same_as,
+                    dedupe=proof.method if proof else None,
+                    dedupe_detail=proof.detail if proof else "",
+                )
+            )
     reports.sort(key=lambda r: _layer_order(r.fqn))
     return tuple(reports), tuple(dict.fromkeys(notes))
 
@@ -296,6 +357,68 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
     raise SetupError(f"the model does not run eagerly under this setup: {failures[-1]}", hint=hint)
 
 
+def _prover(
+    session: CaptureSession,
+    setup: Setup,
+    slots: dict[str, Any],
+    store: dict[str, Any],
+    rep: str,
+    candidates: list[str],
+    proven: dict[str, Proof],
+) -> Callable[[RawCapture], None]:
+    """Run inside ``rep``'s capture (Dynamo still holds its compiled code): prove each candidate
+    on it (``dedupe.prove_shared``), filling ``proven``, until a re-trace leaves other code in
+    Dynamo's caches."""
+
+    def prove(capture: RawCapture) -> None:
+        runs = {}
+        for fqn in candidates:
+            if store.get(fqn) is not None:
+
+                def run(outer: Any = slots[fqn].outer, inputs: Any = store[fqn]) -> None:
+                    args, kwargs = fresh_inputs(inputs)
+                    run_block(outer, args, kwargs)
+
+                runs[fqn] = run
+
+        def on_failure() -> None:
+            reset_fsdp_state(setup.model)
+
+        def settle() -> None:
+            if setup.optimizer is not None:
+                setup.optimizer.zero_grad(set_to_none=True)
+
+        # First every candidate on the unchanged code (compiles nothing), then, in layer order,
+        # a re-trace of those whose guards failed, until one breaks differently: its code then
+        # sits in Dynamo's caches, and the rest wait for the next representative.
+        for fqn, run in runs.items():
+            proven[fqn] = prove_shared(rep, run, on_failure)
+            settle()
+        for fqn, run in runs.items():
+            if not proven[fqn].failed_guard:
+                continue
+            proven[fqn] = retrace_shared(
+                rep, run, session, capture, on_failure, proven[fqn].failed_guard
+            )
+            settle()
+            if proven[fqn].compiled_other_code:
+                for later in list(runs)[list(runs).index(fqn) + 1 :]:
+                    if not proven[later].shared:
+                        del proven[later]
+                return
+
+    return prove
+
+
+def _unprovable_reason(report: BlockReport) -> str:
+    """Why a representative's capture cannot prove other layers (empty when it could)."""
+    if report.error is not None:
+        return "it could not be traced, so this layer shares its error record unproven"
+    if any(e.kind == EventKind.FRAME_SKIPPED for e in report.events):
+        return "Dynamo abandoned a frame of it, and skipped code has no guards to check"
+    return "this layer was not called by the model's forward"
+
+
 def _layer_order(fqn: str) -> tuple[int, str]:
     tail = fqn.rsplit(".", 1)[-1]
     return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
@@ -337,8 +460,12 @@ def capture_block(
     root: str | None = None,
     probe: RecompileProbe | None = None,
     notes: list[str] | None = None,
+    prove: Callable[[RawCapture], None] | None = None,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
+
+    ``prove``: run after the capture, with Dynamo's caches still holding the block's compiled
+    code, unless the block did not trace or Dynamo abandoned a frame of it (dedupe's proof).
 
     ``strict``: when every compiled region of the block is fullgraph, run it under
     ``error_on_graph_break(True)`` (``fullgraph=True`` alone silently allows data-dependent
@@ -375,6 +502,9 @@ def capture_block(
             # Same Dynamo state as the capture: which guards fail when the inputs change.
             with session.paused():
                 recompiles = probe.run(slot, notes if notes is not None else [])
+        if prove is not None and raw.error is None and not raw.frame_skips:
+            with session.paused():
+                prove(raw)
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
     return replace(block_report(slot, raw, root=root), recompiles=recompiles)
@@ -425,6 +555,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
             explanation=portable_text(rb.explanation, root),
             hints=tuple(portable_text(h, root) for h in rb.hints),
             context=portable_text(rb.context, root),
+            via=library_via(rb.frames, root, component=rb.component),
         )
         key = (brk.cause, brk.gb_type, str(brk.location), brk.module, brk.in_checkpoint)
         merged[key] = replace(merged[key], count=merged[key].count + 1) if key in merged else brk
@@ -499,14 +630,16 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
     # Readiness findings are located while the backend runs, relative to the working directory;
     # re-root them at the spec's root like every other location (CWD-independent reports).
     findings = [_rerooted(f, root) for f in raw.cudagraph_findings]
-    ready = cudagraphs.readiness(findings, raw.aten_graphs) if slot.regions else None
+    ordered = tuple(sorted(events.values(), key=event_order))
+    eager = [e for e in ordered if e.kind in (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED)]
+    ready = cudagraphs.readiness(findings, raw.aten_graphs, eager) if slot.regions else None
     return BlockReport(
         fqn=slot.fqn,
         kind=slot.kind,
         graph_count=len(graphs),
         op_count=sum(graphs),
         breaks=breaks,
-        events=tuple(sorted(events.values(), key=event_order)),
+        events=ordered,
         error=raw.error,
         regions=slot.regions,
         fullgraph_regions=slot.fullgraph_regions,

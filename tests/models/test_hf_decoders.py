@@ -25,6 +25,7 @@ import transformers  # noqa: F401 - the test extra installs it; a missing packag
 from repo_paths import FIXTURES
 
 from gbdoctor.scan import scan
+from gbdoctor.scan.oracle import oracle_check, render_oracle
 from gbdoctor.spec import load_spec
 
 HF = FIXTURES / "models" / "hf"
@@ -152,8 +153,13 @@ def _oracle(factory: str, flavor: str, fqns: list[str], flags: dict) -> dict[str
 
 @pytest.mark.parametrize("factory, flavor", CASES, ids=[f"{f[:-3]}-{v}" for f, v in CASES])
 def test_hf_decoder_matches_plain_compile(tmp_path, factory, flavor):
-    report = scan(_spec(tmp_path, factory, flavor))
+    spec = _spec(tmp_path, factory, flavor)
+    report = scan(spec)
     blocks = report.blocks
+    # gbdoctor's own oracle check (``scan --oracle``) agrees on every layer.
+    checked = oracle_check(spec, report)
+    assert len(checked.blocks) == len(blocks)
+    assert checked.agreeing == len(blocks), render_oracle(checked)
     assert blocks and all(b.error is None for b in blocks), [b.error for b in blocks]
 
     # Blocks found by structure, under the model's own names; MoE layers labelled MoE.

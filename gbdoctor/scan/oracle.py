@@ -1,0 +1,248 @@
+"""The oracle check (``scan --oracle``): plain ``torch.compile`` of every layer, against the scan.
+
+A user's way to check gbdoctor on their own model, by the method anyone would trust: build the
+bare model (no training setup), run it once eagerly to record each layer's real inputs, then per
+layer ``torch._dynamo.reset()``, ``torch.compile(layer, backend="eager")`` and one forward with
+Dynamo's ``graph_breaks`` log on. Each statement the log names is one break (Dynamo logs a
+statement again when it restarts analysis or skips the frame). Then, per layer, every statement
+on one side only is a difference, explained where it is expected:
+
+- a break the training setup put there (an FSDP/TP/EP/ZeRO hook, the load balancer): the
+  oracle compiles the bare model, without the setup's hooks;
+- a statement the oracle logs after the first break of an activation-checkpoint region: in
+  training the region runs eagerly after that break, so Dynamo never reaches the later ones;
+- a layer gbdoctor could not trace at all.
+
+Anything else is unexpected: a place where gbdoctor and plain ``torch.compile`` disagree.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from gbdoctor import causes
+from gbdoctor.capture.block import collect_block_inputs, describe_error, fresh_inputs
+from gbdoctor.capture.locate import portable_path
+from gbdoctor.records import BlockReport, Component, EventKind, ScanReport, Spec
+from gbdoctor.records.oracle import OracleBlock, OracleDifference, OracleReport, OracleStatement
+
+_GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
+_SITE = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$", re.MULTILINE)
+_SETUP_COMPONENTS = frozenset(
+    {
+        Component.FSDP,
+        Component.TP,
+        Component.EP,
+        Component.ZERO,
+        Component.DEEPSPEED,
+        Component.LOAD_BALANCING,
+    }
+)
+
+
+class _Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _graph_break_log() -> Iterator[_Messages]:
+    handler = _Messages()
+    logger = logging.getLogger(_GB_LOGGER)
+    propagate = logger.propagate
+    torch._logging.set_logs(graph_breaks=True)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        torch._logging.set_logs()
+
+
+def plain_compile_statements(
+    block: torch.nn.Module, inputs: Any, root: str | None, flags: dict[str, Any] | None = None
+) -> tuple[OracleStatement, ...]:
+    """The statements plain ``torch.compile(block, backend="eager")`` logs a break at, once
+    each, in log order; under the Dynamo settings ``flags`` (the training setup's)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="eager")
+    args, kwargs = fresh_inputs(inputs)
+    try:
+        with _graph_break_log() as log, torch._dynamo.config.patch(**(flags or {})):
+            compiled(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    found: dict[tuple[str, int], OracleStatement] = {}
+    for message in log.messages:
+        site = _SITE.search(message.split("\n", 1)[0] + "\n")
+        if site is None:
+            continue
+        file, line = portable_path(site["file"], root), int(site["line"])
+        reason = message.split("Graph Break Reason:", 1)[-1]
+        gb_type = causes.parse_reason(reason).gb_type
+        found.setdefault((file, line), OracleStatement(file=file, line=line, gb_type=gb_type))
+    return tuple(found.values())
+
+
+def oracle_check(spec: Spec, report: ScanReport) -> OracleReport:
+    """Compile every layer of ``spec``'s bare model alone and compare with ``report``."""
+    from gbdoctor.models import block_container, build_model, vocab_size
+    from gbdoctor.setup.train import synthetic_batch
+
+    torch.manual_seed(spec.training.seed)
+    model = build_model(spec.model, max_seq_len=spec.training.seq_len)
+    model.train()
+    blocks = dict(block_container(model))
+    tokens, _ = synthetic_batch(
+        seed=spec.training.seed,
+        step=0,
+        vocab=vocab_size(model),
+        local_batch=spec.capture_batch_size,
+        seq_len=spec.capture_seq_len,
+        rank=0,
+        world_size=1,
+        device="cpu",
+    )
+    store, remove = collect_block_inputs(model, blocks)
+    try:
+        # With autograd on, as the scan's training step: models adapt their layers' arguments
+        # to training (a Hugging Face decoder drops its KV cache under gradient checkpointing).
+        model(tokens)
+    finally:
+        remove()
+    root = spec.root or None
+    # The Dynamo settings training compiles with (the scan's setup records them): the oracle
+    # is plain torch.compile under the same settings, not under Dynamo's defaults.
+    flags = {
+        name: ast.literal_eval(value)
+        for name, value in report.setup.dynamo_config
+        if hasattr(torch._dynamo.config, name)
+    }
+    by_fqn = {b.fqn: b for b in report.blocks}
+    results = []
+    for fqn, block in blocks.items():
+        scanned = by_fqn.get(fqn)
+        if scanned is None or fqn not in store:
+            continue
+        try:
+            statements = plain_compile_statements(block, store[fqn], root, flags)
+        except Exception as exc:  # noqa: BLE001 - a layer plain compile cannot run is data
+            results.append(
+                OracleBlock(
+                    fqn=fqn,
+                    oracle=(),
+                    gbdoctor_breaks=_count(scanned),
+                    error=describe_error(exc, root),
+                )
+            )
+            continue
+        results.append(
+            OracleBlock(
+                fqn=fqn,
+                oracle=statements,
+                gbdoctor_breaks=_count(scanned),
+                differences=compare(statements, scanned),
+            )
+        )
+    return OracleReport(blocks=tuple(results))
+
+
+def _count(block: BlockReport) -> int:
+    return sum(b.count for b in block.breaks)
+
+
+def compare(
+    statements: tuple[OracleStatement, ...], block: BlockReport
+) -> tuple[OracleDifference, ...]:
+    """Statements on one side only, each with whether it is expected and why."""
+    sites: dict[str, Any] = {}
+    for brk in block.breaks:
+        if brk.location is None:
+            continue
+        sites[str(brk.location)] = brk
+        if brk.via is not None:
+            sites[str(brk.via)] = brk
+    oracle_sites = {f"{s.file}:{s.line}": s for s in statements}
+    eager_ac = any(e.kind == EventKind.REGION_EAGER for e in block.events)
+    out = []
+    for site, stmt in oracle_sites.items():
+        if site in sites:
+            continue
+        if block.error is not None:
+            expected, why = True, "gbdoctor could not trace this layer at all (see its error)"
+        elif eager_ac:
+            expected, why = (
+                True,
+                "after the first break in the activation-checkpoint region the region runs "
+                "eagerly in training, so Dynamo never reaches this statement there",
+            )
+        else:
+            expected, why = False, "plain torch.compile breaks here; gbdoctor reports no break"
+        out.append(
+            OracleDifference(
+                statement=f"{site} {stmt.gb_type}",
+                side="oracle",
+                expected=expected,
+                explanation=why,
+            )
+        )
+    matched = {id(sites[s]) for s in oracle_sites if s in sites}
+    for brk in block.breaks:
+        if id(brk) in matched:
+            continue
+        where = str(brk.location) if brk.location else "(no location)"
+        if brk.component in _SETUP_COMPONENTS:
+            expected, why = (
+                True,
+                f"a break from the training setup ({brk.component}): the oracle compiles the "
+                "bare model, without the setup's hooks",
+            )
+        elif brk.location is None:
+            expected, why = True, "seen only in Dynamo's counters (no user stack to compare)"
+        else:
+            expected, why = False, "gbdoctor reports a break here; plain torch.compile does not"
+        out.append(
+            OracleDifference(
+                statement=f"{where} {brk.gb_type}",
+                side="gbdoctor",
+                expected=expected,
+                explanation=why,
+            )
+        )
+    return tuple(sorted(out, key=lambda d: (d.side, d.statement)))
+
+
+def render_oracle(result: OracleReport) -> str:
+    """Lines for the terminal: the agreement count, then each layer's differences."""
+    lines = [
+        f"oracle (plain torch.compile per layer, graph-break log): {result.agreeing}/"
+        f"{len(result.blocks)} layers agree with the scan"
+    ]
+    for block in result.blocks:
+        if block.error is not None:
+            lines.append(f"  {block.fqn}: plain torch.compile failed: {block.error}")
+            continue
+        if not block.differences:
+            continue
+        verdict = "agrees" if block.agrees else "DIFFERS"
+        lines.append(
+            f"  {block.fqn}: {verdict} (oracle {len(block.oracle)} statement(s), scan "
+            f"{block.gbdoctor_breaks} break(s))"
+        )
+        for diff in block.differences:
+            mark = "expected" if diff.expected else "UNEXPECTED"
+            lines.append(f"    {mark}: only {diff.side}: {diff.statement}: {diff.explanation}")
+    return "\n".join(lines)
