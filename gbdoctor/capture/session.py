@@ -17,7 +17,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -29,6 +28,7 @@ import torch.nn as nn
 
 from gbdoctor import causes
 from gbdoctor.capture import cudagraphs
+from gbdoctor.capture.locate import user_function
 from gbdoctor.causes import is_torch_file
 from gbdoctor.records import Location, RawBreak
 
@@ -577,19 +577,6 @@ def _count_fixed_backward_inputs(gm: torch.fx.GraphModule) -> int:
         if "tangents" in node.name:
             return i
     return len(placeholders)
-
-
-_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
-"""Dynamo's name for the continuation of a function after a break (``convert_frame``'s resume
-functions); a resume function's own resume nests the pattern."""
-
-
-def user_function(name: str) -> str:
-    """The user's function name behind a Dynamo-generated one
-    (``torch_dynamo_resume_in_forward_at_165`` -> ``forward``)."""
-    while (match := _RESUME.match(name)) is not None:
-        name = match.group(1)
-    return name
 
 
 def user_frames(frames: tuple[Location, ...]) -> tuple[Location, ...]:
