@@ -85,6 +85,8 @@ def _refuse_foreign(target: str, ref: str, *, is_path: bool) -> None:
     foreign = foreign_factory(target, is_path=is_path)
     if foreign is not None:
         raise SpecError(f"model factory {ref!r} {foreign[0]}", hint=foreign[1])
+
+
 _FACTORY_MODULE = re.compile(r"\bgbdoctor_factory_(\w+?)_[0-9a-f]{10}\b")
 
 
