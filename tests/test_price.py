@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -25,7 +26,9 @@ from gbdoctor.records import (
     PriceSplit,
 )
 from gbdoctor.report.json import load_scan_json
-from gbdoctor.report.price_rows import break_rows, cause_totals, price_check
+from gbdoctor.report.price_rows import break_rows, cause_totals, price_check, run_price_check
+from gbdoctor.report.run_formats import render_run
+from gbdoctor.run import report_from_json
 
 MODEL = FIXTURES / "models" / "priced.py"
 
@@ -122,11 +125,11 @@ def priced(tmp_path_factory):
         ],
     )
     assert result.exit_code == 0, result.output
-    return load_scan_json(out), json.loads(out.read_text())
+    return load_scan_json(out), json.loads(out.read_text()), (spec, out)
 
 
 def test_every_distinct_break_has_a_price_with_a_spread(priced):
-    report, data = priced
+    report, data, _ = priced
     assert data["schema_version"] == 5 and report.price is not None
     price = report.price
     distinct = {
@@ -147,7 +150,7 @@ def test_every_distinct_break_has_a_price_with_a_spread(priced):
 
 
 def test_a_kinds_price_is_split_over_its_breaks_by_their_eager_time(priced):
-    report, _ = priced
+    report, _, _ = priced
     price = report.price
     assert price is not None
     for kind in price.kinds:
@@ -168,7 +171,7 @@ def test_a_kinds_price_is_split_over_its_breaks_by_their_eager_time(priced):
 def test_the_table_and_markdown_show_the_prices(priced):
     from gbdoctor.report import render
 
-    report, _ = priced
+    report, _, _ = priced
     table = render(report, "table")
     assert "Price per distinct break" in table and "Price per block kind" in table
     assert "backend aot_eager" in table
@@ -324,3 +327,106 @@ def test_plan_refuses_a_price_file_without_prices():
     )
     assert result.exit_code == 2
     assert "a scan without prices" in result.output
+
+
+def _priced_kinds(*prices: tuple[float, tuple[float, float]]):
+    return tuple(
+        KindPrice(
+            kind=f"k{i}",
+            layers=1,
+            counterfactual=Counterfactual.PLAN_FIX,
+            recipe="r",
+            ms_per_step=ms,
+            spread_ms=spread,
+        )
+        for i, (ms, spread) in enumerate(prices)
+    )
+
+
+def _run_of(base_rounds_s, plan_rounds_s, **fields):
+    from gbdoctor.records import ModeResult, RunReport
+
+    def mode(name, rounds):
+        return ModeResult(mode=name, strategy=name, status="ok", round_medians_s=rounds)
+
+    return RunReport(
+        **{
+            "spec": "s.toml",
+            "model": "m",
+            "torch_version": "2.13.0",
+            "device": "cpu",
+            "backend": "inductor",
+            "world_size": 1,
+            "batch_size": 1,
+            "seq_len": 1,
+            "warmup": 1,
+            "steps": 1,
+            "seed": 0,
+            "tokens_per_step": 1,
+            "ac_mode": "none",
+            "ac_option": "",
+            "modes": (mode("as-priced", base_rounds_s), mode("plan", plan_rounds_s)),
+            **fields,
+        }
+    )
+
+
+def _scan_priced(price):
+    from dataclasses import replace
+
+    base = load_scan_json(FIXTURES / "scans" / "llama4_before.json")
+    return replace(base, setup=replace(base.setup, strategy="titan-v0.2.0"), price=price)
+
+
+def test_run_sets_the_predicted_gain_beside_the_measured_one():
+    """The kinds' prices add up to the prediction (spread: the sums of their ends); the measured
+    gain is the median of the per-round differences, paired within each round."""
+    from gbdoctor.run.price_check import price_check
+
+    priced = _scan_priced(
+        _price(kinds=_priced_kinds((20.0, (10.0, 30.0)), (5.0, (4.0, 6.0))), breaks=())
+    )
+    check = price_check(_run_of((0.130, 0.125, 0.140), (0.100, 0.105, 0.110)), priced)
+    assert (check.predicted_ms, check.predicted_spread_ms) == (25.0, (14.0, 36.0))
+    assert (check.measured_ms, check.measured_spread_ms) == (30.0, (20.0, 30.0))
+    assert check.ratio == pytest.approx(25 / 30, abs=0.01) and check.consistent
+    far = price_check(_run_of((0.200, 0.200), (0.100, 0.100)), priced)  # 100 ms measured
+    assert far.measured_ms == 100.0 and far.consistent is False
+    differs = price_check(_run_of((0.2,), (0.1,), batch_size=8), priced)
+    assert differs.measured_ms is None and "batch 8 here, 1 when priced" in differs.detail
+    assert "--batch-size 1 --seq-len 1" in differs.detail
+
+
+@pytest.mark.slow
+def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
+    """``run --price`` on the spec that was priced, at its shapes and backend: the JSON carries
+    the check, its numbers recomputed here from the run's own per-round medians, and the table
+    line says whether the two agree."""
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli import app
+
+    report, _, (spec, price_json) = priced
+    as_set_up = report.setup.strategy
+    out = tmp_path / "run.json"
+    args = ["run", str(spec), "--backend", "aot_eager", "--rounds", "2", "--steps", "1"]
+    args += ["--warmup", "1", "--modes", "plan", "--batch-size", "2"]
+    args += ["--seq-len", "32", "--price", str(price_json), "-f", "json", "-o", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code in (0, 1), result.output
+    run = json.loads(out.read_text())
+    assert run["schema_version"] == 4
+    modes = {m["mode"]: m for m in run["modes"]}
+    gains = [
+        (b - p) * 1e3
+        for b, p in zip(modes["as-priced"]["round_medians_s"], modes["plan"]["round_medians_s"])
+    ]
+    check = run["price_check"]
+    assert check["as_set_up"] == f"as-priced ({as_set_up})"
+    assert check["measured_ms"] == pytest.approx(statistics.median(gains), abs=0.06)
+    kinds = json.loads(price_json.read_text())["price"]["kinds"]
+    total = sum(k["ms_per_step"] for k in kinds if k["ms_per_step"] is not None)
+    assert check["predicted_ms"] == pytest.approx(total, abs=0.06)
+    line = run_price_check(report_from_json(out.read_text()).price_check)
+    assert line in render_run(report_from_json(out.read_text()), "markdown")
+    assert f"this run measured {check['measured_ms']:.1f}" in line

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from gbdoctor.records import Spec
+    from gbdoctor.records import ScanReport, Spec
 
 
 def load_spec_options(
@@ -90,3 +90,17 @@ def choose_strategy(spec: Spec, strategy: str | None, plan: Path | None) -> Any:
                 f"unknown strategy {strategy!r}; choose from {', '.join(presets)}"
             )
     return strategy
+
+
+def read_priced_scan(path: Path) -> ScanReport:
+    """A ``gbdoctor price -f json`` output (a scan report with prices), for ``--price FILE``."""
+    from gbdoctor.errors import BaselineError
+    from gbdoctor.report.json import load_scan_json
+
+    report = load_scan_json(path)
+    if report.price is None:
+        raise BaselineError(
+            f"{path}: a scan without prices",
+            hint="give the JSON output of `gbdoctor price SPEC -f json -o FILE`",
+        )
+    return report

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from gbdoctor.cli.inputs import load_spec_args
+from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     OutputOpt,
     PlanFormatOpt,
@@ -19,9 +19,6 @@ from gbdoctor.cli.options import (
 )
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
 from gbdoctor.errors import ExitCode
-
-if TYPE_CHECKING:
-    from gbdoctor.records import PriceReport
 
 
 def plan(
@@ -55,7 +52,7 @@ def plan(
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
     files = tuple(spec or ()) if torchtitan is None else ()
     preflight(format, "plan", output, inputs=(*files, price_file))
-    price = _read_price(price_file) if price_file is not None else None
+    price = read_priced_scan(price_file).price if price_file is not None else None
     loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
@@ -72,16 +69,3 @@ def plan(
         emit(emit_plan(result, emit_config), output)
     if not result.verified:
         raise typer.Exit(int(ExitCode.FINDINGS))
-
-
-def _read_price(path: Path) -> PriceReport:
-    from gbdoctor.errors import BaselineError
-    from gbdoctor.report.json import load_scan_json
-
-    report = load_scan_json(path)
-    if report.price is None:
-        raise BaselineError(
-            f"{path}: a scan without prices",
-            hint="give the JSON output of `gbdoctor price SPEC -f json -o FILE`",
-        )
-    return report.price

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gbdoctor.cli.inputs import load_spec_args
+from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     OutputOpt,
     RunFormatOpt,
@@ -62,6 +62,14 @@ def run(
         typer.Option("--plan", help="Reuse a saved plan JSON instead of making one"),
     ] = None,
     no_plan: Annotated[bool, typer.Option("--no-plan", help="Do not make or run a plan")] = False,
+    price_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--price",
+            help="A `gbdoctor price -f json` output of this spec: set its predicted gain beside "
+            "the gain measured here (plan against the mode as set up)",
+        ),
+    ] = None,
     batch_size: Annotated[
         int | None,
         typer.Option(
@@ -93,9 +101,15 @@ def run(
     from gbdoctor.report.plan_table import render_plan_table
     from gbdoctor.report.run_formats import render_run, write_csv
     from gbdoctor.run import run_modes
+    from gbdoctor.run.price_check import priced_mode, with_price_check
 
     files = tuple(spec or ()) if torchtitan is None else ()
-    preflight(format, "run", output, csv, inputs=(*files, plan_file))
+    preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))
+    priced = read_priced_scan(price_file) if price_file is not None else None
+    if priced is not None and no_plan:
+        raise typer.BadParameter(
+            "--price compares the plan with the mode as set up: drop --no-plan"
+        )
     loaded = load_spec_args(spec, torchtitan, set_, world_size=world_size)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
@@ -117,7 +131,10 @@ def run(
             nproc=nproc,
             progress=bar,
             on_plan=show_plan,
+            extra_modes=priced_mode(loaded, priced) if priced is not None else None,
         )
+    if priced is not None:
+        report = with_price_check(report, priced)
     emit(render_run(report, format), output)
     if csv is not None:
         write_csv(report, csv)

@@ -40,7 +40,7 @@ from gbdoctor.records.plan import (
     KindPlan,
     Plan,
 )
-from gbdoctor.records.price import BreakPrice, KindPrice, PriceReport
+from gbdoctor.records.price import BreakPrice, KindPrice, PriceCheck, PriceReport
 from gbdoctor.records.run import (
     LOSS_RTOL,
     READABLE_RUN_SCHEMA_VERSIONS,
@@ -88,6 +88,7 @@ __all__ = [
     "BreakPrice",
     "Counterfactual",
     "KindPrice",
+    "PriceCheck",
     "PriceReport",
     "PriceSplit",
     "Baseline",

@@ -81,3 +81,26 @@ class PriceReport:
     load: tuple[float, int] = (0.0, 1)
     """(load average seen, cores): prices measured on a busy machine say so."""
     notes: tuple[str, ...] = ()
+
+
+@record
+class PriceCheck:
+    """``gbdoctor run --price FILE``: the prices' predicted gain set beside the gain ``run``
+    measured between the mode as set up and the plan (``RunReport.price_check``)."""
+
+    as_set_up: str
+    """What the prices were measured against: ``as-priced (STRATEGY)``, the run mode that
+    reproduces it (the priced scan's strategy, fullgraph relaxed as ``price`` ran it)."""
+    predicted_ms: float
+    """Sum of the priced kinds' prices: what fixing them all should save per step."""
+    predicted_spread_ms: tuple[float, float]
+    """(sum of the kinds' minimums, sum of their maximums)."""
+    measured_ms: float | None
+    """Median over rounds of step(as set up) - step(plan), paired within each round; None when
+    either mode did not run (``detail``)."""
+    measured_spread_ms: tuple[float, float] | None = None
+    ratio: float | None = None
+    """``predicted_ms / measured_ms``."""
+    consistent: bool | None = None
+    """Within 30 %, or either number inside the other's spread; None when not comparable."""
+    detail: str = ""

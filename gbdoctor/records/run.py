@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gbdoctor.records.base import record
+from gbdoctor.records.price import PriceCheck
 from gbdoctor.records.scan import Recompile
 
 __all__ = [
@@ -14,11 +15,12 @@ __all__ = [
     "RunReport",
 ]
 
-RUN_SCHEMA_VERSION = 3
+RUN_SCHEMA_VERSION = 4
 """2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance;
 recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own); 3: a mode's
-``workaround``. All new fields have defaults: version-1 and -2 reports are still read."""
-READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3)
+``workaround``; 4: ``price_check`` (``run --price``). All new fields have defaults: reports of
+versions 1 to 3 are still read."""
+READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3, 4)
 
 
 LOSS_RTOL = 2e-2
@@ -163,6 +165,8 @@ class RunReport:
     findings: tuple[str, ...] = ()
     """Failed modes, measured-step recompiles, recompile-limit hits, diverged losses."""
     notes: tuple[str, ...] = ()
+    price_check: PriceCheck | None = None
+    """``run --price FILE``: the prices' predicted gain beside the measured one; else None."""
     schema_version: int = RUN_SCHEMA_VERSION
 
     @property

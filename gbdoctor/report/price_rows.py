@@ -3,7 +3,7 @@ price``): every number comes from the report's ``price`` record, nothing is reco
 
 from __future__ import annotations
 
-from gbdoctor.records import BreakPrice, KindPrice, PriceReport
+from gbdoctor.records import BreakPrice, KindPrice, PriceCheck, PriceReport
 
 PRICE_HEADERS = ("kind", "cause", "gb id", "location", "ms/step [rounds]", "share", "split")
 KIND_HEADERS = ("kind", "layers", "against", "ms/step [rounds]", "share", "verdict")
@@ -94,4 +94,20 @@ def price_check(price: PriceReport) -> str:
     return (
         f"Check: the kinds' prices add up to {total:.1f} ms/step; every fix at once gained "
         f"{_ms(price.plan_ms, price.plan_spread_ms)} ms/step."
+    )
+
+
+def run_price_check(check: PriceCheck | None) -> str:
+    """``run --price``: the prices' predicted gain beside the gain this run measured."""
+    if check is None:
+        return ""
+    predicted = f"{_ms(check.predicted_ms, check.predicted_spread_ms)} ms/step"
+    head = f"Price check: the prices predict {predicted} for the plan against {check.as_set_up}"
+    if check.measured_ms is None:
+        return f"{head}; {check.detail}."
+    verdict = "consistent" if check.consistent else "NOT consistent"
+    ratio = f", ratio {check.ratio:.2f}" if check.ratio is not None else ""
+    return (
+        f"{head}; this run measured {_ms(check.measured_ms, check.measured_spread_ms)} "
+        f"ms/step{ratio}: {verdict} (within 30 %, or inside the other's spread)."
     )

@@ -15,6 +15,7 @@ from typing import Any
 from gbdoctor.errors import SpecError
 from gbdoctor.records import ModeResult, ModeStatus, RunReport, Verdict
 from gbdoctor.records.io import dumps
+from gbdoctor.report.price_rows import run_price_check
 
 __all__ = ["RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
 
@@ -338,6 +339,8 @@ def render_table(report: RunReport) -> str:
         )
     for note in report.notes:
         console.print(Text(f"note: {note}"))
+    if report.price_check is not None:
+        console.print(Text(run_price_check(report.price_check)))
     return plain_text(console)
 
 
@@ -446,6 +449,8 @@ def render_markdown(report: RunReport) -> str:
         lines.append(f"- finding: {_md_cell(f)}")
     for note in report.notes:
         lines.append(f"- note: {_md_cell(note)}")
+    if report.price_check is not None:
+        lines += ["", run_price_check(report.price_check)]
     return "\n".join(lines) + "\n"
 
 

@@ -49,7 +49,7 @@ import os
 import shutil
 import statistics
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -230,6 +230,7 @@ def run_modes(
     nproc: int | None = None,
     progress: Progress | None = None,
     on_plan: Callable[[Any], None] | None = None,
+    extra_modes: Mapping[str, Strategy] | None = None,
 ) -> RunReport:
     """Make the plan, then train ``spec`` under each mode in fresh processes and compare.
 
@@ -241,6 +242,8 @@ def run_modes(
     ``inductor``. ``batch_size``/``seq_len``: None picks
     :func:`benchmark_shape`. ``nproc``: must equal the spec's world size when given.
     ``on_plan``: called with the :class:`~gbdoctor.plan.Plan` once it is made or loaded.
+    ``extra_modes``: more modes by name, run after the chosen ones (``run --price`` adds the
+    strategy the prices were measured against).
     A mode that fails (compile error, crash, timeout) is a failed record; the others still run.
     Bad input (unknown mode or backend, --nproc mismatch, bad plan, a model factory that fails)
     raises SpecError (BaselineError for an unreadable plan file).
@@ -285,6 +288,8 @@ def run_modes(
     strategies: dict[str, Any] = {
         m: table[mode_strategies[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }
+    strategies.update(extra_modes or {})
+    chosen += [m for m in extra_modes or {} if m not in chosen]
     plan_info: dict[str, Any] = {}
     cudagraph_layers: tuple[str, ...] = ()
     # cudagraphs alone off CUDA does not run, so no plan is made for it (a --plan file is read).

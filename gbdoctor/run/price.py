@@ -103,7 +103,7 @@ def price_scan(
     b, s, _ = benchmark_shape(spec, device, batch_size, seq_len)
     run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
     run_spec, dtype_note = cpu_param_dtype(run_spec, device)
-    as_set_up, relaxed = _breaks_tolerated(framework.strategies[report.setup.strategy])
+    as_set_up, relaxed = breaks_tolerated(framework.strategies[report.setup.strategy])
     modes = _modes(report, plan, as_set_up)
     notes = [dtype_note] if dtype_note else []
     if relaxed:
@@ -157,7 +157,7 @@ def price_scan(
     )
 
 
-def _breaks_tolerated(strategy: Strategy) -> tuple[Strategy, bool]:
+def breaks_tolerated(strategy: Strategy) -> tuple[Strategy, bool]:
     """``strategy`` with fullgraph off everywhere (a break must split the graph, not fail the
     step), and whether anything changed."""
 

@@ -1,0 +1,96 @@
+"""``gbdoctor run --price FILE``: does what the prices predict match what ``run`` measures?
+
+The priced scan (``gbdoctor price -f json``) says what fixing each block kind saves per step;
+``run`` trains the mode as set up and the plan in the same rounds. The check sets the sum of the
+kinds' prices beside the paired per-round difference of the two modes (docs/price.md). The two
+only compare when they were measured alike: same ranks, backend, batch and sequence length.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+
+from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.records import PriceCheck, RunReport, ScanReport, Spec
+from gbdoctor.records.enums import ModeStatus
+from gbdoctor.run.price import breaks_tolerated
+from gbdoctor.setup.compile import Strategy
+
+
+def priced_mode(spec: Spec, priced: ScanReport) -> dict[str, Strategy]:
+    """The extra run mode that reproduces what the prices were measured against."""
+    strategy, _ = breaks_tolerated(framework_for(spec).strategies[priced.setup.strategy])
+    return {AS_PRICED: strategy}
+
+
+AS_PRICED = "as-priced"
+"""The run mode ``run --price`` adds: the strategy the prices were measured against, exactly as
+``price`` ran it (fullgraph relaxed where the spec's strategy would fail on the breaks)."""
+
+CONSISTENT_WITHIN = 0.30
+"""Relative agreement that counts as consistent (issue 27's bar), besides spread overlap."""
+
+
+def with_price_check(report: RunReport, priced: ScanReport) -> RunReport:
+    """``report`` with its ``price_check`` for the priced scan ``priced``."""
+    return replace(report, price_check=price_check(report, priced))
+
+
+def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
+    price = priced.price
+    assert price is not None, "the caller reads a priced scan"
+    as_set_up = f"{AS_PRICED} ({priced.setup.strategy})"
+    kinds = [k for k in price.kinds if k.ms_per_step is not None]
+    predicted = sum(k.ms_per_step or 0.0 for k in kinds)
+    low = sum((k.spread_ms or (k.ms_per_step, k.ms_per_step))[0] or 0.0 for k in kinds)
+    high = sum((k.spread_ms or (k.ms_per_step, k.ms_per_step))[1] or 0.0 for k in kinds)
+    check = PriceCheck(
+        as_set_up=as_set_up,
+        predicted_ms=round(predicted, 1),
+        predicted_spread_ms=(round(low, 1), round(high, 1)),
+        measured_ms=None,
+    )
+    differs = [
+        f"{what} {ran} here, {priced_at} when priced"
+        for what, ran, priced_at in (
+            ("ranks", report.world_size, price.world_size),
+            ("backend", report.backend, price.backend),
+            ("batch", report.batch_size, price.batch_size),
+            ("seq_len", report.seq_len, price.seq_len),
+        )
+        if ran != priced_at
+    ]
+    if differs:
+        hint = f"rerun with --batch-size {price.batch_size} --seq-len {price.seq_len}"
+        return replace(check, detail=f"not comparable ({'; '.join(differs)}): {hint}")
+    modes = {m.mode: m for m in report.modes}
+    missing = [
+        name
+        for name in (AS_PRICED, "plan")
+        if name not in modes or modes[name].status != ModeStatus.OK
+    ]
+    if missing:
+        return replace(
+            check,
+            detail=f"mode(s) {', '.join(missing)} did not run (failed, or left out by --modes)",
+        )
+    base, plan = modes[AS_PRICED].round_medians_s, modes["plan"].round_medians_s
+    gains = [(b - p) * 1e3 for b, p in zip(base, plan, strict=False)]
+    if not gains:
+        return replace(check, detail="no measured rounds")
+    measured = statistics.median(gains)
+    spread = (min(gains), max(gains))
+    ratio = predicted / measured if measured else None
+    consistent = (
+        (ratio is not None and abs(predicted - measured) <= CONSISTENT_WITHIN * abs(measured))
+        or low <= measured <= high
+        or spread[0] <= predicted <= spread[1]
+    )
+    return replace(
+        check,
+        measured_ms=round(measured, 1),
+        measured_spread_ms=(round(spread[0], 1), round(spread[1], 1)),
+        ratio=round(ratio, 2) if ratio is not None else None,
+        consistent=consistent,
+    )
