@@ -3,7 +3,9 @@
 How to add a framework (the steps this file walks through with ``Toy``):
 
 1. Make a package ``gbdoctor/frameworks/<name>/`` whose ``__init__`` holds a light class (no
-   torch or framework import at module level: spec loading reads it).
+   torch or framework import at module level: spec loading reads it), a subclass of
+   ``frameworks.common.base.FrameworkBase`` (the defaults every plug-in shares) or of its
+   ``BuildingBlocksFramework`` (set up by ``setup/``'s building blocks, as ``Toy`` is).
 2. Give it a ``name`` (the ``[gbdoctor] framework`` value), a ``title`` for messages, and its
    ``capture_style``: per block (``scan.rank``) or whole engine steps (``scan.engine_steps``,
    which also asks for ``root_region``, ``set_up_words``, ``engine_setup_info``, ``engine_notes``).
@@ -14,8 +16,8 @@ How to add a framework (the steps this file walks through with ``Toy``):
    when the spec names none, refuse what it cannot set up with ``ctx.fail``), refuse them in
    other frameworks' specs (``check_foreign_spec``), and say whether ``[compile]`` decides what
    training compiles (``compiles_per_compile_section``).
-6. ``build`` the model and its meshes, ``set_up`` the framework's setup (``setup/``'s neutral
-   building blocks, or the framework's own), returning a ``setup.apply.Setup``.
+6. ``build`` the model and its meshes, ``set_up_model`` the framework's setup (``setup/``'s
+   neutral building blocks, or the framework's own), returning a ``setup.apply.Setup``.
 7. ``step_context``, ``train_step``, ``timed_train_step``: its training step, as training runs.
 8. ``prepare_ranks`` / ``release_rank``: what would hang ranks before they start, and what a
    rank leaves behind.
@@ -24,13 +26,12 @@ How to add a framework (the steps this file walks through with ``Toy``):
 10. ``registry.register(Framework())`` (the built-ins in ``registry._builtins``), then a golden
     case in ``tests/test_golden.py`` for a bundled spec of it.
 
-``Toy`` below does steps 1-8 and 10 for a scan (it delegates to ``setup/``'s building blocks
-with one strategy of its own); planning (step 9) is what a real framework adds.
+``Toy`` below does steps 1-8 and 10 for a scan (``setup/``'s building blocks, the base's
+defaults, one strategy of its own); planning (step 9) is what a real framework adds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
@@ -40,19 +41,17 @@ from repo_paths import FIXTURES
 
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks import CaptureStyle, framework_names, registry
+from gbdoctor.frameworks.common.base import BuildingBlocksFramework
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
 
 
-class Toy:
+class Toy(BuildingBlocksFramework):
     """A framework that compiles every block whole, without fullgraph, set up by ``setup/``."""
 
     name = "toy"
     title = "Toy"
     capture_style = CaptureStyle.PER_BLOCK
-    simulates = False
-    spec_sections: tuple[str, ...] = ()
-    plan_section = None
     strategy_names = ("whole",)
     default_strategy = "whole"
 
@@ -70,51 +69,6 @@ class Toy:
             return spec
         tool = dataclasses.replace(spec.gbdoctor, strategy=self.default_strategy)
         return dataclasses.replace(spec, gbdoctor=tool)
-
-    def check_foreign_spec(self, spec, data, ctx) -> None:
-        return None
-
-    def compiles_per_compile_section(self) -> bool:
-        return False
-
-    def build(self, spec, device_type, *, meta=False, max_seq_len=None):
-        import torch
-
-        from gbdoctor.models import build_model
-        from gbdoctor.setup.dist import build_meshes
-
-        torch.manual_seed(spec.training.seed)
-        meshes = build_meshes(spec.parallelism, device_type)
-        device = "meta" if meta else meshes.device
-        return build_model(spec.model, device=device, max_seq_len=max_seq_len), meshes
-
-    def set_up(self, model, spec, meshes, *, strategy, compile_fn=None, backend=None, **_):
-        from gbdoctor.setup.apply import apply_setup
-
-        return apply_setup(
-            model, spec, meshes, strategy=strategy, compile_fn=compile_fn, backend=backend
-        )
-
-    def step_context(self, setup) -> contextlib.AbstractContextManager[None]:
-        from gbdoctor.setup.apply import recipe_context
-
-        return recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled)
-
-    def train_step(self, setup, tokens, labels) -> float:
-        from gbdoctor.setup.train import train_step
-
-        return train_step(setup, tokens, labels)
-
-    def timed_train_step(self, setup, tokens, labels, sync=None):
-        from gbdoctor.setup.train import timed_train_step
-
-        return timed_train_step(setup, tokens, labels, sync)
-
-    def prepare_ranks(self, device: str) -> None:
-        return None
-
-    def release_rank(self) -> None:
-        return None
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ from gbdoctor.records import (
 )
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
 from gbdoctor.run.measure import (
-    cpu_name,
+    device_peak,
     known_bug_workaround,
     load_average,
     per_step_max,
@@ -328,7 +328,7 @@ def run_modes(
     )
     loads = raw.pop()
     flops = _flops(spec, s)
-    device_name, peak = _device_peak(device)
+    device_name, peak = device_peak(device)
     from gbdoctor.setup.optim import adamw_implementation
 
     return build_report(
@@ -496,17 +496,6 @@ def _flops(spec: Spec, seq_len: int) -> int | None:
         return model_flops_per_token(spec.model, seq_len).flops_per_token
     except Exception:  # noqa: BLE001 - a custom model that cannot build on meta: no FLOPs, no MFU
         return None
-
-
-def _device_peak(device: str) -> tuple[str, float | None]:
-    if device != "cuda":
-        return cpu_name(), None
-    import torch
-
-    from gbdoctor.run.flops import peak_tflops
-
-    name = torch.cuda.get_device_name(0)
-    return name, peak_tflops(name)
 
 
 def _flags(strategy: Strategy) -> tuple[tuple[str, str], ...]:

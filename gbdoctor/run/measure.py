@@ -1,5 +1,5 @@
-"""What ``run`` and ``price`` share about measuring: the machine, its load, per-round step
-times, rank-prefixed messages, and the known upstream bugs a mode may run around."""
+"""What ``run`` and ``price`` share about measuring: the machine (its name and peak), its load,
+per-round step times, rank-prefixed messages, and the known upstream bugs a mode may run around."""
 
 from __future__ import annotations
 
@@ -40,6 +40,25 @@ def cpu_name() -> str:
     except OSError:
         pass
     return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def device_name(device: str) -> str:
+    """The machine a run measures on: the GPU's name, or the CPU's with its core count."""
+    if device == "cuda":
+        import torch
+
+        return str(torch.cuda.get_device_name(0))
+    return cpu_name()
+
+
+def device_peak(device: str) -> tuple[str, float | None]:
+    """(:func:`device_name`, the GPU's peak dense TFLOP/s where it is known; None on CPU)."""
+    name = device_name(device)
+    if device != "cuda":
+        return name, None
+    from gbdoctor.run.flops import peak_tflops
+
+    return name, peak_tflops(name)
 
 
 def load_average() -> float:

@@ -46,7 +46,7 @@ from gbdoctor.records import (
 )
 from gbdoctor.run.driver import benchmark_shape, cpu_param_dtype
 from gbdoctor.run.measure import (
-    cpu_name,
+    device_name,
     known_bug_workaround,
     load_average,
     per_step_max,
@@ -138,7 +138,7 @@ def price_scan(
         price=PriceReport(
             backend=backend,
             device=device,
-            device_name=_device_name(device),
+            device_name=device_name(device),
             world_size=spec.parallelism.world_size,
             rounds=rounds,
             warmup=warmup,
@@ -419,14 +419,6 @@ def _split(
     return out
 
 
-def _device_name(device: str) -> str:
-    if device == "cuda":
-        import torch
-
-        return str(torch.cuda.get_device_name(0))
-    return cpu_name()
-
-
 def _empty(
     report: ScanReport,
     spec: Spec,
@@ -440,7 +432,7 @@ def _empty(
     return PriceReport(
         backend=backend,
         device=device,
-        device_name=_device_name(device),
+        device_name=device_name(device),
         world_size=spec.parallelism.world_size,
         rounds=rounds,
         warmup=warmup,

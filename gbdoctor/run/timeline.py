@@ -178,7 +178,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
     )
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
-    from gbdoctor.setup.train import data_share, synthetic_batch
+    from gbdoctor.setup.train import step_batch
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -213,16 +213,8 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             for step in range(job.steps):
                 watch.tag(step=step, measured=True)
                 seq = job.seq_lens[step % len(job.seq_lens)]
-                share, shares = data_share(meshes)
-                tokens, labels = synthetic_batch(
-                    seed=spec.training.seed,
-                    step=step,
-                    vocab=vocab,
-                    local_batch=job.batch_size,
-                    seq_len=seq,
-                    rank=share,
-                    world_size=shares,
-                    device=meshes.device,
+                tokens, labels = step_batch(
+                    spec, meshes, vocab, step, local_batch=job.batch_size, seq_len=seq
                 )
                 boundary = accumulation(setup)[1] if accumulation is not None else None
                 if world > 1:

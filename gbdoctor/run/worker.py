@@ -121,7 +121,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
 
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
-    from gbdoctor.setup.train import data_share, synthetic_batch
+    from gbdoctor.setup.train import step_batch
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -165,16 +165,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                     torch.cuda.synchronize()
                     torch.cuda.reset_peak_memory_stats()
             watch.tag(step=step, measured=measured)
-            tokens, labels = synthetic_batch(
-                seed=spec.training.seed,
-                step=step,
-                vocab=vocab,
-                local_batch=spec.capture_batch_size,
-                seq_len=spec.capture_seq_len,
-                rank=data_share(meshes)[0],
-                world_size=data_share(meshes)[1],
-                device=meshes.device,
-            )
+            tokens, labels = step_batch(spec, meshes, vocab, step)
             if world > 1:
                 dist.barrier()
             if cuda:

@@ -39,7 +39,7 @@ from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import block_report, build_and_setup, event_order
 from gbdoctor.setup.apply import BlockSlot
 from gbdoctor.setup.dist import resolve_device, run_ranks
-from gbdoctor.setup.train import synthetic_batch
+from gbdoctor.setup.train import step_batch
 
 CAPTURE_STEPS = 3
 """Training steps per engine-step capture: step 0 compiles, the later ones show whether the
@@ -88,12 +88,9 @@ def _engine_framework(spec: Spec) -> EngineStepFramework:
 
 def scan_engine_steps_rank(job: ScanJob) -> RankScan:
     """One rank: build, the framework's setup + compile, capture ``CAPTURE_STEPS`` steps."""
-    import torch.distributed as dist
-
     from gbdoctor.models import vocab_size
 
     spec = job.spec
-    rank, world = dist.get_rank(), dist.get_world_size()
     recipe = _engine_framework(spec)
     session = CaptureSession()
     setup, meshes = build_and_setup(job, session)
@@ -110,16 +107,7 @@ def scan_engine_steps_rank(job: ScanJob) -> RankScan:
         ):
             for step in range(CAPTURE_STEPS):
                 recorder.tag(step=step, measured=False)
-                tokens, labels = synthetic_batch(
-                    seed=spec.training.seed,
-                    step=step,
-                    vocab=vocab,
-                    local_batch=spec.capture_batch_size,
-                    seq_len=spec.capture_seq_len,
-                    rank=rank,
-                    world_size=world,
-                    device=meshes.device,
-                )
+                tokens, labels = step_batch(spec, meshes, vocab, step)
                 try:
                     if strict:
                         with strict_breaks():

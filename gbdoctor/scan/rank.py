@@ -63,7 +63,7 @@ from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
-from gbdoctor.setup.train import forward_loss, synthetic_batch
+from gbdoctor.setup.train import forward_loss, step_batch
 
 
 def scan_rank_entry(job: ScanJob) -> RankScan:
@@ -116,23 +116,11 @@ def scan_rank(job: ScanJob, progress: Progress | None, fake_mode: Any = None) ->
 def _scan_set_up(
     job: ScanJob, session: CaptureSession, setup: Setup, meshes: Any, progress: Progress | None
 ) -> RankScan:
-    from gbdoctor.setup.train import data_share
-
     spec = job.spec
     from gbdoctor.models import vocab_size
 
     vocab = vocab_size(setup.model)
-    rank, world = data_share(meshes)
-    tokens, labels = synthetic_batch(
-        seed=spec.training.seed,
-        step=0,
-        vocab=vocab,
-        local_batch=spec.capture_batch_size,
-        seq_len=spec.capture_seq_len,
-        rank=rank,
-        world_size=world,
-        device=meshes.device,
-    )
+    tokens, labels = step_batch(spec, meshes, vocab, 0)
     recipe = framework_for(spec)
     with recipe.step_context(setup):
         attempts = warm_up_attempts(recipe, setup, tokens, labels)
@@ -150,16 +138,7 @@ def _scan_set_up(
         if job.probe_recompiles:
 
             def probe_batch(step: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-                return synthetic_batch(
-                    seed=spec.training.seed,
-                    step=step,
-                    vocab=vocab,
-                    local_batch=spec.capture_batch_size,
-                    seq_len=seq_len,
-                    rank=rank,
-                    world_size=world,
-                    device=meshes.device,
-                )
+                return step_batch(spec, meshes, vocab, step, seq_len=seq_len)
 
             def probe_step(t: torch.Tensor, lab: torch.Tensor, notes: list[str]) -> None:
                 run_warm_up(setup, warm_up_attempts(recipe, setup, t, lab), notes)

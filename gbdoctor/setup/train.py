@@ -35,6 +35,30 @@ def synthetic_batch(
     return mine[:, :-1].to(device), mine[:, 1:].to(device)
 
 
+def step_batch(
+    spec: Any,
+    meshes: Any,
+    vocab: int,
+    step: int,
+    *,
+    local_batch: int | None = None,
+    seq_len: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`synthetic_batch` of ``spec``'s seed for ``step``, this rank's data share on the
+    mesh device, at the spec's capture batch size and sequence length unless given."""
+    rank, world = data_share(meshes)
+    return synthetic_batch(
+        seed=spec.training.seed,
+        step=step,
+        vocab=vocab,
+        local_batch=spec.capture_batch_size if local_batch is None else local_batch,
+        seq_len=spec.capture_seq_len if seq_len is None else seq_len,
+        rank=rank,
+        world_size=world,
+        device=meshes.device,
+    )
+
+
 def loss_context(setup: Any) -> contextlib.AbstractContextManager[Any]:
     """torchtitan's train context under TP: the loss (forward and backward) runs under
     ``loss_parallel()`` on vocabulary-sharded logits."""
@@ -126,20 +150,10 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
     meshes = build_meshes(spec.parallelism, device)
     model = build_model(spec.model, device=meshes.device, max_seq_len=spec.training.seq_len)
     setup = apply_setup(model, spec, meshes, strategy=strategy, backend=backend)
-    rank, world = data_share(meshes)
     losses = []
     with recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled):
         for step in range(steps):
-            tokens, labels = synthetic_batch(
-                seed=spec.training.seed,
-                step=step,
-                vocab=vocab_size(model),
-                local_batch=spec.capture_batch_size,
-                seq_len=spec.capture_seq_len,
-                rank=rank,
-                world_size=world,
-                device=meshes.device,
-            )
+            tokens, labels = step_batch(spec, meshes, vocab_size(model), step)
             losses.append(train_step(setup, tokens, labels))
     moes = load_balanced_moes(model)
     bias = moes[0][1].expert_bias.detach().cpu().tolist() if moes else []

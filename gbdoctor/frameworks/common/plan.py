@@ -1,9 +1,11 @@
 """How every framework's planner reads a scan report: which rows stand for their kind, whether
-a row is clean, and how much of a kind runs in clean fullgraph regions."""
+a row is clean, how much of a kind runs in clean fullgraph regions, and which Dynamo flags
+remove a break."""
 
 from __future__ import annotations
 
-from gbdoctor.records import BlockReport, ScanReport
+from gbdoctor.causes import flags_removing, plan_actions_for
+from gbdoctor.records import BlockReport, Break, ScanReport
 
 
 def representatives(report: ScanReport) -> list[BlockReport]:
@@ -27,3 +29,25 @@ def fullgraph_share(block: BlockReport, total_ops: int) -> float:
         if region in block.fullgraph_regions and region not in dirty and not block.error
     )
     return round(min(1.0, clean_ops / total_ops), 4)
+
+
+def take_flags(
+    brk: Break, flags: set[str], actions: list[str], reasons: list[str]
+) -> tuple[str, ...]:
+    """The Dynamo flags that remove ``brk`` and that its cause lets a planner set; those not in
+    ``flags`` yet are added to it, the action and its reason appended. The gb_type says which
+    flag removes the break; the cause's taxonomy entry which fixes a planner may apply
+    (``Cause.plan_actions``)."""
+    allowed = plan_actions_for(brk.cause)
+    wanted = tuple(
+        flag
+        for flag in flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
+        if f"flag:{flag}" in allowed
+    )
+    if wanted and not set(wanted) <= flags:
+        flags.update(wanted)
+        actions.append("flag:" + "+".join(wanted))
+        reasons.append(
+            f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by {', '.join(wanted)}"
+        )
+    return wanted

@@ -9,10 +9,11 @@ validated by DeepSpeed's own config classes; ``plan``: the DeepSpeed planner; ``
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
 from gbdoctor.frameworks.deepspeed.setup import ROOT_REGION
 from gbdoctor.frameworks.interface import CaptureStyle
 
@@ -30,7 +31,7 @@ class DeepSpeedRunModes:
     baselines: tuple[str, ...] = ("engine", "block")
 
 
-class DeepSpeed:
+class DeepSpeed(FrameworkBase):
     """DeepSpeed ZeRO 0-3: the model zoo (or a custom factory) set up by ``deepspeed.initialize``
     with the spec's DeepSpeed config, then the strategy's compile (``engine.compile()``,
     ``block.compile()``, or each block's forward between its ZeRO hooks)."""
@@ -38,7 +39,6 @@ class DeepSpeed:
     name = NAME
     title = "DeepSpeed"
     capture_style = CaptureStyle.ENGINE_STEPS
-    simulates = False
     spec_sections = (NAME,)
     strategy_names = ("engine", "block", "none")
     """Strategies a spec may name (``forward`` is the plan's)."""
@@ -102,22 +102,14 @@ class DeepSpeed:
         model = build_model(spec.model, device="meta" if meta else device, max_seq_len=max_seq_len)
         return model, meshes
 
-    def set_up(
-        self,
-        model: Any,
-        spec: Any,
-        meshes: Any,
-        *,
-        strategy: Any,
-        compile_fn: Any = None,
-        backend: str | None = None,
-        build_optimizer: bool | None = None,
-        backend_for: Callable[[str], Any] | None = None,
+    def set_up_model(
+        self, model: Any, spec: Any, meshes: Any, strategy: Any, options: SetUpOptions
     ) -> Any:
         from gbdoctor.frameworks.deepspeed.setup import apply_deepspeed
 
+        backend_for = options.backend_for
         if backend_for is None:
-            chosen = backend or spec.compile.backend
+            chosen = options.backend or spec.compile.backend
             backend_for = lambda _fqn: chosen  # noqa: E731
         return apply_deepspeed(
             model, spec, strategy=strategy, backend_for=backend_for, device=meshes.device.type
@@ -127,9 +119,6 @@ class DeepSpeed:
         from gbdoctor.setup.apply import recipe_context
 
         return recipe_context(setup.dynamo_flags, ac_enabled=False)
-
-    def train_step(self, setup: Any, tokens: Any, labels: Any) -> float:
-        return self.timed_train_step(setup, tokens, labels)[0]
 
     def timed_train_step(
         self, setup: Any, tokens: Any, labels: Any, sync: Any = None

@@ -14,10 +14,11 @@ simulated. ``plan.py``: keep torchtitan's per-block compile where it is clean, e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
 from gbdoctor.frameworks.interface import CaptureStyle
 
 NAME = "torchtitan-installed"
@@ -55,16 +56,13 @@ class TitanRunModes:
     baselines: tuple[str, ...] = ("torchtitan",)
 
 
-class InstalledTorchtitan:
+class InstalledTorchtitan(FrameworkBase):
     """torchtitan >= 0.3 as installed: its config registry, model registry, ``parallelize_fn``,
     loss, optimizer and training-step body."""
 
     name = NAME
     title = "torchtitan (installed)"
     capture_style = CaptureStyle.PER_BLOCK
-    simulates = False
-    spec_sections: tuple[str, ...] = ()
-    plan_section = None
     strategy_names: tuple[str, ...] = tuple(STRATEGIES)
     default_strategy = "torchtitan"
     run_modes = TitanRunModes()
@@ -92,9 +90,6 @@ class InstalledTorchtitan:
             hint=f"pass {FLAG} MODULE:CONFIG [torchtitan overrides] instead of a spec file",
         )
 
-    def check_foreign_spec(self, spec: Any, data: Mapping[str, Any], ctx: Any) -> None:
-        return None
-
     def compiles_per_compile_section(self) -> bool:
         # Its scans compile what torchtitan compiles (nothing with compile.enable off, said by
         # a note of its own), not what a strategy would: no "would not compile" note.
@@ -115,33 +110,21 @@ class InstalledTorchtitan:
 
         return build(spec, device_type)
 
-    def set_up(
-        self,
-        model: Any,
-        spec: Any,
-        meshes: Any,
-        *,
-        strategy: Any,
-        compile_fn: Any = None,
-        backend: str | None = None,
-        build_optimizer: bool | None = None,
-        backend_for: Callable[[str], Any] | None = None,
+    def set_up_model(
+        self, model: Any, spec: Any, meshes: Any, strategy: Any, options: SetUpOptions
     ) -> Any:
         from gbdoctor.frameworks.torchtitan.setup import set_up
 
         if isinstance(strategy, str) or strategy is None:
             strategy = STRATEGIES[strategy or self.default_strategy]
-        if backend is not None:
-            meshes.config.compile.backend = backend
-        return set_up(model, meshes, strategy, compile_fn)
+        if options.backend is not None:
+            meshes.config.compile.backend = options.backend
+        return set_up(model, meshes, strategy, options.compile_fn)
 
     def step_context(self, setup: Any) -> contextlib.AbstractContextManager[None]:
         from gbdoctor.frameworks.torchtitan.setup import step_context
 
         return step_context(setup)
-
-    def train_step(self, setup: Any, tokens: Any, labels: Any) -> float:
-        return self.timed_train_step(setup, tokens, labels)[0]
 
     def timed_train_step(
         self, setup: Any, tokens: Any, labels: Any, sync: Any = None
@@ -149,12 +132,6 @@ class InstalledTorchtitan:
         from gbdoctor.frameworks.torchtitan.setup import timed_train_step
 
         return timed_train_step(setup, tokens, labels, sync)
-
-    def prepare_ranks(self, device: str) -> None:
-        return None
-
-    def release_rank(self) -> None:
-        return None
 
     # ---------------------------------------------------------------- run and plan
 
@@ -167,9 +144,6 @@ class InstalledTorchtitan:
         from gbdoctor.frameworks.torchtitan.plan import layer_plan_strategy
 
         return layer_plan_strategy(plan)
-
-    def check_plan(self, plan: Any, name: str, hint: str) -> None:
-        return None
 
     @property
     def emitters(self) -> Mapping[str, Any]:

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gbdoctor.causes import flags_removing, plan_actions_for
-from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives
+from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives, take_flags
 from gbdoctor.frameworks.torchtitan import NAME, STRATEGIES, TitanStrategy
 from gbdoctor.frameworks.torchtitan.layer_plan import EAGER, PARTIAL
 from gbdoctor.records import BlockReport, KindPlan, Plan, Readiness, ScanReport, Spec
@@ -83,19 +82,8 @@ def _absorb(cand: _Kind, block: BlockReport, flags: set[str]) -> None:
             )
         return
     for brk in block.breaks:
-        allowed = plan_actions_for(brk.cause)
-        wanted = tuple(
-            f
-            for f in flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
-            if f"flag:{f}" in allowed
-        )
-        if wanted and not set(wanted) <= flags:
-            flags.update(wanted)
-            cand.actions.append("flag:" + "+".join(wanted))
-            cand.reasons.append(
-                f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by {', '.join(wanted)}"
-            )
-        elif not wanted and cand.fullgraph:
+        wanted = take_flags(brk, flags, cand.actions, cand.reasons)
+        if not wanted and cand.fullgraph:
             cand.fullgraph = False
             cand.actions.append("fullgraph-off")
             cand.reasons.append(

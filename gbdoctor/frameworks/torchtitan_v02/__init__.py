@@ -9,11 +9,11 @@ planner; ``emit``: the ``--emit-config torchtitan`` code. Scans capture per bloc
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gbdoctor.frameworks.common.base import BuildingBlocksFramework
 from gbdoctor.frameworks.interface import CaptureStyle
 
 NAME = "torchtitan"
@@ -42,7 +42,7 @@ class TorchtitanRunModes:
     baselines: tuple[str, ...] = ("titan-v0.2.0", "titan-v0.2.2", "block-fullgraph")
 
 
-class TorchtitanV02:
+class TorchtitanV02(BuildingBlocksFramework):
     """torchtitan v0.2.x: its model zoo (or a custom factory), EP, AC/SAC, per-block compile,
     FSDP2 and the MoE load-balancing optimizer hook, in ``setup.apply``'s order."""
 
@@ -50,8 +50,6 @@ class TorchtitanV02:
     title = "torchtitan"
     capture_style = CaptureStyle.PER_BLOCK
     simulates = True
-    spec_sections: tuple[str, ...] = ()
-    plan_section = None
     strategy_names: tuple[str, ...] = (
         "none",
         "block",
@@ -78,73 +76,8 @@ class TorchtitanV02:
     ) -> Any:
         return spec  # the common sections are torchtitan v0.2.2's, checked by spec.py
 
-    def check_foreign_spec(self, spec: Any, data: Mapping[str, Any], ctx: Any) -> None:
-        return None  # no sections of its own
-
     def compiles_per_compile_section(self) -> bool:
         return True
-
-    # ---------------------------------------------------------------- set up and step
-
-    def build(
-        self, spec: Any, device_type: str, *, meta: bool = False, max_seq_len: int | None = None
-    ) -> tuple[Any, Any]:
-        import torch
-
-        from gbdoctor.models import build_model
-        from gbdoctor.setup.dist import build_meshes
-
-        torch.manual_seed(spec.training.seed)
-        meshes = build_meshes(spec.parallelism, device_type)
-        device = "meta" if meta else meshes.device
-        return build_model(spec.model, device=device, max_seq_len=max_seq_len), meshes
-
-    def set_up(
-        self,
-        model: Any,
-        spec: Any,
-        meshes: Any,
-        *,
-        strategy: Any,
-        compile_fn: Any = None,
-        backend: str | None = None,
-        build_optimizer: bool | None = None,
-        backend_for: Callable[[str], Any] | None = None,
-    ) -> Any:
-        from gbdoctor.setup.apply import apply_setup
-
-        return apply_setup(
-            model,
-            spec,
-            meshes,
-            strategy=strategy,
-            compile_fn=compile_fn,
-            backend=backend,
-            build_optimizer=build_optimizer,
-        )
-
-    def step_context(self, setup: Any) -> contextlib.AbstractContextManager[None]:
-        from gbdoctor.setup.apply import recipe_context
-
-        return recipe_context(setup.dynamo_flags, ac_enabled=setup.ac_enabled)
-
-    def train_step(self, setup: Any, tokens: Any, labels: Any) -> float:
-        from gbdoctor.setup.train import train_step
-
-        return train_step(setup, tokens, labels)
-
-    def timed_train_step(
-        self, setup: Any, tokens: Any, labels: Any, sync: Any = None
-    ) -> tuple[float, tuple[float, float, float]]:
-        from gbdoctor.setup.train import timed_train_step
-
-        return timed_train_step(setup, tokens, labels, sync)
-
-    def prepare_ranks(self, device: str) -> None:
-        return None
-
-    def release_rank(self) -> None:
-        return None
 
     # ---------------------------------------------------------------- run and plan
 
@@ -157,9 +90,6 @@ class TorchtitanV02:
         from gbdoctor.frameworks.torchtitan_v02.plan import block_plan_strategy
 
         return block_plan_strategy(plan)
-
-    def check_plan(self, plan: Any, name: str, hint: str) -> None:
-        return None
 
     @property
     def emitters(self) -> Mapping[str, Any]:

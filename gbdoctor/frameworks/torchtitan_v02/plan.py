@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gbdoctor.capture import within
-from gbdoctor.causes import flags_removing, plan_actions_for
-from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives
+from gbdoctor.causes import plan_actions_for
+from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives, take_flags
 from gbdoctor.records import (
     ACMode,
     BlockKind,
@@ -143,23 +143,8 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
     cand.reasons = cand.reasons or []
     cand.actions = cand.actions or []
     for brk in block.breaks:
-        # The gb_type says which flag removes the break; the cause's taxonomy entry says which
-        # fixes the planner may apply for it (``Cause.plan_actions``).
-        allowed = plan_actions_for(brk.cause)
-        wanted = tuple(
-            flag
-            for flag in flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)
-            if f"flag:{flag}" in allowed
-        )
-        if wanted and not set(wanted) <= flags:
-            flags.update(wanted)
-            cand.actions.append("flag:" + "+".join(wanted))
-            cand.reasons.append(
-                f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by {', '.join(wanted)}"
-            )
-            continue
-        if wanted:
-            continue  # a flag already set should remove it; verification will tell
+        if take_flags(brk, flags, cand.actions, cand.reasons):
+            continue  # a flag removes it (one already set: verification will tell)
         inside = _compiled_forward_hit(brk, block.fqn, cand)
         if inside:
             # The module's own computation breaks too: it stays eager, hooks and all.
@@ -175,6 +160,7 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
             # The break is in the hooks FSDP/EP install around the module, not in its forward:
             # the forward is compiled on its own, with the hooks running eagerly around it
             # (verification drops it again if the forward itself breaks).
+            allowed = plan_actions_for(brk.cause)
             if "compile-between-hooks" in allowed and not isolated <= (cand.eager or set()):
                 cand.compiled_forward = (cand.compiled_forward or set()) | isolated
                 cand.actions.append("compile-between-hooks")
