@@ -366,6 +366,26 @@ def test_a_failing_rank_ends_every_rank_with_the_cause(
 
 
 @pytest.mark.slow
+@pytest.mark.extra("torchtitan")
+def test_torchrun_scan_of_an_installed_torchtitan_run_equals_the_self_spawned_scan() -> None:
+    """``--torchtitan MODULE:CONFIG`` under torchrun: the installed torchtitan builds and shards
+    the model on the launcher's ranks (its overrides pass through every rank), and the report is
+    the self-spawned one apart from the launcher fields."""
+    args = ["scan", "--torchtitan", "llama3:llama3_debugmodel", "--compile.enable"]
+    args += ["--parallelism.data_parallel_shard_degree", "2"]
+    args += ["--parallelism.spmd_backend", "partial_dtensor", "-f", "json"]
+    own, launched = _run_all(
+        [
+            (_gbdoctor(*args), _env()),
+            (_torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor") + args, _env()),
+        ]
+    )
+    assert own.returncode == 0, own.stderr[-3000:]
+    _check_launched(launched, own.stdout, ("torchrun", 1, 2))
+    assert json.loads(own.stdout)["setup"]["fsdp"] is True
+
+
+@pytest.mark.slow
 def test_a_rank_that_dies_under_torchrun_ends_the_job(tmp_path: Path) -> None:
     """Rank 1 is killed outright (SIGKILL: nothing in Python sees it) while rank 0 goes on
     into the collectives: the job ends within a minute with rank 1's death in torchrun's summary.
