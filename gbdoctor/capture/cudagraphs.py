@@ -130,7 +130,7 @@ def _source_line(node: torch.fx.Node) -> str:
     return " ".join(linecache.getline(file, int(line) + k).strip() for k in range(3))
 
 
-def _finding(
+def finding(
     kind: BlockerKind,
     effect: BlockerEffect,
     info: GraphInfo,
@@ -183,7 +183,7 @@ def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[Cud
                 continue
             if node.kwargs.get("non_blocking", False):
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.CPU_TENSOR,
                         BlockerEffect.BLOCKS,
                         info,
@@ -194,7 +194,7 @@ def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[Cud
                 )
             else:
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.HOST_SYNC,
                         BlockerEffect.BLOCKS,
                         info,
@@ -209,7 +209,7 @@ def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[Cud
             and not on_cuda
         ):
             out.append(
-                _finding(
+                finding(
                     BlockerKind.CPU_TENSOR,
                     BlockerEffect.BLOCKS,
                     info,
@@ -262,7 +262,7 @@ def aten_graph_findings(
         if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
             unbacked = _unbacked(value)
             out.append(
-                _finding(
+                finding(
                     BlockerKind.SYMINT_INPUT,
                     BlockerEffect.BLOCKS if unbacked else BlockerEffect.RERECORD,
                     info,
@@ -275,7 +275,7 @@ def aten_graph_findings(
         elif isinstance(value, torch.Tensor):
             if _unbacked(value):
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.DYNAMIC_SHAPE,
                         BlockerEffect.BLOCKS,
                         info,
@@ -285,7 +285,7 @@ def aten_graph_findings(
                 )
             elif _symbolic_shape(value):
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.DYNAMIC_SHAPE,
                         BlockerEffect.RERECORD,
                         info,
@@ -295,7 +295,7 @@ def aten_graph_findings(
                 )
             if i not in static:
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.INPUT_COPY,
                         BlockerEffect.COPY,
                         info,
@@ -311,7 +311,7 @@ def aten_graph_findings(
             and "ScriptObject" not in type(value).__name__
         ):  # a process group: opaque, allowed
             out.append(
-                _finding(
+                finding(
                     BlockerKind.SYMINT_INPUT,
                     BlockerEffect.BLOCKS,
                     info,
@@ -325,7 +325,7 @@ def aten_graph_findings(
         name = _target_name(node)
         if name in _HOST_READS:
             out.append(
-                _finding(
+                finding(
                     BlockerKind.HOST_SYNC,
                     BlockerEffect.BLOCKS,
                     info,
@@ -337,7 +337,7 @@ def aten_graph_findings(
         if name in _RNG_HOPS_FORBIDDEN:
             if on_cuda:
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.RNG_STATE,
                         BlockerEffect.BLOCKS,
                         info,
@@ -350,7 +350,7 @@ def aten_graph_findings(
                 # CPU generators have no graph-safe variant; on one CUDA device the partitioner
                 # emits graphsafe_run_with_rng_state instead (functorch graphsafe_rng_functionalization).
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.RNG_STATE,
                         BlockerEffect.ALLOWED,
                         info,
@@ -363,7 +363,7 @@ def aten_graph_findings(
             continue
         if name in _RNG_HOPS_SAFE:
             out.append(
-                _finding(
+                finding(
                     BlockerKind.RNG_STATE,
                     BlockerEffect.ALLOWED,
                     info,
@@ -378,7 +378,7 @@ def aten_graph_findings(
             and torch.Tag.nondeterministic_seeded in node.target.tags
         ):
             out.append(
-                _finding(
+                finding(
                     BlockerKind.RNG_STATE,
                     BlockerEffect.ALLOWED,
                     info,
@@ -391,7 +391,7 @@ def aten_graph_findings(
         namespace = getattr(node.target, "namespace", "")
         if namespace in _COLLECTIVE_NAMESPACES and "wait" not in name:
             out.append(
-                _finding(
+                finding(
                     BlockerKind.COLLECTIVE,
                     BlockerEffect.ALLOWED,
                     info,
@@ -411,7 +411,7 @@ def aten_graph_findings(
             )
             if j in static:
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.MUTATED_INPUT,
                         BlockerEffect.ALLOWED,
                         info,
@@ -422,7 +422,7 @@ def aten_graph_findings(
                 )
             else:
                 out.append(
-                    _finding(
+                    finding(
                         BlockerKind.MUTATED_INPUT,
                         BlockerEffect.BLOCKS,
                         info,
@@ -435,7 +435,7 @@ def aten_graph_findings(
         value = node.meta.get("val")
         if _unbacked(value):
             out.append(
-                _finding(
+                finding(
                     BlockerKind.DYNAMIC_SHAPE,
                     BlockerEffect.BLOCKS,
                     info,
@@ -445,7 +445,7 @@ def aten_graph_findings(
             )
         elif on_cuda and isinstance(value, torch.Tensor) and value.device.type == "cpu":
             out.append(
-                _finding(
+                finding(
                     BlockerKind.CPU_TENSOR,
                     BlockerEffect.BLOCKS,
                     info,

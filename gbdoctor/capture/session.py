@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -129,6 +129,9 @@ class CaptureSession:
         to the module instance whose frame Dynamo was tracing (a real object in the frame's
         locals), and breaks at the same code in different instances stay apart: every layer
         shares its class's code, so frames alone cannot tell them apart."""
+        self.graph_checks: list[GraphCheck] = []
+        """More CUDA-graph readiness checks of every ATen graph, beside inductor's
+        (``capture/cudagraphs.py``): a framework's own CUDA-graph wrapper sets one."""
 
     # ------------------------------------------------------------------ compile side
     def recording_backend(self, fqn: str) -> Any:
@@ -169,8 +172,12 @@ class CaptureSession:
             return inner_backend(
                 gm,
                 example_inputs,
-                fw_compiler=_recording_compiler(current, fqn, index, "forward", names),
-                bw_compiler=_recording_compiler(current, fqn, index, "backward"),
+                fw_compiler=_recording_compiler(
+                    current, fqn, index, "forward", names, session.graph_checks
+                ),
+                bw_compiler=_recording_compiler(
+                    current, fqn, index, "backward", checks=session.graph_checks
+                ),
             )
 
         return recording_backend
@@ -536,8 +543,20 @@ def _underlying_reason(exc: BaseException) -> str:
     return ""
 
 
+GraphCheck = Callable[
+    [torch.fx.GraphModule, Sequence[Any], Sequence[int], "cudagraphs.GraphInfo"],
+    list[Any],
+]
+"""(ATen graph, example inputs, static input indices, which graph) -> readiness findings."""
+
+
 def _recording_compiler(
-    current: RawCapture, fqn: str, index: int, phase: str, input_names: tuple[str, ...] = ()
+    current: RawCapture,
+    fqn: str,
+    index: int,
+    phase: str,
+    input_names: tuple[str, ...] = (),
+    checks: Sequence[GraphCheck] = (),
 ) -> Any:
     """An AOTAutograd forward/backward compiler that reads the graph for CUDA-graph readiness
     and then runs it as aot_eager does. Static inputs as inductor's cudagraph path takes them:
@@ -554,13 +573,16 @@ def _recording_compiler(
         else:
             static = list(range(_count_fixed_backward_inputs(gm)))
         try:
-            current.cudagraph_findings += cudagraphs.aten_graph_findings(
-                gm,
-                example_inputs,
-                static,
-                cudagraphs.GraphInfo(region=fqn, phase=phase, index=index),
-                input_names,
-            )
+            info = cudagraphs.GraphInfo(region=fqn, phase=phase, index=index)
+            found = cudagraphs.aten_graph_findings(gm, example_inputs, static, info, input_names)
+            seen = {(f.node, f.kind, f.effect) for f in found}
+            for check in checks:  # a finding inductor's check made already is not repeated
+                found += [
+                    f
+                    for f in check(gm, example_inputs, static, info)
+                    if (f.node, f.kind, f.effect) not in seen
+                ]
+            current.cudagraph_findings += found
             current.aten_graphs += 1
             current.aten_graphs_by_region[fqn] = current.aten_graphs_by_region.get(fqn, 0) + 1
         except Exception:  # noqa: BLE001 - readiness is advisory; never fail the capture for it

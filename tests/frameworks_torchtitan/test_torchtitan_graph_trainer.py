@@ -86,6 +86,14 @@ def test_dynamo_graph_break_log_on_the_same_block_agrees(gt_scan):
     with single_process_group("cpu"):
         setup, titan, block, (args, kwargs) = _titan_block_inputs()
         sharded = sum(isinstance(p, DTensor) for p in setup.model.parameters())
+        # What torchtitan's step wrapper would copy per replay, flattened by its own code.
+        from torchtitan.distributed.cudagraph import CUDAGraphInputSpec
+
+        tokens = torch.randint(0, 256, (2, 64))
+        inputs, extra, labels = setup.batch(tokens, tokens)
+        flat = [inputs, labels, torch.tensor(labels.numel())]
+        flat += CUDAGraphInputSpec(extra).flatten(extra)
+        copied = sum(t.numel() * t.element_size() for t in flat if isinstance(t, torch.Tensor))
         torch._dynamo.reset()
         with titan.step_context(setup):
             explained = torch._dynamo.explain(block)(*args, **kwargs)
@@ -93,4 +101,71 @@ def test_dynamo_graph_break_log_on_the_same_block_agrees(gt_scan):
     scanned = gt_scan.blocks[0]
     assert explained.graph_break_count == len(scanned.breaks) == 0
     assert explained.graph_count == scanned.graph_count == 1
-    assert f"SimpleFSDP: {sharded} parameters" in " ".join(gt_scan.notes)
+    notes = " ".join(gt_scan.notes)
+    assert f"SimpleFSDP: {sharded} parameters" in notes
+    assert f"{copied / 1024:.1f} KiB at the capture shape" in notes
+    assert "graph_trainer's cudagraph_pass on" in notes
+
+
+def test_graph_trainer_cudagraph_predicate_is_the_installed_one_less_the_cpu_rule():
+    """Per compiled region, torchtitan's own ``is_cudagraphable`` on every ATen graph the scan
+    captures (a session graph check). Oracle: the installed predicate itself on the same nodes.
+    Everything it rejects is reported, except what it rejects only because a CPU scan puts every
+    tensor on the host (the linear's matmul here); the host read and the data-dependent shapes
+    are reported as blockers of its wrapper."""
+    import torch
+    from torch import nn
+
+    from gbdoctor.capture import CaptureSession
+    from gbdoctor.frameworks.registry import spec_for_run
+    from gbdoctor.frameworks.torchtitan.cudagraph_wrappers import wrapper_graph_check
+
+    spec_for_run("--torchtitan", GT_LLAMA[1], ())  # imports torchtitan (triton stand-in)
+    from torchtitan.experiments.graph_trainer.cudagraph import is_cudagraphable
+
+    class HostReads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            y = self.lin(x)
+            kept = int((y > 0).sum().item())  # a host read
+            return y.flatten()[:kept].sum()  # a data-dependent shape
+
+    graphs = []
+    session = CaptureSession()
+    session.graph_checks += [wrapper_graph_check, lambda gm, *_: graphs.append(gm) or []]
+    model = session.compile_fn(HostReads(), "m", True)
+    with (
+        torch._dynamo.config.patch(
+            capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True
+        ),
+        session.capture() as raw,
+    ):
+        model(torch.randn(4, 8)).backward()
+    torch._dynamo.reset()
+    ours = [f for f in raw.cudagraph_findings if "graph_trainer" in f.detail]
+    blocking = {(f.node, f.kind) for f in raw.cudagraph_findings if f.effect == "blocks"}
+    rejected = [
+        n
+        for gm in graphs
+        for n in gm.graph.nodes
+        if n.op == "call_function" and not is_cudagraphable(n)
+    ]
+    assert graphs and ours and {f.node for f in ours} <= {n.name for n in rejected}
+    # A finding inductor's own readiness made already (the host read) is not repeated.
+    host_reads = [n.name for n in rejected if "scalar_dense" in str(n.target)]
+    assert host_reads and all((name, "host-sync") in blocking for name in host_reads)
+    assert not any("scalar_dense" in f.target for f in ours)
+    assert any(f.kind == "dynamic-shape" for f in ours)
+    cpu_only = [n for n in rejected if n.name not in {name for name, _ in blocking}]
+    assert any(str(n.target) == "aten.mm.default" for n in cpu_only)  # host op only on CPU
+    assert all(
+        isinstance(v := m.meta.get("val"), torch.Tensor)
+        and v.device.type == "cpu"
+        and all(isinstance(d, int) for d in v.shape)
+        for n in cpu_only
+        for m in (n, *n.all_input_nodes)
+        if isinstance(m.meta.get("val"), torch.Tensor)
+    )

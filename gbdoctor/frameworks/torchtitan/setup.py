@@ -274,6 +274,7 @@ class TitanSetup:
     loss_parallel: bool = False
     engine: Any = None
     own_loss: bool = True
+    copies_said: bool = False
     """torchtitan's loss (its chunked loss applies the LM head) turns the output into the loss."""
 
     @property
@@ -504,6 +505,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     from torchtitan.components.loss import ChunkedLossWrapper
     from torchtitan.distributed import utils as dist_utils
 
+    from gbdoctor.frameworks.torchtitan.cudagraph_wrappers import wrapper_graph_check
     from gbdoctor.frameworks.torchtitan.layer_plan import apply_layer_plan
     from gbdoctor.frameworks.torchtitan.whole_model import (
         compile_blocks_when_traced_whole,
@@ -520,6 +522,8 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     # A capture session's compile_fn comes with the session: torchtitan >= 0.3 compiles in
     # place (Module.compile), which the session does with compile_in_place.
     session = getattr(compile_fn, "__self__", None)
+    if session is not None and wrapper_graph_check not in session.graph_checks:
+        session.graph_checks.append(wrapper_graph_check)  # torchtitan's own CUDA-graph wrappers
     recorder = _RecordingCompile(model, session)
     with recorder.installed():
         model = spec.parallelize_fn(
@@ -683,6 +687,11 @@ def timed_train_step(
         return time.perf_counter()
 
     inputs, extra, labels = setup.batch(tokens, labels)
+    if not setup.copies_said:  # what torchtitan's CUDA-graph wrappers would copy per replay
+        from gbdoctor.frameworks.torchtitan.cudagraph_wrappers import step_copies_note
+
+        setup.notes += (step_copies_note(setup.config, inputs, labels, extra),)
+        setup.copies_said = True
     state = setup.trainer_state
     loss_fn = state.loss_fn
     marks: list[float] = []
