@@ -432,6 +432,38 @@ def test_a_rank_killed_with_no_launcher_to_see_it_is_named_by_its_peer(tmp_path:
 
 
 @pytest.mark.slow
+def test_a_frozen_rank_is_found_by_its_missing_heartbeat(tmp_path: Path) -> None:
+    """Rank 1 stops itself (SIGSTOP: its connections stay open, as when a node vanishes, so no
+    collective fails and no launcher notices): rank 0 finds rank 1's heartbeat missing after
+    GBDOCTOR_PEER_SILENCE_S and ends the job in one line (exit 3), long before the job timeout."""
+    spec = _fault_spec(tmp_path, "sigstop-rank1", timeout_s=600)
+    env_of = _deepspeed_env(str(free_port()))
+    procs = [
+        subprocess.Popen(
+            _gbdoctor("scan", str(spec)),
+            cwd=REPO,
+            env=env_of(r) | {"GBDOCTOR_PEER_SILENCE_S": "5"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    start = time.monotonic()
+    try:
+        _, err = procs[0].communicate(timeout=JOB_S)
+        took = time.monotonic() - start
+    finally:
+        procs[1].kill()  # stopped: only SIGKILL ends it
+        procs[1].communicate()
+    assert procs[0].returncode == 3, err[-2000:]
+    errors = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, err[-2000:]
+    assert "rank(s) [1] sent no heartbeat for 5 s" in errors[0]
+    assert took < 60 + 30, took  # not the 600 s job timeout
+
+
+@pytest.mark.slow
 @pytest.mark.extra("deepspeed")
 def test_the_real_deepspeed_launcher(tiny_dp2: tuple[Path, str]) -> None:
     """``deepspeed --num_gpus 2 --module gbdoctor scan ...`` on CPU (DeepSpeed's CPU accelerator):

@@ -49,6 +49,13 @@ POLL_S = 0.1
 EXIT_ACK_S = 30.0
 """How long rank 0 waits, after publishing the exit code, for the other ranks to read it (rank 0
 may host the store: leaving first would make them fail to read it)."""
+HEARTBEAT_S = 1.0
+"""How often each rank's watcher thread tells the others it is alive (a counter in the store)."""
+SILENCE_ENV = "GBDOCTOR_PEER_SILENCE_S"
+SILENCE_S = 60.0
+"""How long a rank may stay silent before its peers give up on it (``GBDOCTOR_PEER_SILENCE_S``
+overrides it): a process that is stopped, or a node that vanished without closing its
+connections, never ends a collective, and no launcher sees it."""
 RENDEZVOUS_S = 1800.0
 """How long ranks wait for each other at the start, and for rank 0's next job: rank 0 reads
 the spec and may decide and estimate before the first job."""
@@ -207,11 +214,49 @@ def join(launched: Launched) -> Session:
     return session
 
 
+@dataclass
+class _Heartbeats:
+    """The watcher's view of its peers' heartbeats: the last count seen and when it changed."""
+
+    ranks: list[int]
+    silence_s: float
+    counts: dict[int, int] = field(default_factory=dict)
+    changed: dict[int, float] = field(default_factory=dict)
+    next_beat: float = 0.0
+
+    def tick(self, store: Any, rank: int, now: float) -> list[int]:
+        """Beat for ``rank``; the watched ranks silent for longer than ``silence_s``."""
+        if now < self.next_beat:
+            return []
+        self.next_beat = now + HEARTBEAT_S
+        store.add(f"beat/{rank}", 1)
+        silent = []
+        for r in self.ranks:
+            count = store.add(f"beat/{r}", 0)
+            if self.counts.get(r) != count:
+                self.counts[r], self.changed[r] = count, now
+            elif now - self.changed[r] > self.silence_s:
+                silent.append(r)
+        return silent
+
+
+def _silence_s() -> float:
+    raw = os.environ.get(SILENCE_ENV, "")
+    try:
+        return float(raw) if raw else SILENCE_S
+    except ValueError:
+        return SILENCE_S
+
+
 def _watch(session: Session, store: Any) -> None:
-    """Every rank: end this process when another rank's job failed. Rank 0: stop a job at its
-    timeout. Any rank but 0: exit when the store is gone (rank 0, which may host it, ended)."""
+    """Every rank: end this process when another rank's job failed; beat. Rank 0: stop a job at
+    its timeout, or when a rank went silent during it. Any rank but 0: exit when the store is
+    gone (rank 0, which may host it, ended) or rank 0 went silent."""
+    others = [r for r in range(session.world_size) if r != session.rank]
+    beats = _Heartbeats(others if session.rank == 0 else [0], _silence_s())
     while not session.stopped.wait(POLL_S):
         try:
+            silent = beats.tick(store, session.rank, time.monotonic())
             failed = store.check(["fail"])
             message = _decode(store.get("fail")) if failed else None
             job = session.deadline
@@ -229,6 +274,19 @@ def _watch(session: Session, store: Any) -> None:
             if session.ending.acquire(blocking=False):
                 session.end(message)
             return
+        if silent and session.rank != 0 and session.ending.acquire(blocking=False):
+            _say(
+                f"gbdoctor rank {session.rank}: rank 0 sent no heartbeat for "
+                f"{beats.silence_s:g} s (stopped, or its node is gone)"
+            )
+            session.leave(int(ExitCode.ENVIRONMENT))
+        if silent and session.rank == 0 and job is not None and session.ending.acquire(False):
+            gone = SetupError(
+                f"rank(s) {silent} sent no heartbeat for {beats.silence_s:g} s while the job ran "
+                "(a stopped process, or a node that vanished without closing its connections)",
+                hint=f"check those ranks' nodes; {SILENCE_ENV} sets the silence allowed",
+            )
+            session.end(session.post_failure(failure_message(0, gone)))
         if missing and job is not None and session.ending.acquire(blocking=False):
             timeout = SetupError(
                 f"rank(s) {missing} did not finish within {job[2]:g} s",

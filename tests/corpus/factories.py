@@ -46,6 +46,8 @@ def _misbehave(what: str) -> object:
         ctypes.CDLL(None)._exit(0)
     if what == "sigkill":  # killed outright, as the out-of-memory killer does
         os.kill(os.getpid(), signal.SIGKILL)
+    if what == "sigstop":  # frozen: alive to the kernel and its launcher, silent to its peers
+        os.kill(os.getpid(), signal.SIGSTOP)
     if what == "sleep":
         time.sleep(600)
     if what == "keyboard-interrupt":  # raised by the code itself, no signal involved
