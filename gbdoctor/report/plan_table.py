@@ -58,11 +58,7 @@ def render_plan_table(plan: Plan, price: PriceReport | None = None) -> str:
             ready = "is CUDA-graph ready" if k.cudagraph_ready else "is not CUDA-graph ready"
             console.print(f"  {k.kind} {ready}: {k.cudagraphs}", markup=False)
     if any(k.cudagraph_ready for k in plan.kinds):
-        console.print(
-            "  CUDA graphs: emitted code takes cudagraphs=True to compile the ready kinds with "
-            'mode="reduce-overhead"; `gbdoctor run --plan ... --modes plan,cudagraphs` checks it on CUDA',
-            markup=False,
-        )
+        console.print(_cudagraph_usage(plan), markup=False)
     ds = plan.deepspeed
     if ds is not None:
         leaf = f"; ZeRO-3 leaf modules: {', '.join(ds.leaf_modules)}" if ds.leaf_modules else ""
@@ -105,3 +101,17 @@ def predicted_gains(plan: Plan, price: PriceReport) -> list[str]:
             f"measured against {priced.counterfactual} on {price.device} ({price.backend})"
         )
     return lines
+
+
+def _cudagraph_usage(plan: Plan) -> str:
+    """How to use the ready kinds: the python emitter serves every framework; a run mode that
+    measures them exists only where the plan's framework has one."""
+    from gbdoctor.frameworks.registry import framework_named
+
+    line = (
+        "  CUDA graphs: `--emit-config python` code takes cudagraphs=True to compile the ready "
+        'kinds with mode="reduce-overhead"'
+    )
+    if "cudagraphs" in framework_named(plan.framework).run_modes.modes:
+        line += "; `gbdoctor run --plan ... --modes plan,cudagraphs` measures it on CUDA"
+    return line
