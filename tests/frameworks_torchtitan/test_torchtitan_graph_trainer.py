@@ -169,3 +169,26 @@ def test_graph_trainer_cudagraph_predicate_is_the_installed_one_less_the_cpu_rul
         for m in (n, *n.all_input_nodes)
         if isinstance(m.meta.get("val"), torch.Tensor)
     )
+
+
+ASYNC_EP = (
+    "graph_trainer.deepseek_v3:graph_trainer_deepseek_v3_debugmodel_minimal_async_ep",
+    "--parallelism.expert_parallel_degree",
+    "2",
+)
+
+
+@pytest.mark.parametrize(
+    "run, code, words",
+    [
+        # torchtitan's own config checks, raised while it builds the model: bad input.
+        (("graph_trainer.llama3:graph_trainer_llama3_debugmodel_dist_gemm",), 2, "spmd_types"),
+        (ASYNC_EP, 2, "full recompute"),
+        # Its MinimalAsyncEP dispatcher allocates CUDA memory when built: not on this machine.
+        ((*ASYNC_EP, "--compile.memory_policy", "full"), 3, "CUDA-only"),
+    ],
+)
+def test_configs_that_cannot_run_here_are_one_line_refusals(run, code, words):
+    exit_code, out, err = _cli("scan", "--torchtitan", *run)
+    assert exit_code == code and words in err and "Traceback" not in err, err
+    assert "internal error" not in err

@@ -447,14 +447,47 @@ def build(spec: Spec, device_type: str) -> tuple[nn.Module, TitanMeshes]:
 
 def meta_model(spec: Spec) -> nn.Module:
     """The model torchtitan's config builds, on meta, without a process group (estimates)."""
+    return _model_on_meta(load_config(registry_run(spec)), overrides=False)
+
+
+def _model_on_meta(config: Any, *, overrides: bool = True) -> nn.Module:
+    """``update_from_config`` (plus ``--override`` imports), then the model built on meta; its
+    own config checks (e.g. a token dispatcher that needs EP > 1) become one-line errors."""
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.tools import utils as tt_utils
 
-    config = load_config(registry_run(spec))
     model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
-        return model_config.build()
+    try:
+        model_config.update_from_config(config=config)
+        if overrides and config.override.imports:
+            from torchtitan.config.override import apply_overrides
+
+            apply_overrides(config.override, config)
+        with (
+            torch.device("meta"),
+            tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]),
+        ):
+            return model_config.build()
+    except ValueError as exc:
+        raise SpecError(
+            f"torchtitan rejects this configuration: {exc}",
+            hint="change it with torchtitan's own --section.key overrides after the run name",
+        ) from exc
+    except ImportError as exc:  # e.g. HybridEP: a torch API newer than the installed torch
+        raise SetupError(
+            f"this configuration needs code this environment lacks: {exc}",
+            hint="install what it names (torch and torchtitan versions that match), or choose "
+            "another configuration",
+        ) from exc
+    except (AssertionError, RuntimeError) as exc:
+        if "CUDA" not in str(exc):
+            raise
+        # e.g. MinimalAsyncEP's token dispatcher allocates CUDA symmetric memory when built.
+        raise SetupError(
+            f"this configuration builds CUDA-only parts and cannot run on this machine: {exc}",
+            hint="scan it on a GPU machine, or choose a configuration with a CPU path "
+            "(e.g. the default token dispatcher)",
+        ) from exc
 
 
 def registry_run(spec: Spec) -> RegistryRun:
@@ -467,10 +500,8 @@ def registry_run(spec: Spec) -> RegistryRun:
 
 def _build_model(spec: Spec, config: Any) -> tuple[nn.Module, Any]:
     import torch.distributed as dist
-    from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.distributed import ParallelDims
     from torchtitan.distributed import utils as dist_utils
-    from torchtitan.tools import utils as tt_utils
 
     world = dist.get_world_size()
     try:
@@ -482,14 +513,7 @@ def _build_model(spec: Spec, config: Any) -> tuple[nn.Module, Any]:
         ) from exc
     dist_utils.set_spmd_backend(config.parallelism.spmd_backend)
     torch.manual_seed(spec.training.seed)
-    model_config = config.model_spec.model
-    model_config.update_from_config(config=config)
-    if config.override.imports:
-        from torchtitan.config.override import apply_overrides
-
-        apply_overrides(config.override, config)
-    with torch.device("meta"), tt_utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
-        model = model_config.build()
+    model = _model_on_meta(config)
     return model, parallel_dims
 
 
@@ -526,15 +550,21 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
         session.graph_checks.append(wrapper_graph_check)  # torchtitan's own CUDA-graph wrappers
     recorder = _RecordingCompile(model, session)
     with recorder.installed():
-        model = spec.parallelize_fn(
-            model,
-            parallel_dims=parallel_dims,
-            training=config.training,
-            parallelism=config.parallelism,
-            compile_config=config.compile,
-            ac_config=config.activation_checkpoint,
-            dump_folder=config.dump_folder,
-        )
+        try:
+            model = spec.parallelize_fn(
+                model,
+                parallel_dims=parallel_dims,
+                training=config.training,
+                parallelism=config.parallelism,
+                compile_config=config.compile,
+                ac_config=config.activation_checkpoint,
+                dump_folder=config.dump_folder,
+            )
+        except ImportError as exc:  # e.g. --compile.enable_autoparallel: 'autoparallel'
+            raise SpecError(
+                f"torchtitan's parallelize_fn needs {exc.name or exc}, which is not installed",
+                hint="install it, or drop the option that asks for it",
+            ) from exc
         per_block = compile_blocks_when_traced_whole(model, recorder, config.compile, strategy)
         if strategy.layers or strategy.flags:
             apply_layer_plan(model, strategy.layers, strategy.flags, config.compile.backend)
