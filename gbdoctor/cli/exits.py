@@ -105,6 +105,15 @@ SIGNAL_EXIT = {"interrupted": 130, "terminated": 143}
 """Exit status after Ctrl-C (SIGINT) and SIGTERM: 128 + the signal number, as a shell reports it."""
 
 
+def signal_exit(signum: int) -> int:
+    """Say that ``signum`` (SIGTERM or SIGINT) ended the command; its exit status."""
+    if signum == signal.SIGINT:
+        say("Interrupted.")
+        return SIGNAL_EXIT["interrupted"]
+    say("Terminated.")
+    return SIGNAL_EXIT["terminated"]
+
+
 def on_sigterm(signum: int, frame: FrameType | None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     raise Terminated()
@@ -150,11 +159,9 @@ def handle_errors(fn: Command) -> Command:
                 say(f"Error: user code raised KeyboardInterrupt at {raised_at(exc)}")
                 say("Hint: a model, its factory and its hooks must return or raise an Exception")
                 raise typer.Exit(int(ExitCode.ENVIRONMENT)) from None
-            say("Interrupted.")
-            raise typer.Exit(SIGNAL_EXIT["interrupted"]) from None
+            raise typer.Exit(signal_exit(signal.SIGINT)) from None
         except Terminated:
-            say("Terminated.")
-            raise typer.Exit(SIGNAL_EXIT["terminated"]) from None
+            raise typer.Exit(signal_exit(signal.SIGTERM)) from None
         except RecursionError:
             if debug:
                 _print_traceback(traceback.format_exc())

@@ -3,8 +3,9 @@ every command registered in the order ``gbdoctor --help`` lists them, and ``main
 
 from __future__ import annotations
 
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Protocol, cast
 
 import typer
@@ -13,10 +14,12 @@ from typer.core import TyperGroup
 from gbdoctor.cli.causes import causes
 from gbdoctor.cli.diff import diff
 from gbdoctor.cli.exits import (
+    Terminated,
     app_debug,
     handle_errors,
     install_signal_handlers,
     no_empty_cache_dirs,
+    signal_exit,
 )
 from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
@@ -27,6 +30,7 @@ from gbdoctor.cli.report import report
 from gbdoctor.cli.run import run
 from gbdoctor.cli.scan import scan
 from gbdoctor.cli.timeline import timeline
+from gbdoctor.contain import adopt_orphans, end_process
 
 # typer vendors click (``typer._click``) in recent releases and uses the real package in older
 # ones: find click's base exception through a public class instead of importing either.
@@ -168,6 +172,7 @@ def main(args: list[str] | None = None) -> None:
     Started by a launcher (torchrun, deepspeed, srun: docs/launchers.md), every process joins
     its process group: rank 0 runs the command, the others run its jobs, all exit alike."""
     install_signal_handlers()
+    adopt_orphans()  # a process user code forks is ended with the command (contain.py)
     from gbdoctor.errors import GbdoctorError
     from gbdoctor.launcher import detect
 
@@ -192,7 +197,23 @@ def main(args: list[str] | None = None) -> None:
         with no_empty_cache_dirs():
             app(args)
 
-    if session is None:
-        command()
-    else:
+    if session is not None:
         launched.lead(session, command)
+    end_process(_run_to_the_end(command), on_signal=signal_exit)
+
+
+def _run_to_the_end(command: Callable[[], None]) -> int:
+    """The command's exit status, also when a signal arrives outside its error handling
+    (while arguments are parsed, or as it returns): one line, never a traceback."""
+    try:
+        command()
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        say(str(exc.code))
+        return 1
+    except Terminated:
+        return signal_exit(signal.SIGTERM)
+    except KeyboardInterrupt:
+        return signal_exit(signal.SIGINT)
+    return 0

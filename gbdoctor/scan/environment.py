@@ -90,7 +90,7 @@ def scan(
     )
     world = spec.parallelism.world_size
     if world == 1 and launched.current() is None:
-        with single_process_group(device):
+        with single_process_group(device, spec.gbdoctor.timeout_s):
             ranks = [scan_rank(job, progress)]
     else:
         if progress:

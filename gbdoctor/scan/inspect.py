@@ -47,7 +47,7 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     )
     world = spec.parallelism.world_size
     if world == 1 and not own_processes:
-        with single_process_group(job.device):
+        with single_process_group(job.device, spec.gbdoctor.timeout_s):
             report = inspect_rank(job)
     else:
         report = run_ranks(

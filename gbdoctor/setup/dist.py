@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from gbdoctor.contain import time_limited
 from gbdoctor.errors import GbdoctorError, SetupError
 from gbdoctor.records import ParallelSpec
 
@@ -141,26 +142,44 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
 
 
 @contextlib.contextmanager
-def single_process_group(device_type: str) -> Iterator[None]:
+def single_process_group(device_type: str, timeout_s: float | None = None) -> Iterator[None]:
     """A real world-size-1 process group in this process (gloo on CPU, nccl on CUDA); under a
-    launcher of one rank, the launcher's."""
+    launcher of one rank, the launcher's. ``timeout_s``: the job's limit, as for spawned ranks
+    (``contain.time_limited``: the user code in the body runs in this process)."""
     import torch.distributed as dist
 
     from gbdoctor.setup import launched
 
-    if launched.current() is not None:
-        # Under a launcher of one rank, its group is the world-size-1 group.
-        launched.check_world(1)
-        yield
-        return
-    if dist.is_initialized():
-        raise SetupError("a torch.distributed process group is already initialized in this process")
-    backend = "nccl" if device_type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+    limit = (
+        time_limited(timeout_s, lambda: deadline_error([0], timeout_s))
+        if timeout_s is not None
+        else contextlib.nullcontext()
+    )
+    with limit:
+        if launched.current() is not None:
+            # Under a launcher of one rank, its group is the world-size-1 group.
+            launched.check_world(1)
+            yield
+            return
+        if dist.is_initialized():
+            raise SetupError(
+                "a torch.distributed process group is already initialized in this process"
+            )
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def deadline_error(missing: list[int], timeout_s: float) -> SetupError:
+    """The error of a job whose ranks ``missing`` had not finished at its deadline."""
+    return SetupError(
+        f"rank(s) {missing} did not finish within {timeout_s:g} s",
+        hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use "
+        "`gbdoctor --debug ...`",
+    )
 
 
 def _loopback_store(timeout_s: float) -> Any:
@@ -360,6 +379,28 @@ def _rank_main(
     results.close()
 
 
+def _start_quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker (every spawned rank shares it) with its
+    end-of-run warning silenced. A rank that is killed (at the deadline, after a peer failed,
+    or from outside) cannot release the named semaphores its libraries made: torch.fx's
+    interpreter makes tqdm's multiprocessing lock in every rank that compiles. The tracker
+    unlinks them once gbdoctor ends, as it should, but printed "resource_tracker: There appear
+    to be N leaked semaphore objects to clean up at shutdown" after gbdoctor's own error line,
+    which already says which rank was killed. A no-op when the tracker already runs."""
+    from multiprocessing import resource_tracker
+
+    quiet = "ignore::UserWarning:multiprocessing.resource_tracker"
+    old = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = f"{old},{quiet}" if old else quiet  # the tracker's only
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        if old is None:
+            del os.environ["PYTHONWARNINGS"]
+        else:
+            os.environ["PYTHONWARNINGS"] = old
+
+
 def _kill_all(procs: list[Any]) -> None:
     procs = [p for p in procs if p.pid is not None]  # never started: nothing to kill
     for p in procs:
@@ -479,6 +520,7 @@ def run_ranks(
     if launched.current() is not None:
         return launched.run_job(target, payload, world_size=world_size, timeout_s=timeout_s)
     ctx = mp.get_context("spawn")
+    _start_quiet_resource_tracker()
     store = _loopback_store(timeout_s)
     procs, readers, writers = [], [], []
     for r in range(world_size):
@@ -512,11 +554,7 @@ def run_ranks(
         while job.pending() and not job.failures():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = job.pending()
-                raise SetupError(
-                    f"rank(s) {missing} did not finish within {timeout_s:g} s",
-                    hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use `gbdoctor --debug ...`",
-                )
+                raise deadline_error(job.pending(), timeout_s)
             job.poll(min(1.0, remaining))
         if job.failures():
             grace = min(time.monotonic() + FAILURE_GRACE_S, deadline)

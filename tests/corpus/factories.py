@@ -11,9 +11,11 @@ ranks and a simulation (``scan.estimate``); there it builds the clean tiny model
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +23,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "fixtures" / "models"))
 import tiny_custom
+
+_held: list[object] = []
 
 
 def _rank() -> int:
@@ -31,6 +35,14 @@ def _mark_ready() -> None:
     where = os.environ.get("GBDOCTOR_FAULT_DIR")
     if where:
         Path(where, f"rank{_rank()}.ready").write_text(str(os.getpid()))
+
+
+def _sleep_through() -> None:
+    while True:
+        try:
+            time.sleep(600)
+        except BaseException:  # noqa: BLE001, S112 - swallowing the deadline on purpose
+            continue
 
 
 def _misbehave(what: str) -> object:
@@ -48,6 +60,9 @@ def _misbehave(what: str) -> object:
         os.kill(os.getpid(), signal.SIGKILL)
     if what == "sigstop":  # frozen: alive to the kernel and its launcher, silent to its peers
         os.kill(os.getpid(), signal.SIGSTOP)
+    if what == "semaphore-sigkill":  # a named semaphore as tqdm's lock in torch.fx makes one
+        _held.append(multiprocessing.RLock())
+        os.kill(os.getpid(), signal.SIGKILL)
     if what == "sleep":
         time.sleep(600)
     if what == "keyboard-interrupt":  # raised by the code itself, no signal involved
@@ -75,6 +90,23 @@ def _misbehave(what: str) -> object:
         exit_fn = (lambda: sys.exit(0)) if what == "forward-sysexit" else (lambda: os._exit(0))
         model.layers[0].register_forward_pre_hook(lambda module, args: exit_fn())
         return model
+    if what == "clean":
+        return tiny_custom.build("tiny")
+    if what == "forward-sleep":  # the clean model, hanging in its first block's forward
+        model = tiny_custom.build("tiny")
+        model.layers[0].register_forward_pre_hook(lambda module, args: time.sleep(600))
+        return model
+    if what == "forward-sleep-stubborn":  # ... and swallowing whatever interrupts it
+        model = tiny_custom.build("tiny")
+        model.layers[0].register_forward_pre_hook(lambda module, args: _sleep_through())
+        return model
+    if what in ("thread", "fork", "fork-and-thread"):  # the clean model, leaving company
+        if "thread" in what:  # a non-daemon thread that never ends
+            threading.Thread(target=threading.Event().wait, name="user-thread").start()
+        if "fork" in what and os.fork() == 0:  # a child that outlives the model's build
+            time.sleep(600)
+            ctypes.CDLL(None)._exit(0)
+        return tiny_custom.build("tiny")
     if what == "recursion":
         return _misbehave(what)
     raise ValueError(f"unknown misbehaviour {what!r}")

@@ -1,0 +1,151 @@
+"""User code is contained, also at world size 1 where it runs in the gbdoctor process itself
+(issue 32, ``gbdoctor/contain.py``), and a signal at any moment of a command is one line and a
+documented exit code. Through the real CLI in its own session: afterwards, no process of that
+session may be left (a fork of the model, a rank, a compile worker).
+
+- A model that starts a non-daemon thread and forks a child: the scan reports and exits 0, and
+  the child is gone (before: the scan hung after its report, and the child outlived it).
+- A forward that sleeps forever at world size 1 ends at ``[gbdoctor] timeout_s``, also when it
+  swallows the interruption (before: only multi-rank jobs had a deadline).
+- SIGTERM while ``gbdoctor run`` starts, while a mode runs, and as it ends: "Terminated." and
+  143, or the run's own exit 0 when it had already finished (before: once "terminate called
+  without an active exception" and a death by SIGTERM).
+- A failing job leaves no "resource_tracker: ... leaked semaphore" lines on stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from corpus.harness import FACTORIES, check_one_error_line
+from repo_paths import REPO
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+STARTUP_S = 240
+"""How long a command may take to import torch and reach the model on a loaded machine."""
+
+
+def _spec(tmp: Path, flavor: str, *, world: int = 1, timeout_s: float = 300) -> Path:
+    spec = tmp / "contained.toml"
+    spec.write_text(
+        f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{FACTORIES.as_posix()}:build"\n'
+        f"[training]\nlocal_batch_size = 2\nseq_len = 16\n"
+        f"[parallelism]\ndata_parallel_shard_degree = {world}\n"
+        f'[gbdoctor]\nstrategy = "titan-v0.2.0"\nbatch_size = 2\nseq_len = 16\n'
+        f"timeout_s = {timeout_s}\n"
+    )
+    return spec
+
+
+def _start(tmp: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gbdoctor", *args],
+        cwd=tmp,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its session id is its pid: every process it leaves keeps it
+    )
+
+
+def _session(sid: int) -> set[int]:
+    """Live processes of session ``sid``."""
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path("/proc", entry, "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def _finish(proc: subprocess.Popen[str], within_s: float) -> tuple[int, str, str]:
+    """Exit status and output; then nothing of its session may be left (killed before failing)."""
+    try:
+        out, err = proc.communicate(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"gbdoctor did not exit within {within_s} s\n{err}\n{out[-2000:]}")
+    deadline = time.monotonic() + 10
+    while (left := _session(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {sorted(left)}\n{err}"
+    assert "resource_tracker" not in err, err
+    assert "terminate called" not in err, err
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [1, 2], ids=["world-1", "world-2"])
+def test_a_model_that_forks_and_starts_a_thread_leaves_nothing_behind(tmp_path, world) -> None:
+    proc = _start(tmp_path, "scan", str(_spec(tmp_path, "fork-and-thread", world=world)))
+    rc, out, err = _finish(proc, within_s=STARTUP_S)
+    assert rc == 0, err
+    assert "All clean" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", ["forward-sleep", "forward-sleep-stubborn"])
+def test_a_hung_forward_at_world_size_1_ends_at_the_deadline(tmp_path, flavor) -> None:
+    timeout_s = 5
+    proc = _start(tmp_path, "scan", str(_spec(tmp_path, flavor, timeout_s=timeout_s)))
+    rc, out, err = _finish(proc, within_s=STARTUP_S)
+    assert rc == 3, err
+    check_one_error_line(err, out, (f"rank(s) [0] did not finish within {timeout_s} s",))
+
+
+RUN = ["--modes", "eager", "--steps", "1", "--warmup", "1", "--rounds", "1", "--no-plan"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["starting", "in-a-mode", "ending"])
+def test_sigterm_at_any_moment_of_run_is_one_line(tmp_path, moment) -> None:
+    spec = _spec(tmp_path, "clean")
+    proc = _start(
+        tmp_path, "run", str(spec), *RUN, "--backend", "aot_eager", GBDOCTOR_FAULT_DIR=str(tmp_path)
+    )
+    if moment == "starting":
+        time.sleep(0.5)
+    elif moment == "in-a-mode":  # the rank is building the model
+        deadline = time.monotonic() + STARTUP_S
+        while not (tmp_path / "rank0.ready").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+    else:  # the table is being printed: every mode has run
+        assert proc.stdout is not None
+        proc.stdout.readline()
+    proc.send_signal(signal.SIGTERM)
+    rc, _out, err = _finish(proc, within_s=60)
+    assert "Traceback" not in err, err
+    if moment == "ending" and rc == 0:
+        return  # it had ended already
+    assert rc == 143, err
+    assert err.splitlines()[-1:] == ["Terminated."], err
+
+
+@pytest.mark.slow
+def test_a_rank_killed_after_its_libraries_made_semaphores_leaves_no_tracker_noise(
+    tmp_path,
+) -> None:
+    """torch.fx's interpreter makes a multiprocessing lock (tqdm's) in every rank that
+    compiles; a rank killed holding it used to make Python's resource tracker print "There
+    appear to be N leaked semaphore objects" after gbdoctor's error line. The tracker still
+    unlinks them (``_finish`` checks nothing is left)."""
+    proc = _start(tmp_path, "scan", str(_spec(tmp_path, "semaphore-sigkill-rank1", world=2)))
+    rc, out, err = _finish(proc, within_s=STARTUP_S)
+    assert rc == 3, err
+    check_one_error_line(err, out, ("rank 1 was killed by SIGKILL",))
