@@ -130,6 +130,8 @@ def test_update_baseline_over_the_file_size_limit_keeps_the_committed_baseline(t
     check_one_error_line(
         failed.stderr, failed.stdout, ("writing baseline", "the previous file is unchanged")
     )
+    # The hint is about the file-size limit, not disk space (issue 32).
+    assert "ulimit -f" in failed.stderr and "free disk space" not in failed.stderr, failed.stderr
     assert baseline.read_text() == committed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json", "other.json"]
     gate = subprocess.run(
