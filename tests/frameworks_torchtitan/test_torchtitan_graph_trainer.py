@@ -192,3 +192,29 @@ def test_configs_that_cannot_run_here_are_one_line_refusals(run, code, words):
     exit_code, out, err = _cli("scan", "--torchtitan", *run)
     assert exit_code == code and words in err and "Traceback" not in err, err
     assert "internal error" not in err
+
+
+@pytest.mark.slow  # two spawned ranks (~40 s at load 5 on 2 cores)
+def test_simple_fsdp_on_two_ranks_traces_its_collectives_inside_each_block(tmp_path):
+    """SimpleFSDP sharded over 2 gloo ranks: each block is still 1 graph with 0 breaks, and its
+    all-gather (forward) and reduce-scatter (backward) are traced into the block's graphs, one
+    per parameter of the block as torchtitan builds it (FSDP2 runs them in eager hooks)."""
+    from gbdoctor.frameworks.registry import framework_for, spec_for_run
+
+    out = tmp_path / "scan.json"
+    shard = ("--parallelism.data_parallel_shard_degree", "2")
+    code, _, err = _cli(
+        "scan", *GT_LLAMA, *shard, "--no-recompile-probe", "-f", "json", "-o", str(out)
+    )
+    assert code == 0, err
+    report = load_scan_json(out)
+    assert report.setup.world_size == 2 and report.setup.fsdp
+    spec = spec_for_run("--torchtitan", GT_LLAMA[1], shard)
+    block_params = len(list(framework_for(spec).meta_model(spec).layers["0"].parameters()))
+    for block in report.blocks:
+        assert block.graph_count == 1 and not block.breaks
+    found = [f for f in report.blocks[0].cudagraphs.findings if f.kind == "collective"]
+    gathers = [f for f in found if "all_gather" in f.target and f.graph.startswith("forward")]
+    scatters = [f for f in found if "reduce_scatter" in f.target and f.graph.startswith("backward")]
+    assert len(gathers) == len(scatters) == block_params
+    assert all(f.location and f.location.file.endswith("simple_fsdp.py") for f in found)
