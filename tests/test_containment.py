@@ -6,7 +6,8 @@ session may be left (a fork of the model, a rank, a compile worker).
 - A model that starts a non-daemon thread and forks a child: the scan reports and exits 0, and
   the child is gone (before: the scan hung after its report, and the child outlived it).
 - A forward that sleeps forever at world size 1 ends at ``[gbdoctor] timeout_s``, also when it
-  swallows the interruption (before: only multi-rank jobs had a deadline).
+  swallows the interruption (before: only multi-rank jobs had a deadline); SIGTERM ends it and
+  a forked child that ignores SIGTERM (before: the child stayed).
 - SIGTERM while ``gbdoctor run`` starts, while a mode runs, and as it ends: "Terminated." and
   143, or the run's own exit 0 when it had already finished (before: once "terminate called
   without an active exception" and a death by SIGTERM).
@@ -96,6 +97,20 @@ def test_a_model_that_forks_and_starts_a_thread_leaves_nothing_behind(tmp_path, 
     rc, out, err = _finish(proc, within_s=STARTUP_S)
     assert rc == 0, err
     assert "All clean" in out, out
+
+
+@pytest.mark.slow
+def test_sigterm_ends_a_world_size_1_scan_and_the_fork_that_ignores_it(tmp_path) -> None:
+    """The model forked a child that ignores SIGTERM (as a deadlocked fork does), then hangs."""
+    spec = _spec(tmp_path, "fork-and-forward-sleep")
+    proc = _start(tmp_path, "scan", str(spec), GBDOCTOR_FORK_DIR=str(tmp_path))
+    deadline = time.monotonic() + STARTUP_S
+    while not list(tmp_path.glob("forked.*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    rc, _out, err = _finish(proc, within_s=60)
+    assert rc == 143 and err.splitlines()[-1:] == ["Terminated."], err
 
 
 @pytest.mark.slow

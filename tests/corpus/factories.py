@@ -37,6 +37,18 @@ def _mark_ready() -> None:
         Path(where, f"rank{_rank()}.ready").write_text(str(os.getpid()))
 
 
+def _fork_deaf_child() -> None:
+    """A child that outlives the model's build and ignores SIGTERM, as the fork of a
+    multi-threaded process that deadlocks does; it marks itself in ``GBDOCTOR_FORK_DIR``."""
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        where = os.environ.get("GBDOCTOR_FORK_DIR")
+        if where:
+            Path(where, f"forked.{os.getpid()}").write_text("")
+        time.sleep(600)
+        ctypes.CDLL(None)._exit(0)
+
+
 def _sleep_through() -> None:
     while True:
         try:
@@ -100,13 +112,15 @@ def _misbehave(what: str) -> object:
         model = tiny_custom.build("tiny")
         model.layers[0].register_forward_pre_hook(lambda module, args: _sleep_through())
         return model
-    if what in ("thread", "fork", "fork-and-thread"):  # the clean model, leaving company
+    if what in ("thread", "fork", "fork-and-thread", "fork-and-forward-sleep"):
         if "thread" in what:  # a non-daemon thread that never ends
             threading.Thread(target=threading.Event().wait, name="user-thread").start()
-        if "fork" in what and os.fork() == 0:  # a child that outlives the model's build
-            time.sleep(600)
-            ctypes.CDLL(None)._exit(0)
-        return tiny_custom.build("tiny")
+        if "fork" in what:
+            _fork_deaf_child()
+        model = tiny_custom.build("tiny")
+        if "sleep" in what:
+            model.layers[0].register_forward_pre_hook(lambda module, args: time.sleep(600))
+        return model
     if what == "recursion":
         return _misbehave(what)
     raise ValueError(f"unknown misbehaviour {what!r}")
