@@ -40,24 +40,29 @@ def compile_blocks_when_traced_whole(
     if any(r == fqn or r.startswith(fqn + ".") for r in regions for fqn, _ in blocks):
         return None  # torchtitan compiles per block (or inside blocks): scanned as it is
     whole = sorted({r for r in regions for fqn, _ in blocks if _covers(r, fqn)})
+    mode = getattr(compile_config, "mode", None)
+    if not whole and mode != "aot_fx_trace":
+        return None  # e.g. compile.components without "model": the blocks train eagerly
+    fullgraph = all(recorder.compiled.get(r, False) for r in whole) if whole else True
     for region in whole:
         module = recorder.in_place.get(region)
         if module is not None:
             module._compiled_call_impl = None  # per-block regions stand in for it
     for _, outer in blocks:
-        outer.compile(fullgraph=True)
-    mode = getattr(compile_config, "mode", None)
-    how = (
-        f"compiles the whole model with one fullgraph Dynamo compile (compile.mode {mode!r})"
-        if whole
-        else f"traces forward+loss+backward whole outside Dynamo (compile.mode {mode!r}, make_fx)"
-        if mode
-        else "compiles no block on its own"
-    )
+        outer.compile(fullgraph=fullgraph)
+    if whole:
+        how = (
+            f"compiles the whole model with one {'fullgraph ' if fullgraph else ''}Dynamo "
+            f"compile (compile.mode {mode!r})"
+        )
+        means = "any break fails that compile" if fullgraph else "a break splits that graph"
+    else:
+        how = f"traces forward+loss+backward whole outside Dynamo (compile.mode {mode!r}, make_fx)"
+        means = "make_fx itself does not break graphs; its compile.mode 'jit' would fail on any"
     return (
         f"torchtitan {how}; gbdoctor compiled each of the {len(blocks)} blocks in place with "
-        "fullgraph=True instead, so each block's breaks are what Dynamo sees of it under this "
-        "setup (any break fails a whole-model fullgraph compile)"
+        f"fullgraph={fullgraph} instead, so each block's breaks are what Dynamo sees of it under "
+        f"this setup ({means})"
     )
 
 
