@@ -5,7 +5,7 @@ Stage packages, imports pointing down only (``tests/test_layering.py`` keeps it 
     cli/                         typer app, shared options, one thin module per command
     report/                      formatters over records only
     gate/  plan/  run/           gate (baseline codec, comparison), plan (planner, emitters),
-                                 run (driver, worker)
+                                 run (driver, modes, stats, assemble, worker)
     scan/                        environment (in-process / spawned / simulated), rank, dedupe, merge
     capture/                     the only Dynamo-internals user: session, blocks, locate, counters
     setup/  models/              training setup (recipes) and the model zoo

@@ -18,7 +18,7 @@ at any depth (function-level lazy imports count: they are still dependencies), i
   log streams), and any attribute ``torch._dynamo.X`` except ``config``, ``reset`` and
   ``list_backends``. Those three are Dynamo's user-facing configuration surface, which the
   other stages genuinely need: ``setup/apply.py`` patches ``torch._dynamo.config`` flags the
-  way torchtitan's ``apply_compile`` sets them, ``run/driver.py`` validates ``--backend`` with
+  way torchtitan's ``apply_compile`` sets them, ``run/modes.py`` validates ``--backend`` with
   ``torch._dynamo.list_backends``, and ``plan/emit.py`` writes code that sets config flags.
   A bare ``import torch._dynamo`` (needed to reach ``config``) is allowed for that reason.
 - No module imports a module that imports it back (module-level cycles, lazy imports included;

@@ -59,7 +59,7 @@ def price(
     from gbdoctor.cli.scan import scan_with_progress
     from gbdoctor.plan import propose_plan, read_plan
     from gbdoctor.report import render
-    from gbdoctor.run.driver import check_backend
+    from gbdoctor.run.modes import check_backend
     from gbdoctor.run.price import price_scan
     from gbdoctor.summary import has_findings
 

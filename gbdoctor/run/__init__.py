@@ -1,12 +1,16 @@
 """``run``: train for real under several compile configurations and compare them.
 
-``driver`` (the plan, modes in rounds of fresh rank processes, the report with ratio spreads)
--> ``worker`` (one rank of one mode: build, set up, warm up, measure each step per phase);
+``driver`` (the plan, modes in rounds of fresh rank processes) -> ``worker`` (one rank of one
+mode: build, set up, warm up, measure each step per phase); ``modes`` (which modes, the
+defaults, the benchmark shape); ``stats`` (a mode's result over its rounds, ratios with their
+spread); ``assemble`` (the report: ratios, notes, findings, the plan's verdict);
 ``flops`` (FLOPs per token from the model config, device peaks, MFU). Records are in
 ``records.run``.
 """
 
-from gbdoctor.run.driver import (
+from gbdoctor.run.assemble import build_report, report_from_json
+from gbdoctor.run.driver import run_modes
+from gbdoctor.run.modes import (
     BASELINES,
     DEFAULT_BACKEND,
     DEFAULT_ROUNDS,
@@ -15,13 +19,10 @@ from gbdoctor.run.driver import (
     MODE_STRATEGIES,
     MODES,
     benchmark_shape,
-    build_report,
     cpu_param_dtype,
-    ratio_with_spread,
-    report_from_json,
     resolve_modes,
-    run_modes,
 )
+from gbdoctor.run.stats import ratio_with_spread
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 
 __all__ = [

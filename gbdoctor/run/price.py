@@ -44,7 +44,6 @@ from gbdoctor.records import (
     ScanReport,
     Spec,
 )
-from gbdoctor.run.driver import benchmark_shape, cpu_param_dtype
 from gbdoctor.run.measure import (
     device_name,
     known_bug_workaround,
@@ -52,6 +51,7 @@ from gbdoctor.run.measure import (
     per_step_max,
     strip_rank,
 )
+from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import BlockRecipe, Strategy

@@ -335,7 +335,7 @@ def _job(
     dynamo_config: tuple[tuple[str, str], ...],
 ) -> TimelineJob:
     from gbdoctor.frameworks.registry import framework_for
-    from gbdoctor.run.driver import DEFAULT_BACKEND, check_backend, cpu_param_dtype
+    from gbdoctor.run.modes import DEFAULT_BACKEND, check_backend, cpu_param_dtype
     from gbdoctor.scan.estimate import require_real
     from gbdoctor.setup.dist import resolve_device
 

@@ -1,0 +1,320 @@
+"""A ``run``'s report from its rounds' raw measurements: each mode's result with ratios against
+eager and the best baseline, notes (same regions as another mode, noisy steps), findings
+(recompiles, divergence, failures), the plan's verdict; and the report read back from JSON."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gbdoctor.records import (
+    LOSS_RTOL,
+    READABLE_RUN_SCHEMA_VERSIONS,
+    RUN_SCHEMA_VERSION,
+    ModeResult,
+    ModeStatus,
+    RunReport,
+    Spec,
+    Verdict,
+)
+from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
+from gbdoctor.run.modes import framework_modes
+from gbdoctor.run.stats import divergence, mode_from_rounds, ratio_with_spread, strategy_flags
+from gbdoctor.run.worker import RankRun
+from gbdoctor.setup.compile import Strategy
+
+NOISY_SPREAD = 2.0
+"""A mode whose slowest measured step took more than this many times its fastest gets a note."""
+
+Raw = tuple[str, Strategy, list[list[RankRun]] | None, tuple[str, str] | None, str]
+"""(mode, strategy, per round the per-rank runs or None when it failed, (error, kind) when it
+failed, the note of the known-bug workaround it ran under or "")."""
+
+
+def build_report(
+    spec: Spec,
+    raw: list[Raw],
+    *,
+    device: str,
+    backend: str,
+    warmup: int,
+    steps: int,
+    torch_version: str,
+    load: tuple[float, int] | None = None,
+    rounds: int = 1,
+    shape_note: str = "",
+    optimizer: str = "",
+    device_name: str = "",
+    flops_per_token: int | None = None,
+    peak_tflops: float | None = None,
+    plan_source: str | None = None,
+    plan_verified: bool | None = None,
+    plan_kinds: tuple[str, ...] = (),
+) -> RunReport:
+    """Per-rank measurements -> records, with ratios and their spreads, loss checks, duplicates
+    and findings."""
+    world = spec.parallelism.world_size
+    tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
+    results: dict[str, ModeResult] = {}
+    layouts: dict[str, Any] = {}
+    for mode, strategy, runs, failure, workaround in raw:
+        if runs is None:
+            error, kind = failure or ("unknown failure", "crash")
+            results[mode] = ModeResult(
+                mode=mode,
+                strategy=strategy.name,
+                status=ModeStatus.UNAVAILABLE
+                if kind == ModeStatus.UNAVAILABLE
+                else ModeStatus.FAILED,
+                error=error,
+                error_kind=kind,
+                dynamo_config=strategy_flags(strategy),
+            )
+        else:
+            results[mode] = mode_from_rounds(mode, strategy, runs, tokens_per_step, warmup)
+            layouts[mode] = _relative_layout(runs[0][0].layout)
+        if mode == "plan":
+            results[mode] = replace(results[mode], plan_verified=plan_verified)
+        if workaround:
+            results[mode] = replace(results[mode], workaround=workaround)
+
+    ok = {m: r for m, r in results.items() if r.status == ModeStatus.OK and r.step_time_median_s}
+    eager = ok.get("eager")
+    order = framework_modes(spec)[2]
+    baselines = {m: r for m, r in ok.items() if m in order}
+    best = (
+        min(baselines, key=lambda m: (baselines[m].step_time_median_s, order.index(m)))
+        if baselines
+        else None
+    )
+    report_notes: list[str] = []
+    findings: list[str] = []
+    final: list[ModeResult] = []
+    for mode, res in results.items():
+        notes = list(res.notes)
+        updates: dict[str, Any] = {}
+        if res.status == ModeStatus.OK:
+            median = res.step_time_median_s
+            if eager is not None and median:
+                ratio, spread, verdict = ratio_with_spread(eager, res)
+                updates.update(
+                    speedup_vs_eager=ratio, speedup_vs_eager_range=spread, verdict_vs_eager=verdict
+                )
+            if best is not None and median:
+                ratio, spread, verdict = ratio_with_spread(ok[best], res)
+                updates.update(
+                    speedup_vs_best_baseline=ratio,
+                    speedup_vs_best_baseline_range=spread,
+                    verdict_vs_best_baseline=verdict,
+                )
+            if flops_per_token and res.tokens_per_s:
+                from gbdoctor.run.flops import mfu
+
+                updates["tflops_per_s"] = res.tokens_per_s * flops_per_token / 1e12
+                updates["mfu"] = mfu(res.tokens_per_s, flops_per_token, peak_tflops, world)
+            diverged, rel = divergence(res, eager)
+            updates.update(diverged=diverged, loss_rel_diff=rel)
+            same = _earlier_same_layout(mode, layouts)
+            if same is not None:
+                updates["same_regions_as"] = same
+                notes.append(_same_layout_note(res, results[same]))
+            fastest, slowest = res.step_time_min_s, res.step_time_max_s
+            if fastest and slowest and slowest / fastest > NOISY_SPREAD:
+                notes.append(
+                    f"measured step times vary {slowest / fastest:.1f}x "
+                    f"({fastest:.3g}-{slowest:.3g} s) with no recompile in "
+                    "between: the machine is probably busy; compare modes with care"
+                    if not res.graphs_measured
+                    else f"measured step times vary {slowest / fastest:.1f}x "
+                    "(recompiles in the measured steps)"
+                )
+            if res.recompiles:
+                first = next(e for e in res.recompile_events if e.measured and not e.limit_hit)
+                findings.append(
+                    f"{mode}: {res.recompiles} recompile(s) during the measured steps "
+                    f"(first: {first.reason}"
+                    + (f" at {first.location}" if first.location else "")
+                    + ")"
+                )
+            if res.recompile_limit_hit:
+                findings.append(
+                    f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards"
+                )
+            if res.cudagraph_skips:
+                findings.append(
+                    f"{mode}: inductor skipped cudagraphs {len(res.cudagraph_skips)} time(s) "
+                    f"(first: {res.cudagraph_skips[0]})"
+                )
+            if diverged:
+                findings.append(
+                    f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})"
+                )
+        elif res.status == ModeStatus.UNAVAILABLE:
+            pass  # not a finding: nothing failed (the reason is the mode's ``error``)
+        else:
+            findings.append(f"{mode} failed ({res.error_kind}): {res.error}")
+        if mode == "plan" and plan_verified is False:
+            notes.append(
+                "the plan did NOT verify (some block kind still breaks under the strict scan); "
+                "it ran anyway, as the planner emitted it"
+            )
+        final.append(replace(res, notes=tuple(notes), **updates))
+    by_mode = {m.mode: m for m in final}
+    plan_verdict = _plan_verdict(by_mode.get("plan"), best, by_mode)
+    if eager is None:
+        report_notes.append(
+            "no successful eager run: speedups vs eager and loss checks are unavailable"
+        )
+    if best is None:
+        report_notes.append(
+            "no successful baseline mode: speedups vs the best baseline are unavailable"
+        )
+    if rounds < 2 and len(results) > 1:
+        report_notes.append(
+            "a single round: ratios have no spread, so no difference is called a speedup "
+            "(use --rounds 2 or more)"
+        )
+    if device == "cpu":
+        report_notes.append(
+            "peak memory on CPU is the rank process's peak RSS (torch and compilation included)"
+        )
+        report_notes.append(
+            "MFU needs a device peak; CPU peaks are not tabulated, so only achieved TFLOP/s is shown"
+        )
+    elif flops_per_token and peak_tflops is None:
+        report_notes.append(f"no dense bf16 peak known for {device_name!r}: MFU not computed")
+    if load is not None and load[0] > load[1] + world:
+        report_notes.append(
+            f"the machine was busy: 1-minute load average up to {load[0]:.1f} on {load[1]} cores "
+            f"(this run's own ranks add at most {world}); timings include contention from other "
+            "processes"
+        )
+    if world > 1:
+        report_notes.append(
+            f"step times are the slowest of {world} ranks per step; losses are global (all-reduced)"
+        )
+    ac = spec.activation_checkpoint
+    return RunReport(
+        spec=spec.key,
+        model=f"{spec.model.name}/{spec.model.flavor}",
+        torch_version=torch_version,
+        device=device,
+        backend=backend,
+        world_size=world,
+        batch_size=spec.capture_batch_size,
+        seq_len=spec.capture_seq_len,
+        warmup=warmup,
+        steps=steps,
+        seed=spec.training.seed,
+        tokens_per_step=tokens_per_step,
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        modes=tuple(final),
+        rounds=rounds,
+        shape_note=shape_note,
+        optimizer=optimizer,
+        device_name=device_name,
+        flops_per_token=flops_per_token,
+        peak_tflops=peak_tflops,
+        plan_source=plan_source,
+        plan_verified=plan_verified,
+        plan_kinds=plan_kinds,
+        plan_verdict=plan_verdict,
+        best_baseline=best,
+        findings=tuple(findings),
+        notes=tuple(report_notes),
+    )
+
+
+def _fmt_ratio(ratio: float | None, spread: tuple[float, float] | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}x" + (f" [{spread[0]:.2f}-{spread[1]:.2f}]" if spread else "")
+
+
+def _plan_verdict(plan: ModeResult | None, best: str | None, by_mode: dict[str, ModeResult]) -> str:
+    """The plan against the best baseline, in one sentence that never calls noise a speedup."""
+    if plan is None:
+        return ""
+    if plan.status != ModeStatus.OK:
+        return f"the plan failed ({plan.error_kind}): {plan.error}"
+    if best is None:
+        return "no baseline ran successfully: nothing to compare the plan with"
+    if plan.same_regions_as == best and plan.dynamo_config == by_mode[best].dynamo_config:
+        return f"the plan compiles exactly what {best} compiles, with the same Dynamo settings: it is that baseline"
+    ratio = _fmt_ratio(plan.speedup_vs_best_baseline, plan.speedup_vs_best_baseline_range)
+    verdict = plan.verdict_vs_best_baseline
+    if verdict == Verdict.FASTER:
+        return f"the plan is faster than the best baseline ({best}): {ratio}, every round above 1"
+    if verdict == Verdict.SLOWER:
+        return f"the plan is slower than the best baseline ({best}): {ratio}, every round below 1"
+    if verdict == Verdict.WITHIN_NOISE:
+        return f"the plan and the best baseline ({best}) are within noise: {ratio}; the spread contains 1, no speedup"
+    return f"the plan vs the best baseline ({best}): {ratio} from a single round, no spread: no speedup claimed"
+
+
+def _relative_layout(layout: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    regions = tuple(sorted(r for _, regions, _ in layout for r in regions))
+    fullgraph = tuple(sorted(r for _, _, fg in layout for r in fg))
+    return (fullgraph, regions)
+
+
+def _earlier_same_layout(mode: str, layouts: dict[str, Any]) -> str | None:
+    """The first earlier mode that compiled exactly the regions ``mode`` compiled (None for eager)."""
+    if not layouts[mode][1]:
+        return None
+    for other, layout in layouts.items():
+        if other == mode:
+            return None
+        if layout == layouts[mode]:
+            return other
+    return None
+
+
+def _same_layout_note(res: ModeResult, same: ModeResult) -> str:
+    diff = _flag_diff(res.dynamo_config, same.dynamo_config)
+    text = f"compiles the same regions as {same.mode}"
+    text += (
+        f"; only the Dynamo settings differ ({diff})" if diff else " with the same Dynamo settings"
+    )
+    if res.graphs == same.graphs and res.graph_breaks == same.graph_breaks:
+        return (
+            text
+            + f", and both compiled {res.graphs} graph(s): the gap between the two is run-to-run noise"
+        )
+    return text + f", which changed the graphs ({same.graphs} vs {res.graphs})"
+
+
+def _flag_diff(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> str:
+    da, db = dict(a), dict(b)
+    keys = sorted(set(da) | set(db))
+    return ", ".join(
+        f"{k}: {db.get(k, 'default')} -> {da.get(k, 'default')}"
+        for k in keys
+        if da.get(k) != db.get(k)
+    )
+
+
+def _divergence_text(res: ModeResult, eager: ModeResult | None, rel: float | None) -> str:
+    if rel is None:
+        return "a loss is not finite"
+    assert eager is not None
+    return (
+        f"step 0 loss {res.losses[0]:.5g} vs eager {eager.losses[0]:.5g}, "
+        f"relative difference {rel:.2g} > {LOSS_RTOL:g}"
+    )
+
+
+def report_from_json(text: str) -> RunReport:
+    """Rebuild a :class:`RunReport` from ``render_run(report, "json")`` output (BaselineError
+    on malformed input)."""
+    data = parse_json_object(text, "run report")
+    check_schema_version(
+        data,
+        READABLE_RUN_SCHEMA_VERSIONS,
+        "run report",
+        "run",
+        hint="re-run with this gbdoctor version",
+    )
+    # Version 1 lacks what version 2 added (with defaults): read as the current version.
+    return load_record(RunReport, data | {"schema_version": RUN_SCHEMA_VERSION}, "run report")
