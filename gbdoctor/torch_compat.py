@@ -16,6 +16,7 @@ one, so the records, the gate and the cause rules use it without torch.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 SUPPORTED = ((2, 11), (2, 15))
 """Oldest and newest torch release (major, minor) gbdoctor supports: pyproject.toml's range
@@ -58,3 +59,11 @@ def supported_range() -> str:
     """:data:`SUPPORTED` as a pip requirement's range: ``>=2.11,<2.16``."""
     (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED
     return f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}"
+
+
+def higher_order_op(name: str) -> Any | None:
+    """The higher-order op ``torch._higher_order_ops.<name>`` (``flex_attention``, ...), or None
+    where this torch has none by that name (asked of torch, not keyed on its release)."""
+    import torch
+
+    return getattr(torch._higher_order_ops, name, None)

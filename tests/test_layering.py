@@ -21,6 +21,9 @@ at any depth (function-level lazy imports count: they are still dependencies), i
   way torchtitan's ``apply_compile`` sets them, ``run/modes.py`` validates ``--backend`` with
   ``torch._dynamo.list_backends``, and ``plan/emit.py`` writes code that sets config flags.
   A bare ``import torch._dynamo`` (needed to reach ``config``) is allowed for that reason.
+- Other private torch API (importing ``torch._X``, using a ``torch._X`` attribute) lives in
+  ``capture/`` or ``torch_compat.py`` behind a named function; :data:`PRIVATE_TORCH_ALLOWED`
+  lists what must stay where it is, each with its reason.
 - No module imports a module that imports it back (module-level cycles, lazy imports included;
   a submodule reading its own package's ``__init__`` is not a cycle).
 - Training frameworks live behind one seam (``gbdoctor/frameworks/``): ``frameworks`` sits above
@@ -46,6 +49,20 @@ COMMANDS = ("scan", "plan", "run", "gate", "cli")
 PUBLIC_DYNAMO = {"config", "reset", "list_backends"}
 """``torch._dynamo`` attributes any stage may use: configuration and backend listing."""
 DYNAMO_MODULES = ("torch._dynamo", "torch._logging")
+
+PRIVATE_TORCH_HOMES = ("capture", "torch_compat")
+"""Where torch's private API (``torch._X``) is used: ``capture/`` (Dynamo's internals) and
+``torch_compat.py`` (features asked of the running torch)."""
+PRIVATE_TORCH_ALLOWED = {
+    # Simulation runs the setup under a FakeTensorMode: the mode, its tensor type and its escape
+    # hatch are the mechanism itself, and torch has no public name for them.
+    ("gbdoctor.scan.simulate", "torch._subclasses.fake_tensor"),
+    # The op torchtitan's MoE calls (no public name); a wrapper function would add a frame to
+    # every break location inside the experts.
+    ("gbdoctor.models.moe", "torch._grouped_mm"),
+}
+"""(module, private torch name) pairs allowed outside :data:`PRIVATE_TORCH_HOMES` (see each
+reason)."""
 
 FRAMEWORK_NAMES = ("deepspeed", "torchtitan")
 """Framework names (and their import packages) that only ``gbdoctor/frameworks/`` may use."""
@@ -115,6 +132,26 @@ def _dynamo_attributes(path: Path) -> set[str]:
     return out
 
 
+def _private_torch(path: Path, root: Path) -> set[str]:
+    """Private torch modules imported (``torch._X...``; a bare ``import torch._dynamo``, which
+    reaches its configuration, is the Dynamo rule's) and ``torch._X`` attributes used."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = {
+        dep for dep in _imports(path, root) if dep.startswith("torch._") and dep != "torch._dynamo"
+    }
+    out.update(
+        f"torch.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "torch"
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and node.attr != "_dynamo"
+    )
+    return out
+
+
 def _graph(root: Path) -> dict[str, set[str]]:
     """Module -> gbdoctor modules it imports."""
     return {
@@ -181,6 +218,16 @@ def layering_violations(root: Path = PACKAGE) -> list[str]:
                 problems.append(f"{mod} imports {dep}: only capture/ uses Dynamo internals")
         for attr in sorted(_dynamo_attributes(path) - PUBLIC_DYNAMO):
             problems.append(f"{mod} uses torch._dynamo.{attr}: only capture/ uses Dynamo internals")
+    # Other private torch API.
+    for path in sorted(root.rglob("*.py")):
+        mod = _module_name(path, root)
+        if _stage(mod) in PRIVATE_TORCH_HOMES:
+            continue
+        for name in sorted(_private_torch(path, root)):
+            if (mod, name) not in PRIVATE_TORCH_ALLOWED:
+                problems.append(
+                    f"{mod} uses {name}: private torch API belongs in capture/ or torch_compat.py"
+                )
     return problems
 
 
@@ -300,6 +347,8 @@ def test_expected_stage_packages_exist():
             "import torch._dynamo\nx = torch._dynamo.utils.counters\n",
             "Dynamo internals",
         ),
+        ("plan/bad.py", "from torch._subclasses import FakeTensor\n", "private torch API"),
+        ("setup/bad.py", "import torch\nx = torch._C._get_tracing_state\n", "private torch API"),
         (
             "frameworks/common/plan.py",
             "from gbdoctor.frameworks.torchtitan_v02.plan import block_plan_strategy\n",

@@ -5,7 +5,8 @@ public ``reset``/``config``, ``torch._logging``, Dynamo's counters and log strea
 its real inputs), ``locate`` (frames -> module FQN and the setup component that installed the
 code), ``cudagraphs`` (CUDA-graph readiness read from the captured forward/backward graphs),
 ``recompiles`` (the ``recompiles`` log stream as records, for ``run``, the scan's probe and any
-other recipe's training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``).
+other recipe's training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``), ``settings`` (Dynamo settings
+without a public switch, for the training setup).
 Stages above receive records and plain values, never Dynamo objects.
 """
 

@@ -24,6 +24,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from gbdoctor.records import ACSpec
+from gbdoctor.torch_compat import higher_order_op
 
 
 def _op_sac_save_list() -> set[Any]:
@@ -45,7 +46,7 @@ def _op_sac_save_list() -> set[Any]:
         if packet is not None and hasattr(packet, "default"):
             ops.add(packet.default)
     for hop in ("flex_attention", "inductor_compiled_code"):
-        op = getattr(torch._higher_order_ops, hop, None)
+        op = higher_order_op(hop)
         if op is not None:
             ops.add(op)
     return ops

@@ -318,7 +318,8 @@ def recipe_context(flags: tuple[tuple[str, Any], ...], *, ac_enabled: bool) -> I
     """
     import torch._dynamo
 
-    set_lru = torch._C._dynamo.eval_frame._set_lru_cache
+    from gbdoctor.capture.settings import set_lru_cache as set_lru
+
     with torch._dynamo.config.patch(**dict(flags)):
         if ac_enabled:
             set_lru(False)
