@@ -19,6 +19,13 @@ from gbdoctor.report.html import load_document, render_html, run_document
 
 GOLDEN = FIXTURES / "golden"
 SCANS = sorted((GOLDEN / "scan").glob("*.json"))
+EP2_SCAN = GOLDEN / "scan" / "llama4_debug_ep2.json"
+"""A scan with FSDP/EP hook breaks and eager regions."""
+
+
+def rendered(path: Path, **options: object) -> tuple[dict, str]:
+    """The result file's JSON and its page (``render_html`` options passed on)."""
+    return json.loads(path.read_text()), render_html([load_document(path)], **options)
 
 
 class Elements(HTMLParser):
@@ -53,8 +60,8 @@ def distinct_breaks(data: dict) -> int:
 
 @pytest.mark.parametrize("path", SCANS, ids=lambda p: p.stem)
 def test_scan_page_matches_its_json(path: Path) -> None:
-    data = json.loads(path.read_text())
-    page = Elements(render_html([load_document(path)]))
+    data, text = rendered(path)
+    page = Elements(text)
     cells = page.with_class("cell")
     assert [c["data-fqn"] for c in cells] == [b["fqn"] for b in data["blocks"]]
     assert [c["data-kind"] for c in cells] == [b["kind"] for b in data["blocks"]]
@@ -71,9 +78,8 @@ def test_scan_page_matches_its_json(path: Path) -> None:
 
 
 def test_strip_marks_breaks_and_eager_regions() -> None:
-    path = GOLDEN / "scan" / "llama4_debug_ep2.json"
-    data = json.loads(path.read_text())
-    cells = Elements(render_html([load_document(path)])).with_class("cell")
+    data, text = rendered(EP2_SCAN)
+    cells = Elements(text).with_class("cell")
     for block, cell in zip(data["blocks"], cells, strict=True):
         marks = set((cell["class"] or "").split())
         assert ("breaks" in marks) == bool(block["breaks"])
@@ -83,12 +89,10 @@ def test_strip_marks_breaks_and_eager_regions() -> None:
 
 
 def test_break_shows_the_source_lines_read_at_report_time() -> None:
-    path = GOLDEN / "scan" / "llama4_debug_ep2.json"
-    data = json.loads(path.read_text())
+    data, text = rendered(EP2_SCAN, source_roots=[REPO])
     brk = next(b for block in data["blocks"] for b in block["breaks"])
     loc = brk["location"]
     line = (REPO / loc["file"]).read_text().splitlines()[loc["line"] - 1]
-    text = render_html([load_document(path)], source_roots=[REPO])
     assert f"{loc['file']}:{loc['line']}" in text
     hit = re.search(r'<span class="hit"><i>(\d+)</i>(.*?)</span>', text)
     assert hit is not None and int(hit.group(1)) == loc["line"]
@@ -97,7 +101,7 @@ def test_break_shows_the_source_lines_read_at_report_time() -> None:
 
 
 def test_a_location_not_found_says_so(tmp_path: Path) -> None:
-    data = json.loads((GOLDEN / "scan" / "llama4_debug_ep2.json").read_text())
+    data = json.loads(EP2_SCAN.read_text())
     for block in data["blocks"]:
         for brk in block["breaks"]:
             brk["location"]["file"] = "nowhere/missing_module.py"
@@ -134,9 +138,7 @@ def test_plan_page_shows_before_after_and_the_emitted_config() -> None:
 
 
 def test_gate_page_puts_what_went_up_first() -> None:
-    path = GOLDEN / "gate" / "debug_specs_and_custom.json"
-    data = json.loads(path.read_text())
-    text = render_html([load_document(path)])
+    data, text = rendered(GOLDEN / "gate" / "debug_specs_and_custom.json")
     assert "FAILED" in text and data["passed"] is False
     first = text.index("What went up")
     for finding in data["findings"]:
@@ -248,8 +250,8 @@ def test_gate_format_html_from_saved_scans(tmp_path: Path) -> None:
 
 def test_a_real_run_page_shows_every_mode() -> None:
     path = Path(__file__).with_name("test_html_run_llama4_debug.json")
-    data = json.loads(path.read_text())
-    page = Elements(render_html([load_document(path)]))
+    data, text = rendered(path)
+    page = Elements(text)
     modes = [m["mode"] for m in data["modes"]]
     assert len(modes) == 5
     text = " ".join(page.text)
@@ -266,7 +268,7 @@ def test_price_of_a_scan() -> None:
 
     from gbdoctor.report.html import scan_document
 
-    report = load_document(GOLDEN / "scan" / "llama4_debug_ep2.json").record
+    report = load_document(EP2_SCAN).record
     block = next(b for b in report.blocks if b.breaks)
     brk = block.breaks[0]
     price = price_records.PriceReport(
