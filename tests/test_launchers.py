@@ -26,6 +26,9 @@ from gbdoctor.records import Launcher
 LAUNCH_FIELDS = ("launcher", "nodes", "ranks_per_node")
 JOB_S = 300
 """Deadline of one launched job on a loaded 2-core machine (two ranks import torch and scan)."""
+FAULT_S = 60 + 30
+"""How long a job with a failing rank may take to end: 30 s of it two torch imports on a
+loaded 2-core machine."""
 
 # --------------------------------------------------------------------------- reading the environment
 
@@ -153,6 +156,11 @@ def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
+def _torchrun_gbdoctor() -> list[str]:
+    """torchrun starting 2 local ranks of ``python -m gbdoctor`` (the command's arguments follow)."""
+    return _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor")
+
+
 def _run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[subprocess.CompletedProcess]:
     """Start every command at once (the ranks or agents of one job); wait for all."""
     procs = [
@@ -171,6 +179,11 @@ def _run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[subproces
             proc.kill()
             proc.wait()
     return done
+
+
+def _error_lines(done: subprocess.CompletedProcess) -> list[str]:
+    """The ``Error:`` lines a process wrote to stderr (gbdoctor's one-line errors)."""
+    return [line for line in done.stderr.splitlines() if line.startswith("Error:")]
 
 
 def _without_launch_fields(text: str) -> dict:
@@ -218,8 +231,7 @@ def test_torchrun_scan_equals_the_self_spawned_scan() -> None:
         [
             (_gbdoctor("scan", spec, "-f", "json"), _env()),
             (
-                _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor")
-                + ["scan", spec, "-f", "json"],
+                _torchrun_gbdoctor() + ["scan", spec, "-f", "json"],
                 _env(),
             ),
         ]
@@ -324,7 +336,7 @@ def test_a_world_size_the_launcher_did_not_start_is_exit_2() -> None:
     spec = FIXTURES / "llama3_debug.toml"
     results = _ranks(spec, _deepspeed_env(str(free_port())))
     assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
-    errors = [line for line in results[0].stderr.splitlines() if line.startswith("Error:")]
+    errors = _error_lines(results[0])
     assert errors == ["Error: the spec's world size is 1 but deepspeed started 2 ranks"]
     assert "Error:" not in results[1].stderr
 
@@ -359,10 +371,10 @@ def test_a_failing_rank_ends_every_rank_with_the_cause(
     results = _ranks(spec, _deepspeed_env(str(free_port())))
     took = time.monotonic() - start
     assert [r.returncode for r in results] == [code, code], [r.stderr[-2000:] for r in results]
-    errors = [line for line in results[0].stderr.splitlines() if line.startswith("Error:")]
+    errors = _error_lines(results[0])
     assert len(errors) == 1 and needle in errors[0], results[0].stderr[-2000:]
     assert "Error:" not in results[1].stderr
-    assert took < 60 + 30, took  # 30 s: two torch imports on a loaded 2-core machine
+    assert took < FAULT_S, took
 
 
 @pytest.mark.slow
@@ -397,8 +409,7 @@ def test_a_rank_that_dies_under_torchrun_ends_the_job(tmp_path: Path) -> None:
     (done,) = _run_all(
         [
             (
-                _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor")
-                + ["scan", str(spec)],
+                _torchrun_gbdoctor() + ["scan", str(spec)],
                 _env(),
             )
         ]
@@ -409,9 +420,9 @@ def test_a_rank_that_dies_under_torchrun_ends_the_job(tmp_path: Path) -> None:
     assert re.search(r"rank +: 1 \(local_rank: 1\)\n +exitcode +: -9 .*SIGKILL", summary), (
         done.stderr[-3000:]
     )
-    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    errors = _error_lines(done)
     assert all("a peer rank went away" in e and "[1]" in e for e in errors), errors
-    assert took < 60 + 30, took
+    assert took < FAULT_S, took
 
 
 @pytest.mark.slow
@@ -424,11 +435,11 @@ def test_a_rank_killed_with_no_launcher_to_see_it_is_named_by_its_peer(tmp_path:
     rank0, rank1 = _ranks(spec, _deepspeed_env(str(free_port())))
     took = time.monotonic() - start
     assert (rank0.returncode, rank1.returncode) == (3, -9), rank0.stderr[-2000:]
-    errors = [line for line in rank0.stderr.splitlines() if line.startswith("Error:")]
+    errors = _error_lines(rank0)
     assert len(errors) == 1, rank0.stderr[-2000:]
     assert "a peer rank went away" in errors[0] and "ranks not finished: [1]" in errors[0]
     assert "does not run eagerly" not in errors[0]
-    assert took < 60 + 30, took
+    assert took < FAULT_S, took
 
 
 @pytest.mark.slow
