@@ -28,11 +28,11 @@ import torch.nn as nn
 
 from gbdoctor import causes
 from gbdoctor.capture import cudagraphs
+from gbdoctor.capture.break_log import GB_LOGGER as _GB_LOGGER
 from gbdoctor.capture.locate import user_function
 from gbdoctor.causes import is_torch_file
 from gbdoctor.records import Location, RawBreak
 
-_GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _CAPTURE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 

@@ -19,21 +19,18 @@ Anything else is unexpected: a place where gbdoctor and plain ``torch.compile`` 
 from __future__ import annotations
 
 import ast
-import contextlib
-import logging
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from gbdoctor import causes
 from gbdoctor.capture.block import collect_block_inputs, describe_error, fresh_inputs
+from gbdoctor.capture.break_log import graph_break_log
 from gbdoctor.capture.locate import portable_path
 from gbdoctor.records import BlockReport, Component, EventKind, ScanReport, Spec
 from gbdoctor.records.oracle import OracleBlock, OracleDifference, OracleReport, OracleStatement
 
-_GB_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _SITE = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$", re.MULTILINE)
 _SETUP_COMPONENTS = frozenset(
     {
@@ -47,31 +44,6 @@ _SETUP_COMPONENTS = frozenset(
 )
 
 
-class _Messages(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def _graph_break_log() -> Iterator[_Messages]:
-    handler = _Messages()
-    logger = logging.getLogger(_GB_LOGGER)
-    propagate = logger.propagate
-    torch._logging.set_logs(graph_breaks=True)
-    logger.addHandler(handler)
-    logger.propagate = False
-    try:
-        yield handler
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-        torch._logging.set_logs()
-
-
 def plain_compile_statements(
     block: torch.nn.Module, inputs: Any, root: str | None, flags: dict[str, Any] | None = None
 ) -> tuple[OracleStatement, ...]:
@@ -81,7 +53,7 @@ def plain_compile_statements(
     compiled = torch.compile(block, backend="eager")
     args, kwargs = fresh_inputs(inputs)
     try:
-        with _graph_break_log() as log, torch._dynamo.config.patch(**(flags or {})):
+        with graph_break_log() as log, torch._dynamo.config.patch(**(flags or {})):
             compiled(*args, **kwargs)
     finally:
         torch._dynamo.reset()
