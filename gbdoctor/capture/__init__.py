@@ -6,7 +6,8 @@ its real inputs), ``locate`` (frames -> module FQN and the setup component that 
 code), ``cudagraphs`` (CUDA-graph readiness read from the captured forward/backward graphs),
 ``recompiles`` (the ``recompiles`` log stream as records, for ``run``, the scan's probe and any
 other recipe's training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``), ``settings`` (Dynamo settings
-without a public switch, for the training setup).
+without a public switch, for the training setup), ``break_log`` (Dynamo's graph-break log as
+messages, for the oracle check).
 Stages above receive records and plain values, never Dynamo objects.
 """
 
