@@ -37,6 +37,9 @@ from gbdoctor.errors import GbdoctorError
 GRACE_S = 10.0
 """After the deadline, how long the job may take to unwind before the process ends without it."""
 
+ATEXIT_S = 30.0
+"""How long the atexit handlers may take once a command is done."""
+
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 _real_exit = os._exit  # the user-code guard replaces os._exit while commands run
 
@@ -106,6 +109,12 @@ def _flush() -> None:
             stream.flush()
 
 
+def _end_now(code: int) -> NoReturn:
+    end_descendants()
+    _flush()
+    _real_exit(code)
+
+
 def end_process(code: int, on_signal: Callable[[int], int]) -> NoReturn:
     """End this process with ``code`` after the command finished: a signal arriving now is
     handed to ``on_signal`` (which says what happened and returns the exit code) and ends the
@@ -114,19 +123,19 @@ def end_process(code: int, on_signal: Callable[[int], int]) -> NoReturn:
 
     def at_once(signum: int, frame: object) -> None:
         end_descendants()
-        exit_code = on_signal(signum)
-        _flush()
-        _real_exit(exit_code)
+        _end_now(on_signal(signum))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, at_once)
     import atexit
 
+    # Bounded: multiprocessing's handler joins the non-daemon processes user code started.
+    stuck = threading.Timer(ATEXIT_S, _end_now, (code,))
+    stuck.daemon = True
+    stuck.start()
     atexit._run_exitfuncs()
-    end_descendants()
-    _flush()
-    _real_exit(code)
+    _end_now(code)
 
 
 @contextlib.contextmanager
@@ -142,9 +151,7 @@ def time_limited(timeout_s: float, error: Callable[[], GbdoctorError]) -> Iterat
         lines = [f"Error: {err.message}", *([f"Hint: {err.hint}"] if err.hint else [])]
         with contextlib.suppress(OSError):  # the CLI's own format: one line each, unwrapped
             os.write(2, "".join(line + "\n" for line in lines).encode())
-        end_descendants()
-        _flush()
-        _real_exit(int(err.exit_code))
+        _end_now(int(err.exit_code))
 
     def on_alarm(signum: int, frame: object) -> None:
         raise error()
