@@ -4,7 +4,8 @@ documented exit code. Through the real CLI in its own session: afterwards, no pr
 session may be left (a fork of the model, a rank, a compile worker).
 
 - A model that starts a non-daemon thread and forks a child: the scan reports and exits 0, and
-  the child is gone (before: the scan hung after its report, and the child outlived it).
+  the child is gone (before: the scan hung after its report, and the child outlived it); one
+  that starts a non-daemon multiprocessing child (which multiprocessing's atexit handler joins).
 - A forward that sleeps forever at world size 1 ends at ``[gbdoctor] timeout_s``, also when it
   swallows the interruption (before: only multi-rank jobs had a deadline); SIGTERM ends it and
   a forked child that ignores SIGTERM (before: the child stayed).
@@ -91,9 +92,15 @@ def _finish(proc: subprocess.Popen[str], within_s: float) -> tuple[int, str, str
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [1, 2], ids=["world-1", "world-2"])
-def test_a_model_that_forks_and_starts_a_thread_leaves_nothing_behind(tmp_path, world) -> None:
-    proc = _start(tmp_path, "scan", str(_spec(tmp_path, "fork-and-thread", world=world)))
+@pytest.mark.parametrize(
+    "flavor, world",
+    [("fork-and-thread", 1), ("fork-and-thread", 2), ("mp-process", 1)],
+    ids=["world-1", "world-2", "multiprocessing-world-1"],  # ranks are daemons: no mp children
+)
+def test_a_model_that_forks_and_starts_a_thread_leaves_nothing_behind(
+    tmp_path, flavor, world
+) -> None:
+    proc = _start(tmp_path, "scan", str(_spec(tmp_path, flavor, world=world)))
     rc, out, err = _finish(proc, within_s=STARTUP_S)
     assert rc == 0, err
     assert "All clean" in out, out

@@ -112,6 +112,9 @@ def _misbehave(what: str) -> object:
         model = tiny_custom.build("tiny")
         model.layers[0].register_forward_pre_hook(lambda module, args: _sleep_through())
         return model
+    if what == "mp-process":  # a non-daemon multiprocessing child that never ends
+        multiprocessing.get_context("fork").Process(target=time.sleep, args=(600,)).start()
+        return tiny_custom.build("tiny")
     if what in ("thread", "fork", "fork-and-thread", "fork-and-forward-sleep"):
         if "thread" in what:  # a non-daemon thread that never ends
             threading.Thread(target=threading.Event().wait, name="user-thread").start()
