@@ -311,3 +311,31 @@ def test_scan_oracle_cli_prints_the_agreement(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "4/4 layers agree with the scan" in done.stderr
+
+
+class _Scale(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h * self.weight
+
+
+def test_a_region_that_reuses_a_siblings_compiled_code_is_not_a_skipped_frame():
+    """Two children of one class compiled as separate regions with the one recording backend:
+    Dynamo's cache serves the second with the first's graph (every guard passes), so only the
+    first produces a graph, yet both ran compiled code. A region with no graph of its own is a
+    skipped frame only when nothing compiled ran in it (llama4's MoE ffn_norm under
+    titan-v0.2.2's children mode was reported as frame_skipped)."""
+    from gbdoctor.capture.session import CaptureSession
+
+    session = CaptureSession()
+    first = session.compile_fn(_Scale(), "block.attention_norm", False)
+    second = session.compile_fn(_Scale(), "block.ffn_norm", False)
+    with session.capture() as raw:
+        h = torch.randn(2, 8, requires_grad=True)
+        second(first(h) + 1).sum().backward()
+    assert raw.error is None
+    assert list(raw.graphs) == ["block.attention_norm"]
+    assert raw.ran_compiled == {"block.attention_norm", "block.ffn_norm"}

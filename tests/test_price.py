@@ -18,6 +18,8 @@ from repo_paths import FIXTURES
 
 from gbdoctor.capture.profile import eager_us_of, watch_break_frames
 from gbdoctor.records import (
+    RUN_SCHEMA_VERSION,
+    SCHEMA_VERSION,
     BreakPrice,
     Counterfactual,
     KindPrice,
@@ -130,7 +132,7 @@ def priced(tmp_path_factory):
 
 def test_every_distinct_break_has_a_price_with_a_spread(priced):
     report, data, _ = priced
-    assert data["schema_version"] == 5 and report.price is not None
+    assert data["schema_version"] == SCHEMA_VERSION and report.price is not None
     price = report.price
     distinct = {
         (block.kind, brk.cause, str(brk.location) if brk.location else "")
@@ -415,7 +417,7 @@ def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code in (0, 1), result.output
     run = json.loads(out.read_text())
-    assert run["schema_version"] == 4
+    assert run["schema_version"] == RUN_SCHEMA_VERSION
     modes = {m["mode"]: m for m in run["modes"]}
     gains = [
         (b - p) * 1e3

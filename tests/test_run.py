@@ -18,7 +18,7 @@ from repo_paths import FIXTURES
 
 from gbdoctor.capture.recompiles import parse_recompile
 from gbdoctor.errors import SpecError
-from gbdoctor.records import LOSS_RTOL, RunReport
+from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, RunReport
 from gbdoctor.records.io import dumps
 from gbdoctor.report.run_formats import CSV_COLUMNS, render_run, tokens_bar, write_csv
 from gbdoctor.run import (
@@ -482,7 +482,7 @@ def test_json_csv_table_and_markdown(clean_run, tmp_path):
         report, "json"
     )  # byte-stable for one report
     data = json.loads(text)
-    assert data["schema_version"] == 3 and [m["mode"] for m in data["modes"]] == [
+    assert data["schema_version"] == RUN_SCHEMA_VERSION and [m["mode"] for m in data["modes"]] == [
         "eager",
         "block-fullgraph",
     ]

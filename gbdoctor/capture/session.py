@@ -76,6 +76,10 @@ class RawCapture:
     """Region FQN -> op count of each graph Dynamo produced for it."""
     entered: set[str] = field(default_factory=set)
     """Regions that were called during the capture."""
+    ran_compiled: set[str] = field(default_factory=set)
+    """Regions in which compiled code ran: their own graphs, or a graph Dynamo's cache reused
+    from another region with the same code (two RMSNorm children share one compiled forward
+    when every guard passes: no new graph, but the region did not run eagerly)."""
     breaks: list[tuple[RawBreak, str]] = field(default_factory=list)
     """(break, region fqn) pairs, one per break Dynamo logged."""
     frame_skips: list[tuple[RawBreak, str]] = field(default_factory=list)
@@ -169,7 +173,7 @@ class CaptureSession:
                 gm, cudagraphs.GraphInfo(region=fqn, phase="dynamo", index=index)
             )
             names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
-            return inner_backend(
+            compiled = inner_backend(
                 gm,
                 example_inputs,
                 fw_compiler=_recording_compiler(
@@ -179,6 +183,15 @@ class CaptureSession:
                     current, fqn, index, "backward", checks=session.graph_checks
                 ),
             )
+
+            @functools.wraps(compiled)  # keeps ``_boxed_call``: Dynamo calls it the same way
+            def run(*args: Any, **kwargs: Any) -> Any:
+                target = session._current
+                if target is not None and not session._paused:
+                    target.ran_compiled.add(region_of())
+                return compiled(*args, **kwargs)
+
+            return run
 
         return recording_backend
 

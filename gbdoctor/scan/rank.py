@@ -580,7 +580,8 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
         # still produced no graph and ran eagerly, which is what region_eager reports.
         inside = sorted((b for b in merged.values() if b.region == region), key=break_order)
         checkpointed = [b for b in inside if _in_ac(slot, b.module)]
-        if raw.graphs.get(region) or raw.error is not None or not checkpointed:
+        ran = raw.graphs.get(region) or region in raw.ran_compiled
+        if ran or raw.error is not None or not checkpointed:
             continue
         ac_region = _ac_region(slot, checkpointed[0].module)
         if ("region_eager", ac_region) not in events:
@@ -595,6 +596,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
     for region in sorted(raw.entered):
         if (
             not raw.graphs.get(region)
+            and region not in raw.ran_compiled
             and not any(e.module.startswith(region) for e in events.values())
             and not any(b.region == region for b in merged.values())
             and raw.error is None
