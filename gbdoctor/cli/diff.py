@@ -41,5 +41,5 @@ def diff(
         strict_improvements=strict_improvements,
         max_price_rise=max_price_rise,
     )
-    emit(render_gate(result, format), output)
+    emit(render_gate(result, format, title="gbdoctor diff"), output)
     raise typer.Exit(result.exit_code)

@@ -17,19 +17,24 @@ from gbdoctor.report.html import gate_document, render_html
 from gbdoctor.report.junit import element, xml_safe, xml_text
 from gbdoctor.report.layout import short_location
 from gbdoctor.report.markdown import code, md_table
-from gbdoctor.report.table import GateTableFormat
+from gbdoctor.report.table import GATE_TITLE, GateTableFormat
 
 __all__ = ["GATE_FORMATS", "GATE_FORMAT_NAMES", "GateFormatter", "render_gate"]
 
 
 class GateFormatter(Protocol):
-    """Renders a gate result as text."""
+    """Renders a gate result as text; ``title`` names the command (``gbdoctor gate`` or
+    ``gbdoctor diff``) in headers, annotations and suite names."""
+
+    title: str
 
     def render(self, result: GateResult) -> str: ...
 
 
 class GateJsonFormat:
     """``--format json``: the findings plus the verdict, byte-stable."""
+
+    title = GATE_TITLE
 
     def render(self, result: GateResult) -> str:
         data = to_jsonable(result)
@@ -44,6 +49,8 @@ class GateJsonFormat:
 class GateHtmlFormat:
     """``--format html``: the verdict and what went up first, as one page (its JSON embedded)."""
 
+    title = GATE_TITLE
+
     def render(self, result: GateResult) -> str:
         return render_html([gate_document(result, GateJsonFormat().render(result))])
 
@@ -55,9 +62,11 @@ def _where(f: Finding) -> str:
 class GateMarkdownFormat:
     """``--format markdown``: a PR comment."""
 
+    title = GATE_TITLE
+
     def render(self, result: GateResult) -> str:
         lines = [
-            f"## gbdoctor gate: {'passed' if result.passed else 'FAILED'}",
+            f"## {self.title}: {'passed' if result.passed else 'FAILED'}",
             "",
             result.headline,
             "",
@@ -90,6 +99,8 @@ class GateMarkdownFormat:
 class GateGithubFormat:
     """``--format github``: an annotation per failing finding at the file:line of each new break."""
 
+    title = GATE_TITLE
+
     def render(self, result: GateResult) -> str:
         levels = {"regression": "error", "warning": "warning", "improvement": "notice"}
         lines = []
@@ -98,7 +109,7 @@ class GateGithubFormat:
             if level is None:  # info: only in the other formats
                 continue
             scope = f"{f.spec} [{f.kind}]" if f.kind else f.spec
-            title = f"gbdoctor gate: {f.kind + ': ' if f.kind else ''}{f.what}"
+            title = f"{self.title}: {f.kind + ': ' if f.kind else ''}{f.what}"
             message = f"{scope}: {f.what}"
             if f.gb_type:
                 message += f"\ngb_type: {f.gb_type}"
@@ -107,7 +118,7 @@ class GateGithubFormat:
             for loc in f.locations or (None,):
                 lines.append(command(level, message, title=title, location=loc))
         lines.append(
-            command("notice" if result.passed else "error", result.headline, title="gbdoctor gate")
+            command("notice" if result.passed else "error", result.headline, title=self.title)
         )
         return "\n".join(lines) + "\n"
 
@@ -115,8 +126,10 @@ class GateGithubFormat:
 class GateJunitFormat:
     """``--format junit``: a testsuite per spec, a testcase per block kind, failures for failing findings."""
 
+    title = GATE_TITLE
+
     def render(self, result: GateResult) -> str:
-        root = element("testsuites", ("name", "gbdoctor gate"))
+        root = element("testsuites", ("name", self.title))
         total = failed = 0
         for spec in result.specs:
             findings = [f for f in result.findings if f.spec == spec]
@@ -178,12 +191,14 @@ GATE_FORMATS: dict[str, type[GateFormatter]] = {
 GATE_FORMAT_NAMES: tuple[str, ...] = tuple(GATE_FORMATS)
 
 
-def render_gate(result: GateResult, fmt: str) -> str:
-    """The gate result in format ``fmt``; :class:`SpecError` (exit 2) for an unknown format."""
+def render_gate(result: GateResult, fmt: str, title: str = GATE_TITLE) -> str:
+    """The gate result in format ``fmt`` under ``title`` (``gbdoctor diff`` for diff);
+    :class:`SpecError` (exit 2) for an unknown format."""
     try:
         formatter = GATE_FORMATS[fmt]()
     except KeyError:
         raise SpecError(
             f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}"
         ) from None
+    formatter.title = title
     return formatter.render(result)

@@ -273,10 +273,14 @@ _SEVERITY_STYLE = {
 }
 
 
-def render_gate_table(result: GateResult, console: Console) -> None:
+GATE_TITLE = "gbdoctor gate"
+"""The gate formats' title; ``gbdoctor diff`` renders the same result under its own."""
+
+
+def render_gate_table(result: GateResult, console: Console, title: str = GATE_TITLE) -> None:
     """Print the gate verdict and one row per finding."""
     verdict = Text(
-        "gbdoctor gate: PASSED" if result.passed else "gbdoctor gate: FAILED",
+        f"{title}: PASSED" if result.passed else f"{title}: FAILED",
         style="bold green" if result.passed else "bold red",
     )
     console.print(verdict)
@@ -313,7 +317,9 @@ def render_gate_table(result: GateResult, console: Console) -> None:
 class GateTableFormat:
     """Gate formatter for ``--format table``."""
 
+    title = GATE_TITLE
+
     def render(self, result: GateResult) -> str:
         console = recording_console()
-        render_gate_table(result, console)
+        render_gate_table(result, console, self.title)
         return plain_text(console)

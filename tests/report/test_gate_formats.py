@@ -92,3 +92,31 @@ def test_markdown_marks_failing_rows() -> None:
         in text
     )
     assert "--update-baseline" in text
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "github", "junit"])
+def test_diff_renders_the_same_result_under_its_own_name(fmt: str) -> None:
+    """``gbdoctor diff`` applies the gate's rules but is not the gate: every header, annotation
+    and suite name says ``gbdoctor diff``; the findings are the gate's, unchanged."""
+    gate_text = render_gate(failing(), fmt)
+    diff_text = render_gate(failing(), fmt, title="gbdoctor diff")
+    assert "gbdoctor diff" in diff_text and "gbdoctor gate" not in diff_text.replace(
+        "gbdoctor gate SPEC", ""
+    )
+    assert diff_text == gate_text.replace("gbdoctor gate", "gbdoctor diff").replace(
+        "gbdoctor diff SPEC", "gbdoctor gate SPEC"
+    )
+
+
+def test_diff_cli_header_names_diff(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli import app
+    from gbdoctor.report import render
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(render(llama4_before(), "json"))
+    new.write_text(render(llama4_before(), "json"))
+    result = CliRunner().invoke(app, ["diff", str(old), str(new)])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("gbdoctor diff: PASSED")
