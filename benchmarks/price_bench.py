@@ -6,7 +6,8 @@
    price and run the same plan);
 2. a plain ``gbdoctor scan`` (timed: the reference for pricing's cost);
 3. ``gbdoctor price --plan PLAN`` (timed);
-4. ``gbdoctor run --plan PLAN --modes STRATEGY,plan`` (the strategy as set up against the plan).
+4. ``gbdoctor run --plan PLAN --price PRICED --modes plan`` (run adds ``as-priced``: the strategy
+   exactly as priced, against the plan, in the same rounds; its ``price_check`` is the comparison).
 
 Prints the prices of the breaks the plan removes, their sum, the measured step-time difference
 between the strategy and the plan in ``run`` (per round, with the spread), the ratio of the two,
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("spec", nargs="?", default="fixtures/llama4_debug_ep2.toml")
     parser.add_argument("--set", dest="sets", action="append", default=None)
     parser.add_argument("--strategy", default="titan-v0.2.0")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="inductor")
     args = parser.parse_args()
     sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
@@ -72,8 +73,10 @@ def main() -> None:
         *[x for s in sets for x in ("--set", s)],
         "--plan",
         str(plan),
+        "--price",
+        str(priced),
         "--modes",
-        f"{args.strategy},plan",
+        "plan",
         "--backend",
         args.backend,
         "--rounds",
@@ -88,7 +91,7 @@ def main() -> None:
     modes = {m["mode"]: m for m in run["modes"]}
     removed = [b for b in price["breaks"] if b["ms_per_step"] is not None]
     price_sum = sum(b["ms_per_step"] for b in removed)
-    as_set_up, planned = modes[args.strategy], modes["plan"]
+    as_set_up, planned = modes["as-priced"], modes["plan"]
     per_round = [
         (a - b) * 1e3
         for a, b in zip(as_set_up["round_medians_s"], planned["round_medians_s"], strict=False)
@@ -110,6 +113,7 @@ def main() -> None:
         "run_step_diff_ms": round(measured, 1),
         "run_step_diff_rounds_ms": [round(x, 1) for x in per_round],
         "sum_over_run_diff": round(price_sum / measured, 2) if measured else None,
+        "run_price_check": run["price_check"],
         "priced_scan": json.loads(priced.read_text()),
     }
     RESULTS.mkdir(exist_ok=True)
@@ -123,6 +127,7 @@ def main() -> None:
         "run_step_diff_ms",
         "run_step_diff_rounds_ms",
         "sum_over_run_diff",
+        "run_price_check",
         "break_prices_ms",
     ):
         print(f"{key}: {summary[key]}")
