@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 
 import pytest
@@ -432,3 +433,22 @@ def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
     line = run_price_check(report_from_json(out.read_text()).price_check)
     assert line in render_run(report_from_json(out.read_text()), "markdown")
     assert f"this run measured {check['measured_ms']:.1f}" in line
+
+
+def test_profiling_a_step_prints_nothing_on_stderr():
+    """Kineto prints ``USDT: ... profiler_start`` for every profiled step at its default log
+    level; pricing profiles one step per mode and round, so its stderr would fill with them."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from gbdoctor.capture.profile import eager_us_of\n"
+        "eager_us_of(lambda: torch.ones(3) + 1, 'cpu', set())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr

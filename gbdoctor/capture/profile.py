@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,9 @@ from gbdoctor.records import Location
 
 GRAPH_BREAKS_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _ARTIFACT = "graph_breaks"
+KINETO_LOG_LEVEL = "KINETO_LOG_LEVEL"
+QUIET_KINETO = "6"
+"""Kineto's log level above its USDT/STAGE lines (measured on torch 2.13: 5 still prints them)."""
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)$")
 _COMPILED_GRAPH = ("CompiledFunction", "## Call CompiledFxGraph")
 
@@ -153,6 +157,9 @@ def eager_us_of(step: Any, device: str, break_frames: set[int]) -> dict[int, flo
     device timeline is not read."""
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto (torch 2.13) prints "USDT: ... profiler_start/profiler_stop" on stderr for every
+    # profiled step at its default log level; 6 keeps it quiet unless the user set a level.
+    os.environ.setdefault(KINETO_LOG_LEVEL, QUIET_KINETO)
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
