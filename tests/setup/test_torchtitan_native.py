@@ -107,7 +107,10 @@ def test_torchtitan_03_ep2_against_builtin_v022_recipe():
     # Dense blocks: one fullgraph region, one graph, in both.
     assert native.blocks[0].regions == builtin.blocks[0].regions == ("layers.0",)
     assert native.blocks[0].graph_count == builtin.blocks[0].graph_count == 1
-    # MoE blocks: 0.3 compiles the whole block (torchtitan #2741), v0.2.2 seven regions.
+    # MoE blocks: 0.3 compiles the whole block (torchtitan #2741), v0.2.2 seven regions. Six
+    # graphs for seven regions: attention_norm and ffn_norm are both RMSNorm, so under the scan's
+    # one recording backend every guard passes and Dynamo's cache serves ffn_norm with
+    # attention_norm's graph; the region ran compiled code, it is no skipped frame (no event).
     for n, b in zip(native.blocks[1:], builtin.blocks[1:]):
         assert n.regions == n.fullgraph_regions == (n.fqn,) and n.graph_count == 1
-        assert len(b.regions) == len(b.fullgraph_regions) == 7 and b.graph_count == 7
+        assert len(b.regions) == len(b.fullgraph_regions) == 7 and b.graph_count == 6
