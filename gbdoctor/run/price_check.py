@@ -43,8 +43,8 @@ def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
     as_set_up = f"{AS_PRICED} ({priced.setup.strategy})"
     kinds = [k for k in price.kinds if k.ms_per_step is not None]
     predicted = sum(k.ms_per_step or 0.0 for k in kinds)
-    low = sum((k.spread_ms or (k.ms_per_step, k.ms_per_step))[0] or 0.0 for k in kinds)
-    high = sum((k.spread_ms or (k.ms_per_step, k.ms_per_step))[1] or 0.0 for k in kinds)
+    ends = [k.spread_ms or (k.ms_per_step or 0.0,) * 2 for k in kinds]  # one round: no spread
+    low, high = sum(lo for lo, _ in ends), sum(hi for _, hi in ends)
     check = PriceCheck(
         as_set_up=as_set_up,
         predicted_ms=round(predicted, 1),
