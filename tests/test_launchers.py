@@ -499,3 +499,24 @@ def test_the_real_deepspeed_launcher(tiny_dp2: tuple[Path, str]) -> None:
         expected,
         ("deepspeed", 1, 2),
     )
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_a_bad_peer_silence_is_bad_input_before_any_rank_waits(tmp_path: Path, value: str) -> None:
+    """``GBDOCTOR_PEER_SILENCE_S`` must be a positive number of seconds: exit 2 in one line when
+    the rank joins, not a watcher that silently ignores it."""
+    spec = _fault_spec(tmp_path, "clean")
+    (done,) = _run_all(
+        [
+            (
+                _gbdoctor("scan", str(spec)),
+                _deepspeed_env(str(free_port()))(0)
+                | {"WORLD_SIZE": "1", "LOCAL_SIZE": "1", "GBDOCTOR_PEER_SILENCE_S": value},
+            )
+        ]
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [
+        f"Error: GBDOCTOR_PEER_SILENCE_S={value!r} is not a positive number of seconds"
+    ]

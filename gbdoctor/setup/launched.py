@@ -163,6 +163,8 @@ def join(launched: Launched) -> Session:
     import torch
     import torch.distributed as dist
 
+    silence_s = _silence_s()  # bad input before any rank waits for another
+
     if launched.launcher == Launcher.SLURM:
         # srun tells the rank in SLURM_* variables; torch's env:// reads these.
         os.environ.update(
@@ -208,7 +210,10 @@ def join(launched: Launched) -> Session:
     _SESSION[:] = [session]
     watcher_store = dist.PrefixStore("gbdoctor/ctl", store.clone())
     session.watcher = threading.Thread(
-        target=_watch, args=(session, watcher_store), name="gbdoctor-launch-watch", daemon=True
+        target=_watch,
+        args=(session, watcher_store, silence_s),
+        name="gbdoctor-launch-watch",
+        daemon=True,
     )
     session.watcher.start()
     return session
@@ -241,19 +246,28 @@ class _Heartbeats:
 
 
 def _silence_s() -> float:
-    raw = os.environ.get(SILENCE_ENV, "")
-    try:
-        return float(raw) if raw else SILENCE_S
-    except ValueError:
+    """``GBDOCTOR_PEER_SILENCE_S`` when set (read once, when the rank joins), else 60 s."""
+    raw = os.environ.get(SILENCE_ENV, "").strip()
+    if not raw:
         return SILENCE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SpecError(
+            f"{SILENCE_ENV}={raw!r} is not a positive number of seconds",
+            hint=f"unset it (default {SILENCE_S:g} s) or give e.g. {SILENCE_ENV}=120",
+        )
+    return value
 
 
-def _watch(session: Session, store: Any) -> None:
+def _watch(session: Session, store: Any, silence_s: float) -> None:
     """Every rank: end this process when another rank's job failed; beat. Rank 0: stop a job at
     its timeout, or when a rank went silent during it. Any rank but 0: exit when the store is
     gone (rank 0, which may host it, ended) or rank 0 went silent."""
     others = [r for r in range(session.world_size) if r != session.rank]
-    beats = _Heartbeats(others if session.rank == 0 else [0], _silence_s())
+    beats = _Heartbeats(others if session.rank == 0 else [0], silence_s)
     while not session.stopped.wait(POLL_S):
         try:
             silent = beats.tick(store, session.rank, time.monotonic())
