@@ -109,7 +109,9 @@ def _flush() -> None:
             stream.flush()
 
 
-def _end_now(code: int) -> NoReturn:
+def end_now(code: int) -> NoReturn:
+    """End this process with ``code`` at once: every descendant killed, streams flushed, no
+    atexit handlers (a signal ends the command)."""
     end_descendants()
     _flush()
     _real_exit(code)
@@ -123,7 +125,7 @@ def end_process(code: int, on_signal: Callable[[int], int]) -> NoReturn:
 
     def at_once(signum: int, frame: object) -> None:
         end_descendants()
-        _end_now(on_signal(signum))
+        end_now(on_signal(signum))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         if signal.getsignal(sig) is not signal.SIG_IGN:
@@ -131,11 +133,11 @@ def end_process(code: int, on_signal: Callable[[int], int]) -> NoReturn:
     import atexit
 
     # Bounded: multiprocessing's handler joins the non-daemon processes user code started.
-    stuck = threading.Timer(ATEXIT_S, _end_now, (code,))
+    stuck = threading.Timer(ATEXIT_S, end_now, (code,))
     stuck.daemon = True
     stuck.start()
     atexit._run_exitfuncs()
-    _end_now(code)
+    end_now(code)
 
 
 @contextlib.contextmanager
@@ -151,7 +153,7 @@ def time_limited(timeout_s: float, error: Callable[[], GbdoctorError]) -> Iterat
         lines = [f"Error: {err.message}", *([f"Hint: {err.hint}"] if err.hint else [])]
         with contextlib.suppress(OSError):  # the CLI's own format: one line each, unwrapped
             os.write(2, "".join(line + "\n" for line in lines).encode())
-        _end_now(int(err.exit_code))
+        end_now(int(err.exit_code))
 
     def on_alarm(signum: int, frame: object) -> None:
         raise error()

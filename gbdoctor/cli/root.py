@@ -20,6 +20,7 @@ from gbdoctor.cli.exits import (
     install_signal_handlers,
     no_empty_cache_dirs,
     signal_exit,
+    sigterm_unreported,
 )
 from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
@@ -30,7 +31,7 @@ from gbdoctor.cli.report import report
 from gbdoctor.cli.run import run
 from gbdoctor.cli.scan import scan
 from gbdoctor.cli.timeline import timeline
-from gbdoctor.contain import adopt_orphans, end_process
+from gbdoctor.contain import adopt_orphans, end_now, end_process
 
 # typer vendors click (``typer._click``) in recent releases and uses the real package in older
 # ones: find click's base exception through a public class instead of importing either.
@@ -199,7 +200,13 @@ def main(args: list[str] | None = None) -> None:
 
     if session is not None:
         launched.lead(session, command)
-    end_process(_run_to_the_end(command), on_signal=signal_exit)
+    code = _run_to_the_end(command)
+    try:
+        end_process(code, on_signal=signal_exit)
+    except Terminated:  # arrived before end_process took the signals over
+        end_now(signal_exit(signal.SIGTERM))
+    except KeyboardInterrupt:
+        end_now(signal_exit(signal.SIGINT))
 
 
 def _run_to_the_end(command: Callable[[], None]) -> int:
@@ -208,6 +215,8 @@ def _run_to_the_end(command: Callable[[], None]) -> int:
     try:
         command()
     except SystemExit as exc:
+        if sigterm_unreported():
+            return signal_exit(signal.SIGTERM)
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         say(str(exc.code))
@@ -216,4 +225,4 @@ def _run_to_the_end(command: Callable[[], None]) -> int:
         return signal_exit(signal.SIGTERM)
     except KeyboardInterrupt:
         return signal_exit(signal.SIGINT)
-    return 0
+    return signal_exit(signal.SIGTERM) if sigterm_unreported() else 0
