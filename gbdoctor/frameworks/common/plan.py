@@ -51,3 +51,14 @@ def take_flags(
             f"{brk.cause}: {brk.gb_type} at {brk.location} is removed by {', '.join(wanted)}"
         )
     return wanted
+
+
+def verification_failure(block: BlockReport | None) -> str:
+    """Why a kind's strict re-scan did not verify: not captured, an error, or what still breaks."""
+    if block is None:
+        return "the kind was not captured in the verification scan"
+    if block.error:
+        return f"strict check failed: {block.error[:200]}"
+    parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
+    parts += [f"{e.kind} at {e.module}" for e in block.events]
+    return "still breaks: " + "; ".join(parts)

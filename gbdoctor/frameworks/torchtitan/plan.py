@@ -19,7 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives, take_flags
+from gbdoctor.frameworks.common.plan import (
+    clean,
+    fullgraph_share,
+    representatives,
+    take_flags,
+    verification_failure,
+)
 from gbdoctor.frameworks.torchtitan import NAME, STRATEGIES, TitanStrategy
 from gbdoctor.frameworks.torchtitan.layer_plan import EAGER, PARTIAL
 from gbdoctor.records import BlockReport, KindPlan, Plan, Readiness, ScanReport, Spec
@@ -176,7 +182,7 @@ def _assemble(
                 fullgraph_share_before=fullgraph_share(old, total_ops),
                 fullgraph_share_after=fullgraph_share(new, total_ops) if new else 0.0,
                 verified=verified,
-                detail="" if verified else _failure(new),
+                detail="" if verified else verification_failure(new),
                 cudagraphs=new.cudagraphs.summary if new and new.cudagraphs else "",
                 cudagraph_ready=bool(
                     verified and new and new.cudagraphs and new.cudagraphs.status == Readiness.READY
@@ -196,13 +202,3 @@ def _assemble(
         notes=tuple(n for n in before.notes if n.startswith("notice:")),
         framework=NAME,
     )
-
-
-def _failure(block: BlockReport | None) -> str:
-    if block is None:
-        return "the kind was not captured in the verification scan"
-    if block.error:
-        return f"strict check failed: {block.error[:200]}"
-    parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
-    parts += [f"{e.kind} at {e.module}" for e in block.events]
-    return "still breaks: " + "; ".join(parts)

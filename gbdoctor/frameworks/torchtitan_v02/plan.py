@@ -21,7 +21,13 @@ from dataclasses import dataclass, replace
 
 from gbdoctor.capture import within
 from gbdoctor.causes import plan_actions_for
-from gbdoctor.frameworks.common.plan import clean, fullgraph_share, representatives, take_flags
+from gbdoctor.frameworks.common.plan import (
+    clean,
+    fullgraph_share,
+    representatives,
+    take_flags,
+    verification_failure,
+)
 from gbdoctor.records import (
     ACMode,
     BlockKind,
@@ -277,7 +283,7 @@ def _assemble(
     for kind, cand in sorted(cands.items()):
         old, new = before_by_kind[kind], final_by_kind.get(kind)
         verified = new is not None and clean(new)
-        detail = "" if verified else _failure(new)
+        detail = "" if verified else verification_failure(new)
         recipe = cand.recipe()
         reasons = tuple(cand.reasons or ()) or (
             "clean: the whole block compiles with fullgraph=True",
@@ -333,13 +339,3 @@ def _plan_notes(before: ScanReport) -> tuple[str, ...]:
     """The baseline scan's notes that concern the plan as a whole (not per-block caveats)."""
     keep = ("notice:", "simulated:", "data_parallel_shard_degree", "[compile]")
     return tuple(n for n in before.notes if n.startswith(keep))
-
-
-def _failure(block: BlockReport | None) -> str:
-    if block is None:
-        return "the kind was not captured in the verification scan"
-    if block.error:
-        return f"strict check failed: {block.error[:200]}"
-    parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
-    parts += [f"{e.kind} at {e.module}" for e in block.events]
-    return "still breaks: " + "; ".join(parts)
