@@ -72,7 +72,7 @@ BELOW_FRAMEWORKS = ("records", "errors", "setup", "capture", "causes", "models",
 """Stages ``frameworks/`` may import (and which never import it)."""
 FRAMEWORK_ALLOWED = {
     # `--version` prints the installed torchtitan's version and the releases tested with it.
-    ("gbdoctor.cli.root", "gbdoctor.frameworks.torchtitan.setup"),
+    ("gbdoctor.cli.root", "gbdoctor.frameworks.torchtitan.config"),
     # The locator attributes a frame to the library whose files it is in (a hook component,
     # like fsdp or tp), which is not choosing a framework.
     ("gbdoctor.capture.locate", "deepspeed"),

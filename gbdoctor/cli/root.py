@@ -105,7 +105,7 @@ def _version_callback(value: bool) -> None:
 
         import torch
 
-        from gbdoctor.frameworks.torchtitan.setup import (
+        from gbdoctor.frameworks.torchtitan.config import (
             TORCHTITAN_VERSIONS_TESTED,
             torchtitan_version,
         )

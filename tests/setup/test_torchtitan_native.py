@@ -13,7 +13,7 @@ import pytest
 from repo_paths import FIXTURES
 
 from gbdoctor.errors import SpecError
-from gbdoctor.frameworks.torchtitan.setup import parse_run, world_size_for
+from gbdoctor.frameworks.torchtitan.config import parse_run, world_size_for
 from gbdoctor.scan import scan
 from gbdoctor.spec import load_spec
 from gbdoctor.summary import summarize
@@ -64,13 +64,13 @@ def test_run_names_are_checked():
     with pytest.raises(SpecError, match="MODULE:CONFIG"):
         parse_run("deepseek_v3")
     with pytest.raises(SpecError, match="cannot import torchtitan module"):
-        from gbdoctor.frameworks.torchtitan.setup import load_config
+        from gbdoctor.frameworks.torchtitan.config import load_config
 
         load_config(parse_run("no_such_model:cfg"))
 
 
 def test_triton_stand_in_is_gone_after_import():
-    from gbdoctor.frameworks.torchtitan.setup import load_config
+    from gbdoctor.frameworks.torchtitan.config import load_config
 
     config = load_config(parse_run("deepseek_v3:deepseek_v3_debugmodel", EP2))
     assert "triton" not in sys.modules  # the stand-in lived only while torchtitan loaded

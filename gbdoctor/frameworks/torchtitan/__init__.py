@@ -99,7 +99,7 @@ class InstalledTorchtitan(FrameworkBase):
 
     def meta_model(self, spec: Any) -> Any:
         """The model torchtitan builds, on meta (memory estimates)."""
-        from gbdoctor.frameworks.torchtitan.setup import meta_model
+        from gbdoctor.frameworks.torchtitan.config import meta_model
 
         return meta_model(spec)
 

@@ -44,7 +44,7 @@ def spec_for_run(
     world_size: int | None = None,
 ) -> Spec:
     """The spec of ``MODULE:CONFIG`` with torchtitan's ``args``; ``overrides``: ``--set``."""
-    from gbdoctor.frameworks.torchtitan.setup import load_config, parse_run, world_size_for
+    from gbdoctor.frameworks.torchtitan.config import load_config, parse_run, world_size_for
 
     if simulate or world_size is not None:
         raise SpecError(
