@@ -17,8 +17,8 @@ from repo_paths import FIXTURES, REPO
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
-from gbdoctor.records import io as records_io
-from gbdoctor.records.io import WriteError, write_atomic
+from gbdoctor.records import atomic_write
+from gbdoctor.records.atomic_write import WriteError, write_atomic
 
 SCAN = FIXTURES / "scans" / "llama4_before.json"
 runner = CliRunner()
@@ -39,7 +39,7 @@ def test_a_write_that_fails_part_way_keeps_the_old_file(tmp_path, monkeypatch) -
             return real_write(fd, bytes(data[: len(data) // 2]))
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(records_io.os, "write", half_then_full_disk)
+    monkeypatch.setattr(atomic_write.os, "write", half_then_full_disk)
     with pytest.raises(WriteError, match="No space left on device.*previous file is unchanged"):
         write_atomic(target, "new contents " * 1000)
     assert len(calls) == 2, "the write did fail part-way"

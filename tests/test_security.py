@@ -26,7 +26,8 @@ import pytest
 from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import BaselineError
-from gbdoctor.records.io import OutputError, check_schema_version, parse_json_object, write_atomic
+from gbdoctor.records.atomic_write import OutputError, write_atomic
+from gbdoctor.records.io import check_schema_version, parse_json_object
 from gbdoctor.usercode import TRUSTED_FACTORY_ENV, installed_distribution
 
 SCAN = FIXTURES / "scans" / "llama4_before.json"

@@ -32,7 +32,7 @@ def emit(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        from gbdoctor.records.io import write_atomic
+        from gbdoctor.records.atomic_write import write_atomic
 
         write_atomic(output, text)
         print_err(f"wrote {output}")
@@ -58,7 +58,7 @@ def preflight(
     the command reads; an output that is one of them would destroy it (``scan s.toml -o
     s.toml``), so it is refused here."""
     from gbdoctor.errors import SpecError
-    from gbdoctor.records.io import check_writable
+    from gbdoctor.records.atomic_write import check_writable
     from gbdoctor.report import COMMAND_FORMATS
 
     formats = COMMAND_FORMATS.get(command, ())

@@ -121,7 +121,7 @@ def timeline(
     )
     emit(render_json(report) if format == "json" else render_table(report), output)
     if plot is not None:
-        from gbdoctor.records.io import write_atomic
+        from gbdoctor.records.atomic_write import write_atomic
 
         write_atomic(plot, render_svg(report))
         print_err(f"wrote {plot}")

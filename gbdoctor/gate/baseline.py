@@ -54,15 +54,9 @@ from gbdoctor.records import (
     KindCounts,
     ScanReport,
 )
+from gbdoctor.records.atomic_write import check_writable, locked, write_atomic
 from gbdoctor.records.gate import READABLE_BASELINE_VERSIONS
-from gbdoctor.records.io import (
-    check_schema_version,
-    check_writable,
-    locked,
-    parse_json_object,
-    read_text,
-    write_atomic,
-)
+from gbdoctor.records.io import check_schema_version, parse_json_object, read_text
 
 
 def baseline_from_reports(

@@ -1,5 +1,6 @@
 """The ground floor: every frozen record, the one ``record`` decorator, the StrEnums of every
-vocabulary in gbdoctor's JSON, and the one JSON reader/writer (``records.io``).
+vocabulary in gbdoctor's JSON, the one JSON reader (``records.io``) and the one safe file
+writer (``records.atomic_write``).
 
 Nothing here imports torch or any other gbdoctor stage (only ``gbdoctor.errors``, itself a
 leaf, for the error a malformed file raises), so every stage above can import it.

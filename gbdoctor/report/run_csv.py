@@ -100,7 +100,7 @@ def write_csv(report: RunReport, path: str | Path) -> None:
     """Write :func:`csv_rows` to ``path`` with pandas, atomically (parent folders created)."""
     import pandas as pd
 
-    from gbdoctor.records.io import write_atomic
+    from gbdoctor.records.atomic_write import write_atomic
 
     frame = pd.DataFrame(csv_rows(report), columns=list(CSV_COLUMNS))
     write_atomic(path, frame.to_csv(index=False), "CSV")
