@@ -5,13 +5,16 @@
 1. ``gbdoctor plan SPEC --emit-config json`` (the fixes; reused by the next two steps, so they
    price and run the same plan);
 2. a plain ``gbdoctor scan`` (timed: the reference for pricing's cost);
-3. ``gbdoctor price --plan PLAN`` (timed);
+3. ``gbdoctor price --plan PLAN`` twice (timed): cold, with an empty inductor cache
+   (``TORCHINDUCTOR_CACHE_DIR`` is a fresh folder for the whole benchmark), then warm, reusing the
+   kernels the first compiled (what a second price of the spec, or a price after training, costs);
 4. ``gbdoctor run --plan PLAN --price PRICED --modes plan`` (run adds ``as-priced``: the strategy
-   exactly as priced, against the plan, in the same rounds; its ``price_check`` is the comparison).
+   exactly as priced, against the plan, in the same rounds; its ``price_check`` is the comparison),
+   with the same ``--rounds`` and ``--steps`` as the price.
 
 Prints the prices of the breaks the plan removes, their sum, the measured step-time difference
 between the strategy and the plan in ``run`` (per round, with the spread), the ratio of the two,
-and pricing's wall time over the plain scan's. Writes every number (and the priced scan) to
+and pricing's wall time (cold and warm) over the plain scan's. Writes every number (and the priced scan) to
 ``benchmarks/results/price_<spec>.json``. Default spec: the llama4 EP=2 debug spec with
 titan-v0.2.0 and AC off (1 fsdp-hook + 2 ep-dispatch breaks per MoE block).
 """
@@ -44,16 +47,18 @@ def main() -> None:
     parser.add_argument("--set", dest="sets", action="append", default=None)
     parser.add_argument("--strategy", default="titan-v0.2.0")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--backend", default="inductor")
     args = parser.parse_args()
     sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
     common = [args.spec, "--strategy", args.strategy, *[x for s in sets for x in ("--set", s)]]
     tmp = Path(tempfile.mkdtemp(prefix="gbdoctor-price-bench-"))
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
     plan, priced, ran = tmp / "plan.json", tmp / "priced.json", tmp / "run.json"
     overrides = [x for s in [*sets, f"gbdoctor.strategy={args.strategy}"] for x in ("--set", s)]
     _gbdoctor("plan", args.spec, *overrides, "--emit-config", "json", "-o", str(plan))
     scan_s = _gbdoctor("scan", *common, "-f", "json", "-o", str(tmp / "scan.json"))
-    price_s = _gbdoctor(
+    price_args = [
         "price",
         *common,
         "--plan",
@@ -62,11 +67,13 @@ def main() -> None:
         args.backend,
         "--rounds",
         str(args.rounds),
+        "--steps",
+        str(args.steps),
         "-f",
         "json",
-        "-o",
-        str(priced),
-    )
+    ]
+    price_s = _gbdoctor(*price_args, "-o", str(priced))
+    warm_price_s = _gbdoctor(*price_args, "-o", str(tmp / "priced_warm.json"))
     _gbdoctor(
         "run",
         args.spec,
@@ -81,6 +88,8 @@ def main() -> None:
         args.backend,
         "--rounds",
         str(args.rounds),
+        "--steps",
+        str(args.steps),
         "-f",
         "json",
         "-o",
@@ -107,6 +116,13 @@ def main() -> None:
         "scan_s": round(scan_s, 1),
         "price_s": round(price_s, 1),
         "price_over_scan": round(price_s / scan_s, 2),
+        "warm_price_s": round(warm_price_s, 1),
+        "warm_price_over_scan": round(warm_price_s / scan_s, 2),
+        "steps": args.steps,
+        "warm_price_kinds_ms": {
+            k["kind"]: [k["ms_per_step"], k["spread_ms"]]
+            for k in json.loads((tmp / "priced_warm.json").read_text())["price"]["kinds"]
+        },
         "break_prices_ms": {f"{b['cause']} {b['location']}": b["ms_per_step"] for b in removed},
         "price_sum_ms": round(price_sum, 1),
         "price_kinds_ms": {k["kind"]: [k["ms_per_step"], k["spread_ms"]] for k in price["kinds"]},
@@ -123,6 +139,10 @@ def main() -> None:
         "scan_s",
         "price_s",
         "price_over_scan",
+        "warm_price_s",
+        "warm_price_over_scan",
+        "price_kinds_ms",
+        "warm_price_kinds_ms",
         "price_sum_ms",
         "run_step_diff_ms",
         "run_step_diff_rounds_ms",

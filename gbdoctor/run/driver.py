@@ -8,7 +8,8 @@ peak memory belongs to that mode alone. Every mode builds the model from the sam
 on the same synthetic batches, so losses are comparable step by step.
 
 Noise is measured, not assumed away: the whole set of modes runs ``rounds`` times, in alternating
-order (ABC, CBA, ABC, ...), so slow drifts of the machine hit every mode alike. Each round gives
+order (ABC, CBA, ABC, ...; ``rounds.train_rounds``, the loop ``price`` uses too), so slow drifts
+of the machine hit every mode alike. Each round gives
 each mode's median step time; a ratio between two modes is reported with the (min, max) of its
 per-round values, and only a range entirely above 1 is called faster.
 
@@ -24,23 +25,18 @@ report from the rounds' measurements: ``assemble``.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from gbdoctor.capture import torch_version
-from gbdoctor.causes import KnownIssue
-from gbdoctor.errors import GbdoctorError, SpecError
+from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.registry import framework_for
-from gbdoctor.records import CompileMode, ModeStatus, RunReport, Spec
+from gbdoctor.records import CompileMode, RunReport, Spec
 from gbdoctor.run.assemble import build_report
 from gbdoctor.run.measure import (
     device_peak,
-    known_bug_workaround,
     load_average,
-    strip_rank,
     workaround_note,
 )
 from gbdoctor.run.modes import (
@@ -55,10 +51,9 @@ from gbdoctor.run.modes import (
     framework_modes,
     resolve_modes,
 )
-from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
+from gbdoctor.run.rounds import train_rounds
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import STRATEGIES, Strategy
-from gbdoctor.spec import with_overrides
 
 _NOT_MADE = Strategy(
     name="plan (not made)",
@@ -167,10 +162,9 @@ def run_modes(
         strategies["cudagraphs"] = _NOT_MADE
 
     framework_for(spec).prepare_ranks(device)
-    raw = _run_rounds(
+    measured = train_rounds(
         run_spec,
-        chosen,
-        strategies,
+        {m: strategies[m] for m in chosen},
         device=device,
         backend=backend,
         warmup=warmup,
@@ -178,8 +172,19 @@ def run_modes(
         rounds=rounds,
         progress=progress,
         cudagraph_layers=cudagraph_layers,
+        unavailable=_unavailable(chosen, device),
     )
-    loads = raw.pop()
+    raw = [
+        (
+            m,
+            strategies[m],
+            None if m in measured.failures else measured.runs[m],
+            measured.failures.get(m),
+            workaround_note(measured.workarounds[m]) if m in measured.workarounds else "",
+        )
+        for m in chosen
+    ]
+    loads = measured.loads
     flops = _flops(spec, s)
     device_name, peak = device_peak(device)
     from gbdoctor.setup.optim import adamw_implementation
@@ -229,117 +234,14 @@ def _plan_lines(plan: Any) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _run_rounds(
-    spec: Spec,
-    chosen: list[str],
-    strategies: dict[str, Strategy],
-    *,
-    device: str,
-    backend: str,
-    warmup: int,
-    steps: int,
-    rounds: int,
-    progress: Progress | None,
-    cudagraph_layers: tuple[str, ...] = (),
-) -> list[Any]:
-    """Every mode, ``rounds`` times in alternating order; returns the raw records plus, as the
-    last item, the load averages seen before each job. ``cudagraphs`` off CUDA is recorded as
-    unavailable without running."""
-    from gbdoctor.setup.dist import run_ranks
-
-    world = spec.parallelism.world_size
-    caches = {m: tempfile.mkdtemp(prefix=f"gbdoctor-run-{m}-") for m in chosen}
-    runs: dict[str, list[list[RankRun]]] = {m: [] for m in chosen}
-    failures: dict[str, tuple[str, str]] = {}
-    if "cudagraphs" in chosen and device != "cuda":
-        failures["cudagraphs"] = (
-            f"CUDA graphs need a CUDA device; this run is on {device}, so the mode did not run "
-            "(the static prediction is in the plan and in `gbdoctor scan`)",
-            ModeStatus.UNAVAILABLE,
-        )
-    mode_specs: dict[str, Spec] = {}
-    workarounds: dict[str, KnownIssue] = {}
-    loads: list[float] = []
-    total = rounds * len(chosen)
-    done = 0
-    try:
-        for r in range(rounds):
-            order = chosen if r % 2 == 0 else list(reversed(chosen))
-            for mode in order:
-                if mode in failures:  # a mode that failed once is not retried
-                    total -= 1
-                    continue
-                loads.append(load_average())
-                if progress:
-                    progress(
-                        f"round {r + 1}/{rounds}: {mode}: {warmup} warm-up + {steps} steps on {world} rank(s)",
-                        done,
-                        total,
-                    )
-                while True:
-                    job = ModeJob(
-                        spec=mode_specs.get(mode, spec),
-                        mode=mode,
-                        strategy=strategies[mode],
-                        device=device,
-                        backend=backend,
-                        warmup=warmup,
-                        steps=steps,
-                        cache_dir=caches[mode],
-                        # reduce-overhead is inductor's: this mode compiles with it whatever --backend
-                        cudagraph_layers=cudagraph_layers if mode == "cudagraphs" else (),
-                    )
-                    try:
-                        runs[mode].append(
-                            run_ranks(
-                                run_mode_rank,
-                                job,
-                                world_size=world,
-                                device_type=device,
-                                timeout_s=spec.gbdoctor.timeout_s,
-                            )
-                        )
-                    except ModeFailure as exc:
-                        issue = known_bug_workaround(exc.message, strategies[mode])
-                        if issue is not None and mode not in workarounds:
-                            # The spec's own setting hits a known upstream bug: what a user runs
-                            # today is the workaround, so the baseline is measured under it.
-                            workarounds[mode] = issue
-                            mode_specs[mode] = with_overrides(spec, issue.overrides)
-                            if progress:
-                                progress(
-                                    f"round {r + 1}/{rounds}: {mode}: known upstream bug "
-                                    f"({issue.link.split()[0]}); retrying with "
-                                    + " ".join(f"--set {o}" for o in issue.overrides),
-                                    done,
-                                    total,
-                                )
-                            continue
-                        failures[mode] = (strip_rank(exc.message, world), exc.hint or "runtime")
-                    except SpecError:
-                        raise  # bad input (e.g. a broken model factory) fails every mode alike: exit 2
-                    except GbdoctorError as exc:
-                        kind = "timeout" if "did not finish" in exc.message else "crash"
-                        failures[mode] = (strip_rank(exc.message, world), kind)
-                    break
-                done += 1
-    finally:
-        for cache in caches.values():
-            shutil.rmtree(cache, ignore_errors=True)
-    if progress:
-        progress("done", total, total)
-    raw: list[Any] = [
-        (
-            m,
-            strategies[m],
-            None if m in failures else runs[m],
-            failures.get(m),
-            workaround_note(workarounds[m]) if m in workarounds else "",
-        )
-        for m in chosen
-    ]
-    raw.append(loads)
-    return raw
+def _unavailable(chosen: list[str], device: str) -> dict[str, str]:
+    """``cudagraphs`` off CUDA is recorded as unavailable without running."""
+    if "cudagraphs" not in chosen or device == "cuda":
+        return {}
+    return {
+        "cudagraphs": f"CUDA graphs need a CUDA device; this run is on {device}, so the mode did "
+        "not run (the static prediction is in the plan and in `gbdoctor scan`)"
+    }
 
 
 def _flops(spec: Spec, seq_len: int) -> int | None:

@@ -3,13 +3,14 @@
 Method (docs/price.md):
 
 1. Scan the spec (the breaks to price) and make or read the plan (the fix of each block kind).
-2. Train, in fresh rank processes like ``gbdoctor run``, the mode ``as set up`` (the scan's
+2. Train, with ``gbdoctor run``'s own loop (``run.rounds``), the mode ``as set up`` (the scan's
    strategy: the breaks as training meets them) and, per block kind with breaks, ``fix KIND``:
    the same setup with only that kind changed to the plan's verified recipe, or left eager where
    the plan has no verified fix. Where more than one kind is priced, also ``plan`` (every fix at
    once): the kinds' prices should add up to its gain, and the report shows both. Every mode
-   runs ``rounds`` times in alternating order; modes share one compile cache, so a kind that a
-   mode does not change is compiled once for all of them.
+   runs ``rounds`` times in alternating order; modes share inductor's own compile cache, as
+   training does, so a kind that a mode does not change is compiled once for all of them, and a
+   second price of the same spec (or a price after training it) reuses the compiled kernels.
 3. A kind's price is the median over rounds of step(as set up) - step(fix KIND), with the
    min-max of the per-round differences; a spread that contains 0 is ``free``. The step already
    holds every layer of the kind, so no multiplication by the layer count is needed.
@@ -22,13 +23,11 @@ Method (docs/price.md):
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
-import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gbdoctor.errors import GbdoctorError, SetupError, SpecError
+from gbdoctor.errors import SetupError, SpecError
 from gbdoctor.frameworks.interface import CaptureStyle
 from gbdoctor.frameworks.registry import framework_for
 from gbdoctor.records import (
@@ -46,13 +45,12 @@ from gbdoctor.records import (
 )
 from gbdoctor.run.measure import (
     device_name,
-    known_bug_workaround,
     load_average,
     per_step_max,
-    strip_rank,
 )
 from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
-from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
+from gbdoctor.run.rounds import CompileCache, KnownBugHit, train_rounds
+from gbdoctor.run.worker import RankRun
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import BlockRecipe, Strategy
 from gbdoctor.summary import group_by_kind
@@ -117,9 +115,31 @@ def price_scan(
             report, price=_empty(report, run_spec, device, backend, rounds, warmup, steps, notes)
         )
     framework.prepare_ranks(device)
-    runs, failures, loads = _train(
-        run_spec, modes, device, backend, warmup, steps, rounds, progress
-    )
+    try:
+        measured = train_rounds(
+            run_spec,
+            {m.name: m.strategy for m in modes},
+            device=device,
+            backend=backend,
+            warmup=warmup,
+            steps=steps,
+            rounds=rounds,
+            progress=progress,
+            cache=CompileCache.INDUCTOR,
+            profile_mode=AS_SET_UP,
+            retry_known_bugs=False,
+        )
+    except KnownBugHit as hit:
+        # `run` measures baselines under the workaround; a price cannot: the workaround
+        # changes the setup (its block kinds, their breaks), so the scan's breaks would not be
+        # the ones measured.
+        raise SetupError(
+            f"the setup as scanned does not train: it hits a known upstream bug ({hit.issue.link})",
+            hint="price the setup users run until the fix: "
+            + " ".join(f"--set {o}" for o in hit.issue.overrides),
+        ) from None
+    runs, loads = measured.runs, measured.loads
+    failures = {mode: error for mode, (error, _) in measured.failures.items()}
     if AS_SET_UP in failures:
         raise SetupError(
             f"the setup as scanned does not train: {failures[AS_SET_UP]}",
@@ -228,82 +248,6 @@ def _recipe_words(recipe: BlockRecipe) -> str:
     if recipe.split_ac:
         words += ", AC per child"
     return words
-
-
-def _train(
-    spec: Spec,
-    modes: list[_Mode],
-    device: str,
-    backend: str,
-    warmup: int,
-    steps: int,
-    rounds: int,
-    progress: Progress | None,
-) -> tuple[dict[str, list[list[RankRun]]], dict[str, str], list[float]]:
-    """Every mode ``rounds`` times in alternating order, one shared compile cache.
-    Returns (per mode the per-round rank runs, failures, the load averages seen before each
-    job). A mode that hits a known upstream bug with a config workaround is a SetupError."""
-    from gbdoctor.setup.dist import run_ranks
-
-    world = spec.parallelism.world_size
-    cache = tempfile.mkdtemp(prefix="gbdoctor-price-")
-    runs: dict[str, list[list[RankRun]]] = {m.name: [] for m in modes}
-    failures: dict[str, str] = {}
-    loads: list[float] = []
-    total, done = rounds * len(modes), 0
-    try:
-        for r in range(rounds):
-            for mode in modes if r % 2 == 0 else list(reversed(modes)):
-                if mode.name in failures:
-                    total -= 1
-                    continue
-                if progress:
-                    progress(f"round {r + 1}/{rounds}: {mode.name}", done, total)
-                loads.append(load_average())
-                job = ModeJob(
-                    spec=spec,
-                    mode=mode.name,
-                    strategy=mode.strategy,
-                    device=device,
-                    backend=backend,
-                    warmup=warmup,
-                    steps=steps,
-                    cache_dir=cache,
-                    profile_breaks=mode.name == AS_SET_UP and r == 0,
-                )
-                try:
-                    runs[mode.name].append(
-                        run_ranks(
-                            run_mode_rank,
-                            job,
-                            world_size=world,
-                            device_type=device,
-                            timeout_s=spec.gbdoctor.timeout_s,
-                        )
-                    )
-                except ModeFailure as exc:
-                    issue = known_bug_workaround(exc.message, mode.strategy)
-                    if issue is not None:
-                        # `run` measures baselines under the workaround; a price cannot: the
-                        # workaround changes the setup (its block kinds, their breaks), so
-                        # the scan's breaks would not be the ones measured.
-                        raise SetupError(
-                            f"the setup as scanned does not train: it hits a known upstream "
-                            f"bug ({issue.link})",
-                            hint="price the setup users run until the fix: "
-                            + " ".join(f"--set {o}" for o in issue.overrides),
-                        ) from None
-                    failures[mode.name] = strip_rank(exc.message, world)
-                except SpecError:
-                    raise
-                except GbdoctorError as exc:
-                    failures[mode.name] = strip_rank(exc.message, world)
-                done += 1
-    finally:
-        shutil.rmtree(cache, ignore_errors=True)
-    if progress:
-        progress("done", total, total)
-    return runs, failures, loads
 
 
 def _median_step(ranks: list[RankRun]) -> float:
