@@ -29,7 +29,7 @@ def test_plans_shard_what_torchtitan_shards(fixture):
     """Layouts after the setup (TP, then FSDP on a dp_shard x tp mesh), on rank 0 of a fake group."""
     from gbdoctor.models import build_model
     from gbdoctor.setup.apply import apply_setup
-    from gbdoctor.setup.dist import build_meshes
+    from gbdoctor.setup.mesh import build_meshes
 
     spec = load_spec(
         f"fixtures/{fixture}.toml",

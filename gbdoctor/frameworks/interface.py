@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # spec loading reads framework objects and must not import to
     import torch.nn as nn
 
     from gbdoctor.setup.apply import CompileFn, Setup
-    from gbdoctor.setup.dist import Meshes
+    from gbdoctor.setup.mesh import Meshes
 
 ScanFn = Callable[..., ScanReport]
 """``scan(spec, *, strategy=..., strict=..., recompiles=...)`` as the planner calls it."""

@@ -14,7 +14,8 @@ where and how often Dynamo breaks (``nested_graph_breaks`` turns a break in a ne
 breaks in every enclosing frame or none), so counts are only comparable under the same value."""
 
 PINS_ENV = "GBDOCTOR_DYNAMO_PINS"
-"""JSON object of pinned Dynamo settings, inherited by spawned ranks (``setup.dist``)."""
+"""JSON object of pinned Dynamo settings, inherited by spawned ranks
+(``setup.rank_protocol.apply_dynamo_pins``)."""
 
 
 def current_pins() -> tuple[tuple[str, Any], ...]:

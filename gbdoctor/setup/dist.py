@@ -1,33 +1,39 @@
-"""Process groups, device meshes, and running a job on N local ranks.
+"""Where a job's ranks run: this process, or N spawned local processes.
 
 World size 1 runs in-process on a real (gloo or nccl) process group; world size N > 1 runs as
 N spawned local processes. A job has a wall-clock limit so a hung rank never hangs the tool, and
 every child is killed on failure, timeout, Ctrl-C or SIGTERM; ranks also die when the parent is
-killed outright. The rendezvous store and gloo's transport listen on loopback only.
+killed outright. The rendezvous store and gloo's transport listen on loopback only. The meshes
+of a rank are ``setup.mesh``'s; what a rank and its parent agree on (timeouts, failure reports)
+is ``setup.rank_protocol``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import multiprocessing as mp
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from gbdoctor.contain import time_limited
 from gbdoctor.errors import GbdoctorError, SetupError
-from gbdoctor.records import ParallelSpec
+from gbdoctor.setup.rank_protocol import (
+    FAILURE_GRACE_S,
+    apply_dynamo_pins,
+    deadline_error,
+    failure_error,
+    failure_message,
+    loopback_interface,
+    pg_timeout,
+)
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -44,101 +50,6 @@ def resolve_device(requested: str) -> str:
             hint="use --set gbdoctor.device=cpu (or auto)",
         )
     return requested
-
-
-@dataclass
-class Meshes:
-    """Device meshes of one rank, built the way torchtitan's dp2ep layout builds them."""
-
-    rank: int
-    world_size: int
-    device: Any
-    """torch.device of this rank."""
-    dp: Any
-    """Mesh FSDP2 shards dense parameters over (1-D dp_shard, or 2-D with dp_replicate)."""
-    ep: Any | None
-    """1-D expert-parallel mesh (None when EP is 1)."""
-    edp: Any | None
-    """Mesh FSDP2 shards expert parameters over when EP > 1 (efsdp = dp_shard / ep)."""
-    tp: Any | None = None
-    """1-D tensor-parallel mesh (None when TP is 1); the innermost dimension, as in torchtitan."""
-
-    @property
-    def dp_group(self) -> Any:
-        """Group over which data-parallel quantities (loss, token counts) are summed: every rank
-        without TP; with TP, the ranks of this rank's TP position (TP ranks hold the same data)."""
-        import torch.distributed as dist
-
-        if self.tp is None:
-            return dist.group.WORLD
-        return self.dp.get_group() if self.dp.ndim == 1 else self.dp._flatten("dp").get_group()
-
-    @property
-    def tp_degree(self) -> int:
-        return 1 if self.tp is None else self.tp.size()
-
-    @property
-    def data_rank(self) -> int:
-        """Which rows of the global batch this rank reads: TP ranks of one group read the same."""
-        return self.rank // self.tp_degree
-
-    @property
-    def data_world(self) -> int:
-        """How many distinct shares of the global batch there are (the data-parallel degree)."""
-        return self.world_size // self.tp_degree
-
-    @property
-    def ep_degree(self) -> int:
-        return 1 if self.ep is None else self.ep.size()
-
-
-def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
-    """Meshes for an initialized default process group whose size is ``parallel.world_size``."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
-
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if world != parallel.world_size:
-        raise SetupError(
-            f"process group has {world} ranks but the spec needs {parallel.world_size}"
-        )
-    rep, shard, ep = (
-        parallel.data_parallel_replicate_degree,
-        parallel.dp_shard,
-        parallel.expert_parallel_degree,
-    )
-    tp = parallel.tensor_parallel_degree
-    tp_mesh = None
-    if tp > 1:
-        # One world mesh with TP innermost (torchtitan's dense mesh), so that FSDP2's dp mesh and
-        # the TP mesh share a parent: that is what makes 2-D (FSDP x TP) parameters possible.
-        names = (("dp_replicate",) if rep > 1 else ()) + ("dp_shard", "tp")
-        sizes = ((rep,) if rep > 1 else ()) + (shard, tp)
-        world_mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-        tp_mesh = world_mesh["tp"]
-        dp = world_mesh["dp_replicate", "dp_shard"] if rep > 1 else world_mesh["dp_shard"]
-    elif rep > 1:
-        dp = init_device_mesh(
-            device_type, (rep, shard), mesh_dim_names=("dp_replicate", "dp_shard")
-        )
-    else:
-        dp = init_device_mesh(device_type, (shard,), mesh_dim_names=("dp_shard",))
-    ep_mesh = edp = None
-    if ep > 1:
-        # EP borrows ranks from the FSDP dimension ("dp2ep"): dp_shard = efsdp * ep.
-        sparse = init_device_mesh(
-            device_type, (rep, shard // ep, ep), mesh_dim_names=("dp_replicate", "efsdp", "ep")
-        )
-        ep_mesh = sparse["ep"]
-        edp = sparse["dp_replicate", "efsdp"] if rep > 1 else sparse["efsdp"]
-    if device_type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device(device_type)
-    return Meshes(
-        rank=rank, world_size=world, device=device, dp=dp, ep=ep_mesh, edp=edp, tp=tp_mesh
-    )
 
 
 @contextlib.contextmanager
@@ -173,15 +84,6 @@ def single_process_group(device_type: str, timeout_s: float | None = None) -> It
             dist.destroy_process_group()
 
 
-def deadline_error(missing: list[int], timeout_s: float) -> SetupError:
-    """The error of a job whose ranks ``missing`` had not finished at its deadline."""
-    return SetupError(
-        f"rank(s) {missing} did not finish within {timeout_s:g} s",
-        hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use "
-        "`gbdoctor --debug ...`",
-    )
-
-
 def _loopback_store(timeout_s: float) -> Any:
     """A TCPStore served by this process on a socket bound to 127.0.0.1 (never ``*:PORT``).
 
@@ -212,21 +114,6 @@ def _loopback_store(timeout_s: float) -> Any:
     return store
 
 
-def pg_timeout(timeout_s: float) -> float:
-    """Collective/rendezvous timeout of the ranks: the job's limit, at least 30 s (gloo's own
-    default), so a slow collective is reported by the job deadline, not as a gloo error."""
-    return max(30.0, min(timeout_s, 7 * 24 * 3600.0))
-
-
-def loopback_interface() -> str | None:
-    """Name of the loopback interface (``lo`` on Linux, ``lo0`` on macOS), for gloo's transport."""
-    try:
-        names = [name for _, name in socket.if_nameindex()]
-    except (AttributeError, OSError):
-        return None
-    return next((n for n in names if n in ("lo", "lo0")), None)
-
-
 def _die_with_parent(parent_pid: int) -> None:
     """Make this rank die when the gbdoctor process that spawned it dies, however it dies
     (kill -9 included): PR_SET_PDEATHSIG on Linux, a watcher thread elsewhere."""
@@ -252,67 +139,6 @@ def _die_with_parent(parent_pid: int) -> None:
         real_exit(1)
 
     threading.Thread(target=watch, name="gbdoctor-parent-watch", daemon=True).start()
-
-
-def apply_dynamo_pins() -> None:
-    """Dynamo settings the parent pinned (``gate.pinned_dynamo``): spawned ranks start from
-    torch's defaults, so the pins travel in the environment."""
-    pins = os.environ.get("GBDOCTOR_DYNAMO_PINS")
-    if pins:
-        import json
-
-        import torch._dynamo
-
-        for name, value in json.loads(pins).items():
-            setattr(torch._dynamo.config, name, value)
-
-
-def failure_message(rank: int | None, exc: BaseException) -> tuple[Any, ...]:
-    """What a rank reports when its job raised (picklable; :func:`failure_error` reads it):
-    ``gbdoctor`` (a GbdoctorError, re-raised with its class) or ``crash``, each with the wall
-    time it happened at, so the first failure can be told from its echoes. ``rank`` None: the
-    job's own failure (a timeout), not one rank's."""
-    if isinstance(exc, GbdoctorError):
-        return (
-            "gbdoctor",
-            rank,
-            (type(exc).__module__, type(exc).__name__, exc.message, exc.hint),
-            time.time(),
-        )
-    return ("crash", rank, f"{type(exc).__name__}: {exc}", traceback.format_exc(), time.time())
-
-
-_LOST_PEER = re.compile(
-    r"(?:Connection closed by peer|Connection reset by peer|Broken pipe|remote process exited"
-    r"|NCCL communicator was aborted)(?:(?!\. )[^;()\n])*"
-)
-"""How a collective fails on a rank whose peer died (gloo's TCP pair, NCCL's watchdog): an echo
-of the peer's death, not a failure of this rank's work."""
-
-
-def lost_peer(exc: BaseException) -> str | None:
-    """The words saying a peer rank went away, when ``exc`` (or the error text it carries,
-    e.g. a warm-up failure) says so; else None."""
-    text = exc.message if isinstance(exc, GbdoctorError) else str(exc)
-    found = _LOST_PEER.search(text)
-    return found.group(0).strip() if found else None
-
-
-def failure_error(message: tuple[Any, ...]) -> GbdoctorError:
-    """The error the command raises for a rank's :func:`failure_message`."""
-    rank = message[1]
-    if message[0] == "gbdoctor":
-        module, name, text, hint = message[2]
-        cls = getattr(importlib.import_module(module), name, SetupError)
-        if not (isinstance(cls, type) and issubclass(cls, GbdoctorError)):
-            cls = SetupError
-        return cls(text if rank is None else f"rank {rank}: {text}", hint)
-    detail, tb = message[2], message[3]
-    err = SetupError(
-        f"rank {rank} failed: {detail}", hint="run `gbdoctor --debug ...` for the traceback"
-    )
-    err.remote_traceback = tb  # type: ignore[attr-defined]
-    return err
 
 
 def _rank_main(
@@ -412,11 +238,6 @@ def _kill_all(procs: list[Any]) -> None:
         if p.is_alive():
             p.kill()
             p.join(1)
-
-
-FAILURE_GRACE_S = 3.0
-"""After the first failure, how long to wait for the other ranks' reports before choosing which
-failure came first (a rank that dies takes its peers' collectives down a moment later)."""
 
 
 def _how_it_ended(exitcode: int | None) -> str:

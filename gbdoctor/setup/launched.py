@@ -35,7 +35,7 @@ from typing import Any, NoReturn
 from gbdoctor.errors import DEBUG_ENV, ExitCode, GbdoctorError, SetupError, SpecError
 from gbdoctor.launcher import Launched
 from gbdoctor.records.enums import Launcher
-from gbdoctor.setup.dist import (
+from gbdoctor.setup.rank_protocol import (
     FAILURE_GRACE_S,
     failure_error,
     failure_message,
@@ -408,7 +408,7 @@ def serve(session: Session) -> NoReturn:
     """Ranks other than 0: run rank 0's jobs until it publishes the exit code, then exit with it."""
     import torch.distributed as dist
 
-    from gbdoctor.setup.dist import apply_dynamo_pins
+    from gbdoctor.setup.rank_protocol import apply_dynamo_pins
 
     # Ctrl-C and SIGTERM end a rank at once: rank 0 reports, the launcher stops the job.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -142,7 +142,7 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
     from gbdoctor.models import build_model, vocab_size
     from gbdoctor.setup.apply import apply_setup, recipe_context
     from gbdoctor.setup.balance import load_balanced_moes
-    from gbdoctor.setup.dist import build_meshes
+    from gbdoctor.setup.mesh import build_meshes
 
     spec, strategy, steps, backend = payload
     torch.manual_seed(spec.training.seed)

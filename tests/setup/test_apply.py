@@ -12,7 +12,8 @@ from torch.distributed.fsdp import FSDPModule
 from gbdoctor.models import build_model
 from gbdoctor.scan.inspect import inspect_spec
 from gbdoctor.setup.apply import apply_setup, recipe_context
-from gbdoctor.setup.dist import build_meshes, single_process_group
+from gbdoctor.setup.dist import single_process_group
+from gbdoctor.setup.mesh import build_meshes
 from gbdoctor.spec import load_spec
 
 

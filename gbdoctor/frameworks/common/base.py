@@ -84,7 +84,7 @@ class FrameworkBase:
 
 class BuildingBlocksFramework(FrameworkBase):
     """A framework set up by ``setup/``'s building blocks in ``setup.apply``'s one order (EP ->
-    AC -> compile -> FSDP2 -> optimizer), on ``setup.dist``'s meshes, trained by
+    AC -> compile -> FSDP2 -> optimizer), on ``setup.mesh``'s meshes, trained by
     ``setup.train``'s step."""
 
     def build(
@@ -93,7 +93,7 @@ class BuildingBlocksFramework(FrameworkBase):
         import torch
 
         from gbdoctor.models import build_model
-        from gbdoctor.setup.dist import build_meshes
+        from gbdoctor.setup.mesh import build_meshes
 
         torch.manual_seed(spec.training.seed)
         meshes = build_meshes(spec.parallelism, device_type)

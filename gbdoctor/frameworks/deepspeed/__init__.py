@@ -83,7 +83,7 @@ class DeepSpeed(FrameworkBase):
         import torch.distributed as dist
 
         from gbdoctor.models import build_model
-        from gbdoctor.setup.dist import Meshes
+        from gbdoctor.setup.mesh import Meshes
 
         torch.manual_seed(spec.training.seed)
         if device_type == "cuda":
