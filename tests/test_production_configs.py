@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from gbdoctor.cli import app
 from gbdoctor.errors import BaselineError, SpecError
-from gbdoctor.scan import estimate, scan
+from gbdoctor.scan import cpu_capture_shape, estimate, memory_estimate, scan
 from gbdoctor.scan.inspect import inspect_spec, simulate_inspect
 from gbdoctor.spec import load_spec, spec_notes
 
@@ -26,7 +26,7 @@ CONFIGS = FIXTURES / "torchtitan_v0.2.2"
 ALL_CONFIGS = sorted(p.name for p in CONFIGS.glob("*.toml"))
 FULL_SIZE = ("deepseek_v3_16b.toml", "deepseek_v3_671b.toml", "llama3_8b.toml")
 DEBUG = ("deepseek_v3_debug_model.toml", "llama3_debug_model.toml", "llama4_debug_model.toml")
-GiB = estimate.GiB
+GiB = memory_estimate.GiB
 
 runner = CliRunner()
 
@@ -34,7 +34,7 @@ runner = CliRunner()
 @pytest.fixture(autouse=True)
 def _repo_cwd(monkeypatch):
     monkeypatch.chdir(FIXTURES.parent)
-    monkeypatch.delenv(estimate.AVAILABLE_ENV, raising=False)
+    monkeypatch.delenv(memory_estimate.AVAILABLE_ENV, raising=False)
 
 
 def _error_lines(stderr: str) -> list[str]:
@@ -75,7 +75,7 @@ def test_a_spec_that_does_not_fit_is_simulated_with_the_notice():
     assert not fits.simulate and fits.estimate.total < 16 * GiB
     tight = estimate.decide(spec, available=fits.estimate.total)  # 80% of it may be used
     assert tight.simulate and tight.reason.startswith("a real scan needs about")
-    assert tight.estimate == estimate.estimate_memory(
+    assert tight.estimate == memory_estimate.estimate_memory(
         spec, _meta_model(spec), available=fits.estimate.total
     )
     # Through the CLI, with the available memory injected: simulated, the notice first in the
@@ -83,7 +83,7 @@ def test_a_spec_that_does_not_fit_is_simulated_with_the_notice():
     result = runner.invoke(
         app,
         ["scan", "fixtures/llama3_debug.toml", "-f", "json"],
-        env={estimate.AVAILABLE_ENV: "0.5"},
+        env={memory_estimate.AVAILABLE_ENV: "0.5"},
     )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
@@ -102,21 +102,21 @@ def _meta_model(spec):
 
 def test_estimate_follows_the_model_the_shards_and_the_step():
     small = load_spec(CONFIGS / "llama3_8b.toml")
-    est = estimate.estimate_memory(small, _meta_model(small), available=GiB)
+    est = memory_estimate.estimate_memory(small, _meta_model(small), available=GiB)
     assert 7.5e9 * 4 < est.params < 8.5e9 * 4  # 8B parameters in fp32
     assert est.optimizer == 2 * est.grads and est.local_ranks == 1  # one rank holds it all
     sharded = load_spec(CONFIGS / "llama3_8b.toml", ["gbdoctor.world_size=8"])
-    est8 = estimate.estimate_memory(sharded, _meta_model(sharded), available=GiB)
+    est8 = memory_estimate.estimate_memory(sharded, _meta_model(sharded), available=GiB)
     assert est8.grads == est.grads // 8 and est8.local_ranks == 8
     longer = load_spec(CONFIGS / "llama3_8b.toml", ["gbdoctor.seq_len=16384"])
-    est2 = estimate.estimate_memory(longer, _meta_model(longer), available=GiB)
+    est2 = memory_estimate.estimate_memory(longer, _meta_model(longer), available=GiB)
     # Linear in the tokens, plus one layer's attention scores, quadratic in the sequence.
     assert 2 * est.activations < est2.activations < 4 * est.activations
 
 
 def test_run_refuses_what_does_not_fit_with_the_estimate_and_a_set():
     result = runner.invoke(
-        app, ["run", "fixtures/llama3_debug.toml"], env={estimate.AVAILABLE_ENV: "0.5"}
+        app, ["run", "fixtures/llama3_debug.toml"], env={memory_estimate.AVAILABLE_ENV: "0.5"}
     )
     assert result.exit_code == 2, result.stderr
     assert len(_error_lines(result.stderr)) == 1
@@ -125,7 +125,7 @@ def test_run_refuses_what_does_not_fit_with_the_estimate_and_a_set():
     assert "Hint: " in text and "--set gbdoctor.batch_size=" in text
     assert "Traceback" not in text
     big = runner.invoke(
-        app, ["run", str(CONFIGS / "llama3_8b.toml")], env={estimate.AVAILABLE_ENV: "16"}
+        app, ["run", str(CONFIGS / "llama3_8b.toml")], env={memory_estimate.AVAILABLE_ENV: "16"}
     )
     assert big.exit_code == 2 and "--set model.flavor=debugmodel" in " ".join(big.stderr.split())
 
@@ -315,7 +315,7 @@ def test_full_size_scan_cli():
     result = runner.invoke(
         app,
         ["scan", str(CONFIGS / "llama3_8b.toml"), "-f", "json"],
-        env={estimate.AVAILABLE_ENV: "16"},
+        env={memory_estimate.AVAILABLE_ENV: "16"},
     )
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)
@@ -332,7 +332,7 @@ def test_full_size_plan_cli_is_verified_by_simulated_rescans():
     result = runner.invoke(
         app,
         ["plan", str(CONFIGS / "llama3_8b.toml"), "--emit-config", "json"],
-        env={estimate.AVAILABLE_ENV: "16"},
+        env={memory_estimate.AVAILABLE_ENV: "16"},
     )
     assert result.exit_code == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -351,16 +351,24 @@ def test_slow_cpu_training_shapes_capture_smaller_with_a_notice_and_the_same_ans
     assert not first.simulate
     batch, seq = first.capture_shape
     # Batch goes first, then the sequence, by halving from the training shape 8 x 2048.
-    assert batch == 1 and seq < 2048 and 2048 % seq == 0 and seq >= estimate.MIN_CAPTURE_SEQ
+    assert (
+        batch == 1 and seq < 2048 and 2048 % seq == 0 and seq >= cpu_capture_shape.MIN_CAPTURE_SEQ
+    )
     assert first.notice.startswith(f"notice: captured at batch 1 x seq {seq} instead of")
     assert "--set gbdoctor.batch_size=8 --set gbdoctor.seq_len=2048" in first.notice
     pinned = estimate.pin(spec, first)
     assert (pinned.capture_batch_size, pinned.capture_seq_len) == (1, seq)
     # The chosen shape fits the budget; the one before it did not.
     model = _meta_model(spec)
-    rate = estimate.CPU_FLOPS["bfloat16"] / estimate.SCAN_STEP_EQUIVALENTS
-    assert estimate.step_flops(spec, model, 1, seq) / rate <= estimate.CAPTURE_TIME_BUDGET_S
-    assert estimate.step_flops(spec, model, 1, seq * 2) / rate > estimate.CAPTURE_TIME_BUDGET_S
+    rate = cpu_capture_shape.CPU_FLOPS["bfloat16"] / cpu_capture_shape.SCAN_STEP_EQUIVALENTS
+    assert (
+        cpu_capture_shape.step_flops(spec, model, 1, seq) / rate
+        <= cpu_capture_shape.CAPTURE_TIME_BUDGET_S
+    )
+    assert (
+        cpu_capture_shape.step_flops(spec, model, 1, seq * 2) / rate
+        > cpu_capture_shape.CAPTURE_TIME_BUDGET_S
+    )
     # A shape the user states is kept, however slow.
     stated = load_spec(CONFIGS / "llama3_debug_model.toml", ["gbdoctor.seq_len=2048"])
     assert estimate.decide(stated).capture_shape is None
@@ -369,10 +377,10 @@ def test_slow_cpu_training_shapes_capture_smaller_with_a_notice_and_the_same_ans
 def test_step_flops_follow_tokens_and_attention():
     spec = load_spec("fixtures/llama3_debug.toml")
     model = _meta_model(spec)
-    one, two = (estimate.step_flops(spec, model, b, 64) for b in (1, 2))
+    one, two = (cpu_capture_shape.step_flops(spec, model, b, 64) for b in (1, 2))
     assert two == pytest.approx(2 * one)
     # Doubling the sequence more than doubles the cost: attention is quadratic in it.
-    assert estimate.step_flops(spec, model, 1, 128) > 2 * one
+    assert cpu_capture_shape.step_flops(spec, model, 1, 128) > 2 * one
 
 
 def test_local_ranks_share_the_cores_so_a_larger_world_captures_smaller():

@@ -10,7 +10,7 @@ import pytest
 import torch
 from repo_paths import FIXTURES
 
-from gbdoctor.scan import estimate, scan, simulate_scan
+from gbdoctor.scan import estimate, memory_estimate, scan, simulate_scan
 from gbdoctor.scan.simulate import (
     SimulatedValueError,
     UniformRouting,
@@ -70,7 +70,7 @@ def test_world_too_large_for_local_ranks_is_simulated_with_a_notice(monkeypatch)
 def test_simulation_is_only_chosen_when_asked_or_needed(monkeypatch):
     monkeypatch.setattr(estimate, "local_world_limit", lambda: 4)
     small = load_spec("fixtures/llama4_debug_ep2.toml")
-    decision = estimate.decide(small, available=64 * estimate.GiB)
+    decision = estimate.decide(small, available=64 * memory_estimate.GiB)
     assert not decision.simulate and decision.reason is None and decision.estimate.fits
     asked = load_spec("fixtures/llama4_debug_ep2.toml", ["gbdoctor.simulate=true"])
     assert estimate.decide(asked).reason == "requested"

@@ -331,7 +331,7 @@ class SetupReport:
 
 @record
 class MemoryEstimate:
-    """Bytes a real scan of a spec holds at its peak (``scan.estimate.estimate_memory``)."""
+    """Bytes a real scan of a spec holds at its peak (``scan.memory_estimate.estimate_memory``)."""
 
     params: int
     """The whole model in its build dtype (each rank materializes it before sharding)."""
@@ -380,6 +380,7 @@ class Decision:
     """The memory estimate, when one was made (not for an explicit ``--simulate``)."""
     capture_shape: tuple[int, int] | None = None
     """(batch, seq) a real CPU scan captures at instead of the training shape, when a step at
-    the training shape would be too slow (``scan.estimate.capture_shape``); None: unchanged."""
+    the training shape would be too slow (``scan.cpu_capture_shape.capture_shape``); None:
+    unchanged."""
     notice: str | None = None
     """The report note that says so."""
