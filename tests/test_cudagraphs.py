@@ -13,7 +13,8 @@ import torch
 import torch._dynamo
 from repo_paths import FIXTURES
 
-from gbdoctor.capture import CaptureSession, cudagraphs, run_block
+from gbdoctor.capture import CaptureSession, run_block
+from gbdoctor.capture.cudagraph_verdict import readiness
 from gbdoctor.causes import BLOCKER_EXPLANATIONS
 from gbdoctor.records import BlockerEffect, BlockerKind, CudaGraphFinding
 
@@ -53,7 +54,7 @@ def kinds(findings, effect=None) -> set[BlockerKind]:
 
 def test_clean_module_is_ready_with_copies_of_its_activations():
     findings, graphs = capture(P.Clean(), x())
-    verdict = cudagraphs.readiness(findings, graphs)
+    verdict = readiness(findings, graphs)
     assert graphs == 2  # forward and backward
     assert kinds(findings) == {BlockerKind.INPUT_COPY}
     # forward: the activation input (parameters are static); backward: the incoming gradient
@@ -68,7 +69,7 @@ def test_mutating_a_non_static_input_blocks_and_names_the_line():
     assert blocked[0].target == "aten.copy_.default"
     assert blocked[0].location.file.endswith("cudagraph_blockers.py")
     assert "counts.add_" in _line(blocked[0])
-    assert cudagraphs.readiness(findings, graphs).summary.startswith("blocked by mutated-input (1)")
+    assert readiness(findings, graphs).summary.startswith("blocked by mutated-input (1)")
 
 
 def test_mutating_a_buffer_is_allowed():
@@ -109,7 +110,7 @@ def test_random_ops_and_checkpointed_rng_state():
     assert {"run_and_save_rng_state", "run_with_rng_state"} <= targets
     assert any("rand_like" in t for t in targets)
     assert all(f.effect == BlockerEffect.ALLOWED for f in rng)
-    assert cudagraphs.readiness(findings, graphs).status == "ready"
+    assert readiness(findings, graphs).status == "ready"
 
 
 def test_data_dependent_shape_blocks_and_inductor_agrees():
@@ -129,7 +130,7 @@ def test_symbolic_sizes_and_int_inputs_re_record():
     effects = {(f.kind, f.effect) for f in findings}
     assert (BlockerKind.SYMINT_INPUT, BlockerEffect.RERECORD) in effects
     assert (BlockerKind.DYNAMIC_SHAPE, BlockerEffect.RERECORD) in effects
-    summary = cudagraphs.readiness(findings, graphs).summary
+    summary = readiness(findings, graphs).summary
     assert summary.startswith("ready with") and "re-recorded per distinct symint-input" in summary
 
 
@@ -204,10 +205,10 @@ def test_verdict_words(status):
         graph="forward 0",
         node="n",
     )
-    verdict = cudagraphs.readiness([f] if status == "blocked" else [], 2)
+    verdict = readiness([f] if status == "blocked" else [], 2)
     assert verdict.status == status
     assert verdict.summary == ("blocked by host-sync (1)" if status == "blocked" else "ready")
-    assert cudagraphs.readiness([], 0).status == "unknown"
+    assert readiness([], 0).status == "unknown"
 
 
 def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):

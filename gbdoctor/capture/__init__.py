@@ -3,7 +3,8 @@ public ``reset``/``config``, ``torch._logging``, Dynamo's counters and log strea
 
 ``session`` (the recording backend and break interception), ``block`` (driving one block with
 its real inputs), ``locate`` (frames -> module FQN and the setup component that installed the
-code), ``cudagraphs`` (CUDA-graph readiness read from the captured forward/backward graphs),
+code), ``cudagraphs`` (CUDA-graph readiness read from the captured forward/backward graphs;
+``cudagraph_verdict`` the verdict of a block kind),
 ``recompiles`` (the ``recompiles`` log stream as records, for ``run``, the scan's probe and any
 other recipe's training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``), ``settings`` (Dynamo settings
 without a public switch, for the training setup), ``break_log`` (Dynamo's graph-break log as

@@ -15,6 +15,7 @@ Each finding has a kind, the graph node, its source line, and an effect: it ``bl
 (inductor would skip cudagraphs), costs a ``copy`` per replay, forces a ``re-record`` when a
 value changes, or is ``allowed`` with a caveat. The verdicts mirror inductor's own checks
 (``torch/_inductor/cudagraph_utils.py``, ``utils.get_first_incompatible_cudagraph_node``).
+A block kind's verdict from its findings is ``capture.cudagraph_verdict``'s.
 
 Device reasoning on a CPU scan. On CPU every tensor is a CPU tensor, so "this graph touches a
 CPU tensor" says nothing. The question asked is "would this node be on the host when training
@@ -30,8 +31,7 @@ from __future__ import annotations
 
 import linecache
 import re
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,11 +43,7 @@ from gbdoctor.records import (
     BlockerEffect,
     BlockerKind,
     CudaGraphFinding,
-    CudaGraphReadiness,
-    Event,
-    EventKind,
     Location,
-    Readiness,
 )
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
@@ -149,6 +145,17 @@ def finding(
     )
 
 
+def _adder(
+    out: list[CudaGraphFinding], info: GraphInfo
+) -> Callable[[BlockerKind, BlockerEffect, torch.fx.Node, str], None]:
+    """``add(kind, effect, node, detail)``: append that finding of graph ``info`` to ``out``."""
+
+    def add(kind: BlockerKind, effect: BlockerEffect, node: torch.fx.Node, detail: str) -> None:
+        out.append(finding(kind, effect, info, node, detail))
+
+    return add
+
+
 def _is_cuda(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.device.type == "cuda"
 
@@ -172,6 +179,7 @@ def _symbolic_shape(value: Any) -> bool:
 def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[CudaGraphFinding]:
     """Host-device requests in Dynamo's graph: transfers to the CPU and factories without a device."""
     out: list[CudaGraphFinding] = []
+    add = _adder(out, info)
     on_cuda = any(
         _is_cuda(n.meta.get("example_value")) for n in gm.graph.nodes if n.op == "placeholder"
     )
@@ -182,25 +190,19 @@ def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[Cud
             if device != "cpu" or not (explicit or on_cuda):
                 continue
             if node.kwargs.get("non_blocking", False):
-                out.append(
-                    finding(
-                        BlockerKind.CPU_TENSOR,
-                        BlockerEffect.BLOCKS,
-                        info,
-                        node,
-                        "copies a tensor to the host: a CPU tensor inside the graph "
-                        "(non_blocking, so no sync, but the graph spans two devices)",
-                    )
+                add(
+                    BlockerKind.CPU_TENSOR,
+                    BlockerEffect.BLOCKS,
+                    node,
+                    "copies a tensor to the host: a CPU tensor inside the graph "
+                    "(non_blocking, so no sync, but the graph spans two devices)",
                 )
             else:
-                out.append(
-                    finding(
-                        BlockerKind.HOST_SYNC,
-                        BlockerEffect.BLOCKS,
-                        info,
-                        node,
-                        "blocking device-to-host copy: the host waits for the GPU",
-                    )
+                add(
+                    BlockerKind.HOST_SYNC,
+                    BlockerEffect.BLOCKS,
+                    node,
+                    "blocking device-to-host copy: the host waits for the GPU",
                 )
         elif (
             node.op == "call_function"
@@ -208,15 +210,12 @@ def dynamo_graph_findings(gm: torch.fx.GraphModule, info: GraphInfo) -> list[Cud
             and "device" not in node.kwargs
             and not on_cuda
         ):
-            out.append(
-                finding(
-                    BlockerKind.CPU_TENSOR,
-                    BlockerEffect.BLOCKS,
-                    info,
-                    node,
-                    f"torch.{node.target.__name__} without device=: a CPU tensor when "
-                    "training runs on CUDA (pass device= from an input tensor)",
-                )
+            add(
+                BlockerKind.CPU_TENSOR,
+                BlockerEffect.BLOCKS,
+                node,
+                f"torch.{node.target.__name__} without device=: a CPU tensor when "
+                "training runs on CUDA (pass device= from an input tensor)",
             )
     return out
 
@@ -249,6 +248,7 @@ def aten_graph_findings(
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     index = {n: i for i, n in enumerate(placeholders)}
     out: list[CudaGraphFinding] = []
+    add = _adder(out, info)
     on_cuda = any(_is_cuda(n.meta.get("val")) for n in placeholders)
     for i, node in enumerate(placeholders):
         if node.users and all(
@@ -261,144 +261,111 @@ def aten_graph_findings(
         )
         if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
             unbacked = _unbacked(value)
-            out.append(
-                finding(
-                    BlockerKind.SYMINT_INPUT,
-                    BlockerEffect.BLOCKS if unbacked else BlockerEffect.RERECORD,
-                    info,
-                    node,
-                    "data-dependent integer input (an unbacked symbol): a new value every step"
-                    if unbacked
-                    else "symbolic integer input: one recording per distinct value",
-                )
+            add(
+                BlockerKind.SYMINT_INPUT,
+                BlockerEffect.BLOCKS if unbacked else BlockerEffect.RERECORD,
+                node,
+                "data-dependent integer input (an unbacked symbol): a new value every step"
+                if unbacked
+                else "symbolic integer input: one recording per distinct value",
             )
         elif isinstance(value, torch.Tensor):
             if _unbacked(value):
-                out.append(
-                    finding(
-                        BlockerKind.DYNAMIC_SHAPE,
-                        BlockerEffect.BLOCKS,
-                        info,
-                        node,
-                        "input with a data-dependent size",
-                    )
+                add(
+                    BlockerKind.DYNAMIC_SHAPE,
+                    BlockerEffect.BLOCKS,
+                    node,
+                    "input with a data-dependent size",
                 )
             elif _symbolic_shape(value):
-                out.append(
-                    finding(
-                        BlockerKind.DYNAMIC_SHAPE,
-                        BlockerEffect.RERECORD,
-                        info,
-                        node,
-                        "input with a symbolic size: one recording per distinct shape",
-                    )
+                add(
+                    BlockerKind.DYNAMIC_SHAPE,
+                    BlockerEffect.RERECORD,
+                    node,
+                    "input with a symbolic size: one recording per distinct shape",
                 )
             if i not in static:
-                out.append(
-                    finding(
-                        BlockerKind.INPUT_COPY,
-                        BlockerEffect.COPY,
-                        info,
-                        node,
-                        f"{shown}: not a static input (activations are not, nor are buffers of "
-                        "FSDP-managed modules): copied into the recorded buffer on every replay "
-                        "(free if a preceding cudagraph produced it)",
-                    )
+                add(
+                    BlockerKind.INPUT_COPY,
+                    BlockerEffect.COPY,
+                    node,
+                    f"{shown}: not a static input (activations are not, nor are buffers of "
+                    "FSDP-managed modules): copied into the recorded buffer on every replay "
+                    "(free if a preceding cudagraph produced it)",
                 )
         elif (
             value is not None
             and not isinstance(value, (torch.Generator, bool))
             and "ScriptObject" not in type(value).__name__
         ):  # a process group: opaque, allowed
-            out.append(
-                finding(
-                    BlockerKind.SYMINT_INPUT,
-                    BlockerEffect.BLOCKS,
-                    info,
-                    node,
-                    f"non-tensor input of type {type(value).__name__}",
-                )
+            add(
+                BlockerKind.SYMINT_INPUT,
+                BlockerEffect.BLOCKS,
+                node,
+                f"non-tensor input of type {type(value).__name__}",
             )
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         name = _target_name(node)
         if name in _HOST_READS:
-            out.append(
-                finding(
-                    BlockerKind.HOST_SYNC,
-                    BlockerEffect.BLOCKS,
-                    info,
-                    node,
-                    "reads a tensor value on the host (.item()/.tolist()): a device sync",
-                )
+            add(
+                BlockerKind.HOST_SYNC,
+                BlockerEffect.BLOCKS,
+                node,
+                "reads a tensor value on the host (.item()/.tolist()): a device sync",
             )
             continue
         if name in _RNG_HOPS_FORBIDDEN:
             if on_cuda:
-                out.append(
-                    finding(
-                        BlockerKind.RNG_STATE,
-                        BlockerEffect.BLOCKS,
-                        info,
-                        node,
-                        "saves/restores the RNG state on the host (inductor refuses it in a "
-                        "cudagraph; graphsafe_rng_functionalization is off or several devices)",
-                    )
+                add(
+                    BlockerKind.RNG_STATE,
+                    BlockerEffect.BLOCKS,
+                    node,
+                    "saves/restores the RNG state on the host (inductor refuses it in a "
+                    "cudagraph; graphsafe_rng_functionalization is off or several devices)",
                 )
             else:
                 # CPU generators have no graph-safe variant; on one CUDA device the partitioner
                 # emits graphsafe_run_with_rng_state instead (functorch graphsafe_rng_functionalization).
-                out.append(
-                    finding(
-                        BlockerKind.RNG_STATE,
-                        BlockerEffect.ALLOWED,
-                        info,
-                        node,
-                        "RNG state threaded through a recomputed op (checkpoint): on CUDA it "
-                        "becomes graphsafe_run_with_rng_state, capturable with the generator "
-                        "registered to the graph; on the CPU it is run_and_save_rng_state",
-                    )
+                add(
+                    BlockerKind.RNG_STATE,
+                    BlockerEffect.ALLOWED,
+                    node,
+                    "RNG state threaded through a recomputed op (checkpoint): on CUDA it "
+                    "becomes graphsafe_run_with_rng_state, capturable with the generator "
+                    "registered to the graph; on the CPU it is run_and_save_rng_state",
                 )
             continue
         if name in _RNG_HOPS_SAFE:
-            out.append(
-                finding(
-                    BlockerKind.RNG_STATE,
-                    BlockerEffect.ALLOWED,
-                    info,
-                    node,
-                    "RNG state threaded through the graph-safe generator: capturable when the "
-                    "generator is registered with the graph",
-                )
+            add(
+                BlockerKind.RNG_STATE,
+                BlockerEffect.ALLOWED,
+                node,
+                "RNG state threaded through the graph-safe generator: capturable when the "
+                "generator is registered with the graph",
             )
             continue
         if (
             isinstance(node.target, torch._ops.OpOverload)
             and torch.Tag.nondeterministic_seeded in node.target.tags
         ):
-            out.append(
-                finding(
-                    BlockerKind.RNG_STATE,
-                    BlockerEffect.ALLOWED,
-                    info,
-                    node,
-                    "random op: replays reuse the captured seed offsets unless the generator's "
-                    "state is registered with the graph (inductor does this)",
-                )
+            add(
+                BlockerKind.RNG_STATE,
+                BlockerEffect.ALLOWED,
+                node,
+                "random op: replays reuse the captured seed offsets unless the generator's "
+                "state is registered with the graph (inductor does this)",
             )
             continue
         namespace = getattr(node.target, "namespace", "")
         if namespace in _COLLECTIVE_NAMESPACES and "wait" not in name:
-            out.append(
-                finding(
-                    BlockerKind.COLLECTIVE,
-                    BlockerEffect.ALLOWED,
-                    info,
-                    node,
-                    "collective: capturable with NCCL if every rank replays the same graphs "
-                    "(not with gloo)",
-                )
+            add(
+                BlockerKind.COLLECTIVE,
+                BlockerEffect.ALLOWED,
+                node,
+                "collective: capturable with NCCL if every rank replays the same graphs "
+                "(not with gloo)",
             )
             continue
         if _mutates_placeholder(node, index):
@@ -410,49 +377,32 @@ def aten_graph_findings(
                 else target_input.name
             )
             if j in static:
-                out.append(
-                    finding(
-                        BlockerKind.MUTATED_INPUT,
-                        BlockerEffect.ALLOWED,
-                        info,
-                        node,
-                        f"writes in place into {shown}, a static input: allowed "
-                        "while its address never changes (replays write the same memory)",
-                    )
+                add(
+                    BlockerKind.MUTATED_INPUT,
+                    BlockerEffect.ALLOWED,
+                    node,
+                    f"writes in place into {shown}, a static input: allowed "
+                    "while its address never changes (replays write the same memory)",
                 )
             else:
-                out.append(
-                    finding(
-                        BlockerKind.MUTATED_INPUT,
-                        BlockerEffect.BLOCKS,
-                        info,
-                        node,
-                        f"writes in place into {shown}, a non-static input "
-                        "(inductor skips: 'mutated inputs')",
-                    )
+                add(
+                    BlockerKind.MUTATED_INPUT,
+                    BlockerEffect.BLOCKS,
+                    node,
+                    f"writes in place into {shown}, a non-static input "
+                    "(inductor skips: 'mutated inputs')",
                 )
             continue
         value = node.meta.get("val")
         if _unbacked(value):
-            out.append(
-                finding(
-                    BlockerKind.DYNAMIC_SHAPE,
-                    BlockerEffect.BLOCKS,
-                    info,
-                    node,
-                    "data-dependent shape or value (unbacked symbol): inductor disables cudagraphs",
-                )
+            add(
+                BlockerKind.DYNAMIC_SHAPE,
+                BlockerEffect.BLOCKS,
+                node,
+                "data-dependent shape or value (unbacked symbol): inductor disables cudagraphs",
             )
         elif on_cuda and isinstance(value, torch.Tensor) and value.device.type == "cpu":
-            out.append(
-                finding(
-                    BlockerKind.CPU_TENSOR,
-                    BlockerEffect.BLOCKS,
-                    info,
-                    node,
-                    "CPU tensor in a CUDA graph",
-                )
-            )
+            add(BlockerKind.CPU_TENSOR, BlockerEffect.BLOCKS, node, "CPU tensor in a CUDA graph")
     return out
 
 
@@ -464,63 +414,3 @@ def _mutates_placeholder(node: torch.fx.Node, index: dict[torch.fx.Node, int]) -
         return False
     alias = schema.arguments[0].alias_info
     return alias is not None and alias.is_write
-
-
-# ------------------------------------------------------------------------------ verdict
-
-
-def readiness(
-    findings: Sequence[CudaGraphFinding], graphs: int, eager: Sequence[Event] = ()
-) -> CudaGraphReadiness:
-    """The verdict for one block kind: ``ready``, ``ready with N static copies``, or ``blocked by``;
-    ``eager`` when nothing was compiled because a break sent the region to eager (``eager``: the
-    block's ``region_eager`` and ``frame_skipped`` events), naming the break to fix first. A
-    region that runs eagerly next to compiled code is named in the summary as well."""
-    ordered = tuple(sorted(findings, key=_order))
-    blocking = Counter(f.kind for f in ordered if f.effect == BlockerEffect.BLOCKS)
-    copies = sum(1 for f in ordered if f.effect == BlockerEffect.COPY)
-    rerecord = Counter(f.kind for f in ordered if f.effect == BlockerEffect.RERECORD)
-    allowed = Counter(f.kind for f in ordered if f.effect == BlockerEffect.ALLOWED)
-    ran_eagerly = "; ".join(_eager_note(e) for e in eager)
-    if graphs == 0 and ran_eagerly:
-        status, summary = Readiness.EAGER, ran_eagerly
-    elif graphs == 0:
-        status, summary = Readiness.UNKNOWN, "no compiled graph captured"
-    elif blocking:
-        status = Readiness.BLOCKED
-        summary = "blocked by " + ", ".join(f"{k} ({n})" for k, n in sorted(blocking.items()))
-    elif copies:
-        status, summary = (
-            Readiness.READY,
-            f"ready with {copies} static cop{'y' if copies == 1 else 'ies'}",
-        )
-    else:
-        status, summary = Readiness.READY, "ready"
-    notes = [f"re-recorded per distinct {k} ({n})" for k, n in sorted(rerecord.items())]
-    notes += [f"{k} ({n}) allowed" for k, n in sorted(allowed.items())]
-    if ran_eagerly and status != Readiness.EAGER:
-        notes.append(ran_eagerly)
-    if notes and status not in (Readiness.UNKNOWN, Readiness.EAGER):
-        summary += "; " + "; ".join(notes)
-    return CudaGraphReadiness(
-        status=status, summary=summary, static_copies=copies, graphs=graphs, findings=ordered
-    )
-
-
-def _eager_note(event: Event) -> str:
-    """``layers.1 runs eagerly (a break inside its activation-checkpoint region): fix
-    "Failed to trace builtin operator" at model.py:42 first``."""
-    why = (
-        "a break inside its activation-checkpoint region"
-        if event.kind == EventKind.REGION_EAGER
-        else "Dynamo abandoned a frame of it"
-    )
-    at = f" at {event.location}" if event.location else ""
-    fix = f': fix "{event.gb_type}"{at} first' if event.gb_type else ""
-    return f"{event.module} runs eagerly, nothing to graph ({why}){fix}"
-
-
-def _order(f: CudaGraphFinding) -> tuple[Any, ...]:
-    phase = {"dynamo": 0, "forward": 1, "backward": 2}
-    kind, _, idx = f.graph.partition(" ")
-    return (f.region, int(idx or 0), phase.get(kind, 3), f.kind, f.node)

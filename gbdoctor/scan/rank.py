@@ -24,7 +24,6 @@ from gbdoctor.capture import (
     Locator,
     RawCapture,
     collect_block_inputs,
-    cudagraphs,
     describe_error,
     eager_stance,
     error_traceback,
@@ -34,6 +33,7 @@ from gbdoctor.capture import (
     run_block,
     strict_breaks,
 )
+from gbdoctor.capture.cudagraph_verdict import readiness
 from gbdoctor.capture.locate import library_via, portable_path, portable_text, within
 from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import DEBUG_ENV, SetupError
@@ -613,7 +613,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
     findings = [_rerooted(f, root) for f in raw.cudagraph_findings]
     ordered = tuple(sorted(events.values(), key=event_order))
     eager = [e for e in ordered if e.kind in (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED)]
-    ready = cudagraphs.readiness(findings, raw.aten_graphs, eager) if slot.regions else None
+    ready = readiness(findings, raw.aten_graphs, eager) if slot.regions else None
     return BlockReport(
         fqn=slot.fqn,
         kind=slot.kind,
