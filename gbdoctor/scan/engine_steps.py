@@ -34,9 +34,10 @@ from gbdoctor.errors import SetupError
 from gbdoctor.frameworks.interface import CaptureStyle, EngineStepFramework
 from gbdoctor.frameworks.registry import framework_for
 from gbdoctor.records import BlockReport, Event, EventKind, Recompile, ScanReport, Spec
+from gbdoctor.scan.block_report import block_report, event_order
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.merge import merge_ranks
-from gbdoctor.scan.rank import block_report, build_and_setup, event_order
+from gbdoctor.scan.rank import build_and_setup
 from gbdoctor.setup.apply import BlockSlot
 from gbdoctor.setup.dist import resolve_device, run_ranks
 from gbdoctor.setup.train import step_batch

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 
 from gbdoctor.capture import torch_version
 from gbdoctor.records import BlockReport, Event, ScanReport, Spec
+from gbdoctor.scan.block_report import event_order
 from gbdoctor.scan.job import RankScan, ScanJob
-from gbdoctor.scan.rank import event_order
 from gbdoctor.setup import launched
 
 Report = TypeVar("Report", bound=Any)

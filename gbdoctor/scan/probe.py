@@ -45,7 +45,7 @@ BatchFn = Callable[[int, int], tuple[Any, Any]]
 """(step, seq len) -> (tokens, labels) of this rank for a probe step."""
 StepFn = Callable[[Any, Any, list[str]], None]
 """(tokens, labels, notes): the recipe's eager training step with the warm-up's fallbacks
-(``rank.run_warm_up``); raises if none runs."""
+(``warm_up.run_warm_up``); raises if none runs."""
 
 
 def probe_seq_len(seq_len: int, step: int) -> int:

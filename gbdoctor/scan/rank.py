@@ -4,13 +4,13 @@ Per rank: build -> set up (EP, AC, compile with recording backends, FSDP, optimi
 eager training step (FSDP lazy init, load-balancing hook, and the real arguments every block
 receives) -> per distinct block kind, a fresh Dynamo capture of forward + backward through the
 block's real wrappers -> records. ``scan.environment`` runs this on one or N ranks and merges.
+The warm-up is ``scan.warm_up``'s; turning a capture into records, ``scan.block_report``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,36 +18,23 @@ from typing import Any
 
 import torch
 
-from gbdoctor import causes
 from gbdoctor.capture import (
     CaptureSession,
     Locator,
     RawCapture,
     collect_block_inputs,
     describe_error,
-    eager_stance,
     error_traceback,
     fresh_inputs,
-    innermost_user_location,
     reset_fsdp_state,
     run_block,
     strict_breaks,
 )
-from gbdoctor.capture.cudagraph_verdict import readiness
-from gbdoctor.capture.locate import library_via, portable_path, portable_text, within
-from gbdoctor.causes import known_issue, known_issue_note
+from gbdoctor.capture.locate import portable_text
 from gbdoctor.errors import DEBUG_ENV, SetupError
-from gbdoctor.frameworks import Framework, framework_for
-from gbdoctor.records import (
-    BlockReport,
-    Break,
-    Event,
-    EventKind,
-    RawBreak,
-    Recompile,
-    SetupInfo,
-    Spec,
-)
+from gbdoctor.frameworks import framework_for
+from gbdoctor.records import BlockReport, EventKind, Recompile, SetupInfo, Spec
+from gbdoctor.scan.block_report import block_report
 from gbdoctor.scan.dedupe import (
     Proof,
     group_blocks,
@@ -61,9 +48,10 @@ from gbdoctor.scan.dedupe import (
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
+from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
-from gbdoctor.setup.train import forward_loss, step_batch
+from gbdoctor.setup.train import step_batch
 
 
 def scan_rank_entry(job: ScanJob) -> RankScan:
@@ -166,10 +154,6 @@ def _scan_set_up(
     return reports, setup_info(spec, job, setup), notes + tuple(getattr(setup, "notes", ()))
 
 
-WarmUp = list[tuple[str, Callable[[], None]]]
-"""(name, step) pairs, strongest first: the first that runs is the warm-up."""
-
-
 def capture_set_up(
     session: CaptureSession,
     setup: Any,
@@ -261,79 +245,6 @@ def capture_set_up(
             )
     reports.sort(key=lambda r: _layer_order(r.fqn))
     return tuple(reports), tuple(dict.fromkeys(notes))
-
-
-_NO_CPU_KERNEL = "with arguments from the 'CPU' backend"
-_BF16_FAILURE = re.compile(
-    r"BFloat16|bfloat16|same dtype|expected scalar type|dtype mismatch", re.IGNORECASE
-)
-
-
-def warm_up_attempts(
-    recipe: Framework, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor
-) -> WarmUp:
-    """The recipe's training step, then forward-only fallbacks."""
-
-    def full_step() -> None:
-        recipe.train_step(setup, tokens, labels)
-
-    from gbdoctor.setup.train import loss_context
-
-    def forward_only() -> None:
-        with loss_context(setup):
-            forward_loss(setup.model, tokens, labels, 1)
-
-    def forward_no_grad() -> None:
-        with torch.no_grad(), loss_context(setup):
-            forward_loss(setup.model, tokens, labels, 1)
-
-    return [
-        ("the eager training step", full_step),
-        ("an eager forward", forward_only),
-        ("an eager forward under no_grad", forward_no_grad),
-    ]
-
-
-def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
-    """One eager training step: FSDP lazy init, the load-balancing hook, the blocks' real inputs.
-
-    If the eager step fails (e.g. eager SAC around an FSDP-managed module fails in backward),
-    that is a note, and the inputs come from the next, weaker attempt (a forward with autograd,
-    else under no_grad); the per-block captures then show which blocks fail and why.
-    """
-    failures = []
-    for name, attempt in attempts:
-        try:
-            with eager_stance():
-                attempt()
-        except Exception as exc:  # noqa: BLE001 - reported, then the next, weaker warm-up
-            error = describe_error(exc)
-            failures.append(f"{name} fails under this setup ({error}){known_issue_note(error)}")
-            reset_fsdp_state(setup.model)
-            if setup.optimizer is not None:
-                setup.optimizer.zero_grad(set_to_none=True)
-            continue
-        if failures:
-            notes.append("; ".join(failures) + f"; blocks were captured after {name}")
-        return
-    hint = "fix the model or the setup first (run `gbdoctor --debug ...` for the traceback)"
-    issue = known_issue(failures[-1])
-    if issue is not None:
-        hint = f"a known upstream bug ({issue.link}); {issue.workaround}"
-    if any(_NO_CPU_KERNEL in f for f in failures):
-        # e.g. a flash/varlen attention op: only CUDA kernels are registered for it.
-        hint = (
-            "an op of this model has no CPU kernel (CUDA only): scan on a GPU machine, or "
-            "choose a configuration with a CPU path (e.g. another attention backend)"
-        )
-    if any(_BF16_FAILURE.search(f) for f in failures):
-        # FSDP's MixedPrecisionPolicy casts parameters to bfloat16 (torchtitan's default
-        # mixed_precision_param); code that builds fp32 tensors next to them then fails.
-        hint = (
-            "the parameters run in bfloat16 under FSDP's mixed_precision_param; retry with "
-            "--set training.mixed_precision_param=float32"
-        )
-    raise SetupError(f"the model does not run eagerly under this setup: {failures[-1]}", hint=hint)
 
 
 def _prover(
@@ -487,153 +398,3 @@ def capture_block(
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
     return replace(block_report(slot, raw, root=root), recompiles=recompiles)
-
-
-def _in_ac(slot: Any, module: str) -> bool:
-    """Whether ``module`` sits in one of the block's AC-wrapped regions."""
-    for sub in slot.ac_wrapped:
-        region = slot.fqn if sub == "" else f"{slot.fqn}.{sub}"
-        if within(module, region):
-            return True
-    return False
-
-
-def _ac_region(slot: Any, module: str) -> str:
-    """FQN of the AC region a module sits in (the block, or the wrapped child)."""
-    for sub in slot.ac_wrapped:
-        region = slot.fqn if sub == "" else f"{slot.fqn}.{sub}"
-        if module == region or module.startswith(region + ".") or sub == "":
-            return region
-    return module or slot.fqn
-
-
-def _rerooted(finding: Any, root: str | None) -> Any:
-    loc = finding.location
-    if loc is None or not os.path.exists(loc.file):
-        return finding
-    return replace(
-        finding, location=replace(loc, file=portable_path(os.path.abspath(loc.file), root))
-    )
-
-
-def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> BlockReport:
-    """Records of one capture; locations relative to ``root`` (the spec's ``Spec.root``)."""
-    merged: dict[tuple[Any, ...], Break] = {}
-    events: dict[tuple[Any, ...], Event] = {}
-    for rb, region in raw.breaks:
-        location = innermost_user_location(rb.frames, root, component=rb.component)
-        brk = Break(
-            cause=causes.classify(rb),
-            gb_type=rb.gb_type,
-            gb_id=causes.gb_id_for(rb.gb_type),
-            location=location,
-            module=rb.module or region or slot.fqn,
-            in_checkpoint=rb.in_checkpoint,
-            component=rb.component,
-            region=region,
-            explanation=portable_text(rb.explanation, root),
-            hints=tuple(portable_text(h, root) for h in rb.hints),
-            context=portable_text(rb.context, root),
-            via=library_via(rb.frames, root, component=rb.component),
-        )
-        key = (brk.cause, brk.gb_type, str(brk.location), brk.module, brk.in_checkpoint)
-        merged[key] = replace(merged[key], count=merged[key].count + 1) if key in merged else brk
-        if rb.in_checkpoint:
-            ac_region = _ac_region(slot, brk.module)
-            events[("region_eager", ac_region)] = Event(
-                kind="region_eager",
-                module=ac_region,
-                gb_type=rb.gb_type,
-                location=location,
-                detail="a break inside the activation-checkpoint region sent the whole region to eager",
-            )
-    for rb, region in raw.frame_skips:
-        location = innermost_user_location(rb.frames, root)
-        module = rb.module or region or slot.fqn
-        events[("frame_skipped", module, str(location))] = Event(
-            kind="frame_skipped",
-            module=module,
-            gb_type=rb.gb_type,
-            location=location,
-            detail=portable_text(rb.context, root)
-            or "Dynamo skipped the whole frame and ran it eagerly",
-        )
-    seen_types = {b.gb_type for b in merged.values()}
-    for gb_type, n in sorted(raw.counter_types.items()):
-        if gb_type not in seen_types:
-            # Only counters saw it (no stack): keep it, never drop a break.
-            rb = RawBreak(gb_type=gb_type, message=gb_type, component="torch")
-            merged[(gb_type,)] = Break(
-                cause=causes.classify(rb),
-                gb_type=gb_type,
-                gb_id=causes.gb_id_for(gb_type),
-                location=None,
-                module=slot.fqn,
-                in_checkpoint=False,
-                component="torch",
-                region=slot.fqn,
-                count=n,
-            )
-    for region in sorted(raw.entered):
-        # With the checkpoint side-effect flag (the default strategy's) or scalar capture, a
-        # break inside a checkpoint region need not carry the HOP in its record; the region
-        # still produced no graph and ran eagerly, which is what region_eager reports.
-        inside = sorted((b for b in merged.values() if b.region == region), key=break_order)
-        checkpointed = [b for b in inside if _in_ac(slot, b.module)]
-        ran = raw.graphs.get(region) or region in raw.ran_compiled
-        if ran or raw.error is not None or not checkpointed:
-            continue
-        ac_region = _ac_region(slot, checkpointed[0].module)
-        if ("region_eager", ac_region) not in events:
-            events[("region_eager", ac_region)] = Event(
-                kind="region_eager",
-                module=ac_region,
-                gb_type=checkpointed[0].gb_type,
-                location=checkpointed[0].location,
-                detail="a break inside the activation-checkpoint region left it with no graph: "
-                "the whole region ran eagerly",
-            )
-    for region in sorted(raw.entered):
-        if (
-            not raw.graphs.get(region)
-            and region not in raw.ran_compiled
-            and not any(e.module.startswith(region) for e in events.values())
-            and not any(b.region == region for b in merged.values())
-            and raw.error is None
-        ):
-            events[("frame_skipped", region, "")] = Event(
-                kind="frame_skipped",
-                module=region,
-                detail="the compiled region ran without producing a graph",
-            )
-    graphs = [n for ops in raw.graphs.values() for n in ops]
-    breaks = tuple(sorted(merged.values(), key=break_order))
-    # Readiness findings are located while the backend runs, relative to the working directory;
-    # re-root them at the spec's root like every other location (CWD-independent reports).
-    findings = [_rerooted(f, root) for f in raw.cudagraph_findings]
-    ordered = tuple(sorted(events.values(), key=event_order))
-    eager = [e for e in ordered if e.kind in (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED)]
-    ready = readiness(findings, raw.aten_graphs, eager) if slot.regions else None
-    return BlockReport(
-        fqn=slot.fqn,
-        kind=slot.kind,
-        graph_count=len(graphs),
-        op_count=sum(graphs),
-        breaks=breaks,
-        events=ordered,
-        error=raw.error,
-        regions=slot.regions,
-        fullgraph_regions=slot.fullgraph_regions,
-        region_ops=tuple(sorted((r, sum(ops)) for r, ops in raw.graphs.items())),
-        cudagraphs=ready,
-    )
-
-
-def break_order(b: Break) -> tuple[Any, ...]:
-    loc = b.location
-    return (b.module, loc.file if loc else "", loc.line if loc else 0, b.gb_type, b.cause)
-
-
-def event_order(e: Event) -> tuple[Any, ...]:
-    loc = e.location
-    return (e.kind, e.module, loc.file if loc else "", loc.line if loc else 0, e.gb_type)

@@ -168,7 +168,7 @@ def test_region_eager_under_default_strategy(tmp_path):
 
 def test_bf16_warm_up_failure_names_the_float32_override(monkeypatch):
     from gbdoctor.errors import SetupError
-    from gbdoctor.scan import rank
+    from gbdoctor.scan import warm_up
 
     def fails(*args, **kwargs):
         raise RuntimeError("mat1 and mat2 must have the same dtype, but got Float and BFloat16")
@@ -176,9 +176,9 @@ def test_bf16_warm_up_failure_names_the_float32_override(monkeypatch):
     class Recipe:
         train_step = staticmethod(fails)
 
-    monkeypatch.setattr(rank, "forward_loss", fails)
+    monkeypatch.setattr(warm_up, "forward_loss", fails)
     setup = type("Setup", (), {"optimizer": None, "model": nn.Linear(2, 2)})()
-    attempts = rank.warm_up_attempts(Recipe(), setup, None, None)
+    attempts = warm_up.warm_up_attempts(Recipe(), setup, None, None)
     with pytest.raises(SetupError) as err:
-        rank.run_warm_up(setup, attempts, [])
+        warm_up.run_warm_up(setup, attempts, [])
     assert "--set training.mixed_precision_param=float32" in err.value.hint
