@@ -49,6 +49,10 @@ class SetupError(GbdoctorError):
     exit_code = ExitCode.ENVIRONMENT
 
 
+class DeadlineError(SetupError):
+    """Ranks had not finished when their job's time limit passed (``gbdoctor.timeout_s``)."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of ``exc``'s message; a line that ends with ``:`` (wrapped
     backend errors: "backend='inductor' raised:") gets the next line appended."""

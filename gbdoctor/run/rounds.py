@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from gbdoctor.causes import KnownIssue
-from gbdoctor.errors import GbdoctorError, SetupError, SpecError
+from gbdoctor.errors import DeadlineError, GbdoctorError, SetupError, SpecError
 from gbdoctor.records import ModeStatus, Spec
 from gbdoctor.records.enums import ModeFailure as FailureKind
 from gbdoctor.run.measure import known_bug_workaround, load_average, strip_rank
@@ -170,4 +170,4 @@ def train_rounds(
 
 def _kind_of(exc: GbdoctorError) -> str:
     """A job that failed outside the mode's own code: its deadline passed, or a rank died."""
-    return FailureKind.TIMEOUT if "did not finish" in exc.message else FailureKind.CRASH
+    return FailureKind.TIMEOUT if isinstance(exc, DeadlineError) else FailureKind.CRASH

@@ -37,6 +37,7 @@ from gbdoctor.launcher import Launched
 from gbdoctor.records.enums import Launcher
 from gbdoctor.setup.rank_protocol import (
     FAILURE_GRACE_S,
+    deadline_error,
     failure_error,
     failure_message,
     loopback_interface,
@@ -302,11 +303,7 @@ def _watch(session: Session, store: Any, silence_s: float) -> None:
             )
             session.end(session.post_failure(failure_message(0, gone)))
         if missing and job is not None and session.ending.acquire(blocking=False):
-            timeout = SetupError(
-                f"rank(s) {missing} did not finish within {job[2]:g} s",
-                hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use "
-                "`gbdoctor --debug ...`",
-            )
+            timeout = deadline_error(missing, job[2])
             session.end(session.post_failure(failure_message(0, timeout)))
 
 

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from gbdoctor.errors import GbdoctorError, SetupError
+from gbdoctor.errors import DeadlineError, GbdoctorError, SetupError
 
 
 def pg_timeout(timeout_s: float) -> float:
@@ -93,9 +93,9 @@ def failure_error(message: tuple[Any, ...]) -> GbdoctorError:
     return err
 
 
-def deadline_error(missing: list[int], timeout_s: float) -> SetupError:
+def deadline_error(missing: list[int], timeout_s: float) -> DeadlineError:
     """The error of a job whose ranks ``missing`` had not finished at its deadline."""
-    return SetupError(
+    return DeadlineError(
         f"rank(s) {missing} did not finish within {timeout_s:g} s",
         hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use "
         "`gbdoctor --debug ...`",

@@ -1,0 +1,115 @@
+"""Why would a price and ``run --price`` disagree? Train, in ONE set of alternating rounds:
+
+* ``as set up`` and an identical copy of it, ``as set up (copy)``: their per-round difference is
+  the noise floor of a paired difference on this machine (it is 0 in expectation);
+* ``fix KIND`` exactly as ``gbdoctor price`` builds it (per block kind with breaks);
+* ``plan`` exactly as ``gbdoctor run`` applies it (``plan_strategy``).
+
+Prints each mode's per-round median step time and the paired per-round differences
+(as set up - X) with their median and spread. When ``fix KIND`` and ``plan`` differ by no more
+than the copy does, price and run measure the same change and any disagreement between them is
+noise; otherwise the two strategies differ and the difference says by how much.
+
+    python benchmarks/price_harness_check.py [SPEC] [--set K=V ...] [--strategy S] [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COPY = "as set up (copy)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("spec", nargs="?", default="fixtures/llama4_debug_ep2.toml")
+    parser.add_argument("--set", dest="sets", action="append", default=None)
+    parser.add_argument("--strategy", default="titan-v0.2.0")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--out", default=None, help="write the numbers as JSON here")
+    args = parser.parse_args()
+    sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
+
+    from gbdoctor.frameworks.registry import framework_for
+    from gbdoctor.plan import plan_strategy, propose_plan
+    from gbdoctor.run.measure import load_average
+    from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
+    from gbdoctor.run.price import AS_SET_UP, _median_step, _modes, breaks_tolerated
+    from gbdoctor.run.rounds import CompileCache, train_rounds
+    from gbdoctor.scan import scan
+    from gbdoctor.spec import load_spec, with_overrides
+
+    spec = with_overrides(load_spec(args.spec), [*sets, f"gbdoctor.strategy={args.strategy}"])
+    framework = framework_for(spec)
+    started = time.perf_counter()
+    report = scan(spec)
+    plan = propose_plan(spec)
+    as_set_up, _ = breaks_tolerated(framework.strategies[args.strategy])
+    strategies = {m.name: m.strategy for m in _modes(report, plan, as_set_up)}
+    strategies[COPY] = replace(as_set_up, name=COPY)
+    strategies["plan"] = plan_strategy(plan, spec)
+    b, s, _ = benchmark_shape(spec, "cpu", None, None)
+    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
+    run_spec, _ = cpu_param_dtype(run_spec, "cpu")
+    framework.prepare_ranks("cpu")
+    print(
+        f"scan + plan {time.perf_counter() - started:.1f} s; modes {list(strategies)}", flush=True
+    )
+    rounds = train_rounds(
+        run_spec,
+        strategies,
+        device="cpu",
+        backend=args.backend,
+        warmup=2,
+        steps=args.steps,
+        rounds=args.rounds,
+        progress=lambda msg, done, total: print(f"  [{done}/{total}] {msg}", flush=True),
+        cache=CompileCache.INDUCTOR,
+    )
+    if rounds.failures:
+        sys.exit(f"failed: {rounds.failures}")
+    medians = {m: [_median_step(r) for r in runs] for m, runs in rounds.runs.items()}
+    out: dict[str, object] = {
+        "spec": args.spec,
+        "sets": sets,
+        "strategy": args.strategy,
+        "backend": args.backend,
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "batch_x_seq": [b, s],
+        "load_max": round(max(rounds.loads), 2),
+        "load_after": round(load_average(), 2),
+        "round_medians_ms": {m: [round(x, 1) for x in v] for m, v in medians.items()},
+    }
+    diffs = {}
+    for mode, values in medians.items():
+        if mode == AS_SET_UP:
+            continue
+        d = [a - x for a, x in zip(medians[AS_SET_UP], values, strict=True)]
+        diffs[f"{AS_SET_UP} - {mode}"] = {
+            "median": round(statistics.median(d), 1),
+            "spread": [round(min(d), 1), round(max(d), 1)],
+            "rounds": [round(x, 1) for x in d],
+        }
+    out["paired_differences_ms"] = diffs
+    for mode, values in medians.items():
+        print(f"{mode:>22}: {[round(x, 1) for x in values]} ms")
+    for name, d in diffs.items():
+        print(f"{name:>40}: {d['median']:8.1f} ms [{d['spread'][0]} to {d['spread'][1]}]")
+    print(f"load max {out['load_max']} (cores {os.cpu_count()})")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
