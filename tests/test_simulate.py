@@ -121,6 +121,26 @@ def test_host_reads_without_a_stand_in():
     assert isinstance(routing, UniformRouting)
 
 
+def test_topk_routing_map_counts_are_round_robin():
+    """torchtitan >= 0.3 counts tokens per expert from a one-hot map of the router's ``topk``
+    (``zeros_like(scores, dtype=bool).scatter_(-1, ids, True).sum(dim=(0, 1))``), not with
+    ``histc``: the ids are round-robin, so the counts are even and readable on the host."""
+    batch, seq, experts, top_k = 2, 12, 8, 2
+    mode, routing = simulation_mode()
+    with mode:
+        scores = torch.empty(batch, seq, experts).sigmoid()
+        _, ids = torch.topk(scores, top_k, dim=-1)
+        assert ids[0, 0].tolist() == [0, 1] and ids[1, 11].tolist() == [6, 7]  # (r*K + j) % E
+        routing_map = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, ids, True)
+        counts = routing_map.sum(dim=(0, 1))
+        assert counts.tolist() == [batch * seq * top_k // experts] * experts
+        # split sizes per EP rank, as the token dispatcher reads them on the host
+        assert counts.view(4, -1).sum(dim=1).to("cpu").tolist() == [12] * 4
+        # floating-point fills carry no value (only counts, ids and masks do)
+        assert math.isnan(torch.zeros_like(scores).sum().item())
+    assert routing.stand_in_reads > 0
+
+
 def test_production_size_setup_allocates_nothing_at_full_size():
     """llama4 17Bx16E at world 64 / EP 8: every parameter is fake after the real setup code."""
     from torch._subclasses.fake_tensor import FakeTensor

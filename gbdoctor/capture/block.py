@@ -200,7 +200,12 @@ def reset_fsdp_state(model: nn.Module) -> None:
         if isinstance(module, FSDPModule):
             state = module._get_fsdp_state()
             state._training_state = TrainingState.IDLE
-            for group in [state._fsdp_param_group] if state._fsdp_param_group else []:
+            # torch 2.13 FSDP2 keeps one group per parameter mesh (torchtitan 0.3's EP shards
+            # experts on their own mesh within the block's unit); the singular accessor
+            # asserts there is at most one.
+            for group in getattr(state, "_fsdp_param_groups", None) or (
+                [state._fsdp_param_group] if state._fsdp_param_group else []
+            ):
                 group._training_state = TrainingState.IDLE
             with contextlib.suppress(Exception):
                 module.reshard()

@@ -27,7 +27,6 @@ from gbdoctor.scan.simulate import (
     simulation_notes,
 )
 from gbdoctor.setup import launched
-from gbdoctor.setup.compile import Strategy
 from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
 
 
@@ -124,7 +123,7 @@ def simulate_scan(
     reason: str | None = "requested",
 ) -> ScanReport:
     """Scan rank 0 of ``spec``'s world in this process, on a fake process group and fake tensors."""
-    if not isinstance(strategy, Strategy):
+    if strategy is None or isinstance(strategy, str):
         strategy = strategy_for(spec, strategy)
     world = spec.parallelism.world_size
     # Fake tensors live on cpu whatever the spec's device: the fake backend needs no accelerator.

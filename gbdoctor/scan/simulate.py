@@ -135,7 +135,12 @@ class UniformRouting:
         if func is _aten.histc.default:
             self._uniform_counts(args, kwargs, out)
             return
+        if func is _aten.topk.default:
+            self._round_robin_ids(args, kwargs, out[1])
+            return
         with_value = [t in self.values for t in _tensor_args(args, kwargs)]
+        if func in _FILL_LIKE and _countable(out):
+            with_value = [True]  # the value depends on the shape only
         if not any(with_value):  # the common case: nothing to compute, no value to drop
             return
         if not all(with_value):
@@ -162,8 +167,32 @@ class UniformRouting:
         counts[:extra] += 1
         self.values[out] = counts.to(out.dtype)
 
+    def _round_robin_ids(self, args: Any, kwargs: Any, ids: Any) -> None:
+        """``topk``'s indices as round-robin routing: row r's j-th pick out of ``E`` candidates
+        is ``(r * k + j) % E``, torchtitan's own balanced routing
+        (``_debug_force_load_balance_routing`` in ``models/common/moe.py``). torchtitan >= 0.3
+        counts tokens per expert from a one-hot routing map of these indices (a ``scatter_``
+        and a ``sum``), not with ``histc``; the map and the counts follow from these values."""
+        if not _countable(ids):
+            return
+        dim = int(kwargs.get("dim", args[2] if len(args) > 2 else -1))
+        candidates = args[0].shape[dim] if args[0].dim() else 1
+        rows = ids.movedim(dim, -1) if ids.dim() else ids
+        picks = torch.arange(rows.numel(), dtype=ids.dtype).reshape(rows.shape) % candidates
+        self.values[ids] = picks.movedim(-1, dim) if ids.dim() else picks
+
+    def _value_or_blank(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The tensor's value; for a fill-like op's template (whose values it ignores), a
+        blank host tensor of its shape and dtype (of no elements when it is large: ``new_*``
+        ops take their size as an argument, ``*_like`` ops are as small as their output)."""
+        value = self.values.get(tensor)
+        if value is not None:
+            return value
+        shape = tensor.shape if tensor.numel() <= _MAX_VALUE_NUMEL else (0,)
+        return torch.empty(shape, dtype=tensor.dtype)
+
     def _values_of(self, func: Any, args: Any, kwargs: Any) -> Any:
-        real = lambda x: self.values[x] if isinstance(x, torch.Tensor) else x  # noqa: E731
+        real = lambda x: self._value_or_blank(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
         rargs, rkwargs = tree_map(real, args), tree_map(real, kwargs)
         if getattr(func, "namespace", "") in _COLLECTIVE_NAMESPACES:
             return _collective_values(func.overloadpacket.__name__, rargs)
@@ -183,6 +212,30 @@ class UniformRouting:
                 for t in tree_flatten(written)[0]:
                     if isinstance(t, torch.Tensor):
                         self.values.pop(t, None)
+
+
+_FILL_LIKE = frozenset(
+    {
+        _aten.zeros_like.default,
+        _aten.ones_like.default,
+        _aten.full_like.default,
+        _aten.new_zeros.default,
+        _aten.new_ones.default,
+        _aten.new_full.default,
+    }
+)
+"""Ops whose output's value follows from a shape and a fill value alone (a routing map starts
+as ``zeros_like(scores, dtype=bool)``)."""
+
+
+def _countable(tensor: Any) -> bool:
+    """An integer or boolean fake tensor small enough to carry a value (counts, ids, masks)."""
+    return (
+        isinstance(tensor, FakeTensor)
+        and not tensor.is_floating_point()
+        and not tensor.is_complex()
+        and tensor.numel() <= _MAX_VALUE_NUMEL
+    )
 
 
 def _tensor_args(args: Any, kwargs: Any) -> Iterator[torch.Tensor]:

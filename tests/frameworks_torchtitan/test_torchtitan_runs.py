@@ -65,7 +65,6 @@ def test_spmd_types_default_is_refused_before_any_rank_starts():
         (["scan", "--torchtitan", "llama3", "--compile.enable"], "MODULE:CONFIG"),
         (["scan", "--torchtitan", "llama3:no_such_config"], "could not load"),
         (["scan", *LLAMA, "--set", "training.seq_len=8"], "not a capture setting"),
-        (["scan", *LLAMA, "--simulate"], "no --simulate"),
         (["scan", "--compile.enable"], "need --torchtitan"),
     ],
 )

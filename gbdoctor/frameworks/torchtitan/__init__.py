@@ -63,6 +63,7 @@ class InstalledTorchtitan(FrameworkBase):
     name = NAME
     title = "torchtitan (installed)"
     capture_style = CaptureStyle.PER_BLOCK
+    simulates = True
     strategy_names: tuple[str, ...] = tuple(STRATEGIES)
     default_strategy = "torchtitan"
     run_modes = TitanRunModes()
@@ -108,7 +109,7 @@ class InstalledTorchtitan(FrameworkBase):
     ) -> tuple[Any, Any]:
         from gbdoctor.frameworks.torchtitan.setup import build
 
-        return build(spec, device_type)
+        return build(spec, device_type, simulated=meta)
 
     def set_up_model(
         self, model: Any, spec: Any, meshes: Any, strategy: Any, options: SetUpOptions

@@ -117,7 +117,13 @@ def load_config(run: RegistryRun) -> Any:
             f"torchtitan rejected the arguments {' '.join(run.args)!r}",
             hint="use torchtitan's own --section.key VALUE overrides (see its --help)",
         ) from exc
-    except (ValueError, ImportError, AttributeError) as exc:
+    except ImportError as exc:  # e.g. float8 configs: "torchao is not installed"
+        raise SetupError(
+            f"torchtitan could not load {run.module}:{run.config}: {exc}",
+            hint="install what it names (torchtitan does not install it), or choose another "
+            "configuration",
+        ) from exc
+    except (ValueError, AttributeError) as exc:
         raise SpecError(
             f"torchtitan could not load {run.module}:{run.config}: {exc}",
             hint="MODULE is a torchtitan model (deepseek_v3, llama3, ...), CONFIG a "

@@ -45,6 +45,10 @@ class TitanMeshes:
     config: Any
     parallel_dims: Any
     device: torch.device
+    simulated: bool = False
+    """A simulated scan's: the model stays on meta through ``set_up`` (no weights are
+    initialized), and the scan materializes it as fake tensors afterwards
+    (``scan.simulate.simulated_setup``)."""
 
 
 @dataclass
@@ -102,13 +106,32 @@ def _dynamo_settings() -> dict[str, Any]:
     }
 
 
-def build(spec: Spec, device_type: str) -> tuple[nn.Module, TitanMeshes]:
-    """torchtitan's config and its model on meta (it materializes after parallelizing)."""
+def build(
+    spec: Spec, device_type: str, *, simulated: bool = False
+) -> tuple[nn.Module, TitanMeshes]:
+    """torchtitan's config and its model on meta (it materializes after parallelizing, or, in a
+    simulation, becomes fake tensors after the setup)."""
     run = registry_run(spec)
     config = load_config(run)
     with cpu_stand_ins(device_type):
         model, parallel_dims = _build_model(spec, config)
-    return model, TitanMeshes(config, parallel_dims, torch.device(device_type))
+    if simulated:
+        _refuse_unsimulatable(model)
+    return model, TitanMeshes(config, parallel_dims, torch.device(device_type), simulated)
+
+
+def _refuse_unsimulatable(model: nn.Module) -> None:
+    """A simulation runs fake CPU tensors, which have no values: torchtitan's varlen attention
+    builds its masks from the token positions' values (``nonzero`` on document starts,
+    ``create_varlen_metadata_for_document``), and its kernels exist only on CUDA."""
+    from torchtitan.models.common.attention import VarlenAttention
+
+    if any(isinstance(m, VarlenAttention) for m in model.modules()):
+        raise SpecError(
+            "this config's varlen attention cannot be simulated: its masks are computed from "
+            "the token positions' values and its flash-attention kernels exist only on CUDA",
+            hint="scan it on a CUDA machine, or simulate a config with FlexAttention attention",
+        )
 
 
 def _build_model(spec: Spec, config: Any) -> tuple[nn.Module, Any]:
@@ -186,9 +209,10 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     restore = tuple((k, before[k]) for k, _ in flags if k in before)
     _set_dynamo(restore)  # in effect inside step_context only (inspect enters none)
 
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
+    if not meshes.simulated:
+        model.to_empty(device=device)
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
     model.train()
     fsdp = _sum_reductions_on_gloo(model)
     simple_fsdp = simple_fsdp_note(model)

@@ -46,16 +46,10 @@ def spec_for_run(
     """The spec of ``MODULE:CONFIG`` with torchtitan's ``args``; ``overrides``: ``--set``."""
     from gbdoctor.frameworks.torchtitan.config import load_config, parse_run, world_size_for
 
-    if simulate or world_size is not None:
-        raise SpecError(
-            "--torchtitan runs on the ranks its parallelism asks for: no --simulate or "
-            "--world-size",
-            hint="set the degrees with torchtitan's own --parallelism.* overrides",
-        )
     capture = _capture_settings(overrides)
     run = parse_run(name, tuple(args))
     config = load_config(run)
-    world = world_size_for(config)
+    world = world_size_for(config) if world_size is None else launch_world(config, world_size)
     refusal = spmd_types_refusal(config, world)
     if refusal is not None:
         raise SpecError(refusal, hint=f"add {SPMD_OVERRIDE} after the run name")
@@ -96,9 +90,35 @@ def spec_for_run(
             device="cpu",
             timeout_s=float(capture.get("timeout_s", ToolSpec().timeout_s)),
             framework=framework,
+            simulate=simulate,
         ),
         registry_run=run,
     )
+
+
+def launch_world(config: Any, world_size: int) -> int:
+    """``--world-size``: the ranks torchtitan is launched on, which only a config that leaves
+    ``data_parallel_shard_degree`` to the launch (-1) takes; torchtitan's own ``ParallelDims``
+    checks that the degrees divide it."""
+    from torchtitan.distributed import ParallelDims
+
+    p = config.parallelism
+    if p.data_parallel_shard_degree != -1:
+        raise SpecError(
+            f"--world-size {world_size}: this config fixes every parallel degree "
+            f"(data_parallel_shard_degree {p.data_parallel_shard_degree}), so it runs on the "
+            "ranks they multiply to",
+            hint="drop --world-size, or add --parallelism.data_parallel_shard_degree -1 after "
+            "the run name",
+        )
+    try:
+        ParallelDims.from_config(p, world_size)
+    except (AssertionError, ValueError) as exc:
+        raise SpecError(
+            f"torchtitan rejects --world-size {world_size} for this parallelism: {exc}",
+            hint="choose a world size the fixed degrees (TP, CP, PP, replicate) divide",
+        ) from exc
+    return world_size
 
 
 def _dp_shard(config: Any, world: int) -> int:
@@ -164,15 +184,16 @@ def spmd_types_refusal(config: Any, world: int) -> str | None:
     parameters must be DTensors ...") on every rank. Read from the installed torch's FSDP2 code
     (the check that raises it), so a torch that accepts plain tensors there passes."""
     p = config.parallelism
-    shards = _dp_shard(config, world) > 1 or p.context_parallel_degree > 1  # FSDP2 applies
-    if p.spmd_backend != "spmd_types" or not shards or not fsdp_rejects_plain_params():
+    # torchtitan applies fully_shard at any degree (its MixedPrecisionPolicy); on one rank no
+    # parameter is left plain, on more (FSDP, TP, EP alike; measured with TP 8 and FSDP 1) some are.
+    if p.spmd_backend != "spmd_types" or world < 2 or not fsdp_rejects_plain_params():
         return None
     import torch
 
     return (
         f"torchtitan's default parallelism.spmd_backend 'spmd_types' fails in FSDP2's "
         f"fully_shard on torch {torch.__version__} (plain-tensor parameters on an SPMD mesh) "
-        f"as soon as it shards ({world} ranks)"
+        f"as soon as it runs on more than one rank ({world} ranks)"
     )
 
 

@@ -1,0 +1,105 @@
+"""``--simulate`` on a torchtitan >= 0.3 run: its own config, model registry and
+``parallelize_fn`` on the meta device, rank 0 of the config's world on a fake process group, the
+warm-up and captures on fake tensors, with the installed torchtitan 0.3.0 as the oracle: the
+simulated scan of a debug config equals the real scan of it, and a full-size config's simulation
+has the real debug scan's block kinds, regions, graphs and break causes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from gbdoctor.cli import app
+from gbdoctor.frameworks.registry import spec_for_run
+from gbdoctor.scan import scan, simulate_scan
+
+pytestmark = pytest.mark.extra("torchtitan")
+
+DSV3_DEBUG = "deepseek_v3:deepseek_v3_debugmodel"
+COMPILE = ("--compile.enable",)
+# deepseek_v3_16b as shipped compiles the loss only, on EP 8 (world 8): its blocks are compiled
+# too, and more than one rank needs partial_dtensor on torch 2.13 (docs/torchtitan.md).
+DSV3_16B = (
+    "--compile.enable",
+    "--compile.components",
+    "model,loss",
+    "--parallelism.spmd_backend",
+    "partial_dtensor",
+)
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def debug_real():
+    """The real one-rank scan of deepseek_v3's debug config (dense+sac and moe+sac blocks)."""
+    spec = spec_for_run("--torchtitan", DSV3_DEBUG, COMPILE)
+    return spec, scan(spec, recompiles=False)  # a simulation never probes recompiles
+
+
+@pytest.mark.slow  # the real debug scan plus its simulation (~35 s at load 4 on 2 cores)
+def test_simulated_debug_scan_equals_the_real_one(debug_real):
+    spec, real = debug_real
+    simulated = simulate_scan(spec)
+    assert simulated.setup.simulated and not real.setup.simulated
+    assert replace(simulated.setup, simulated=False) == real.setup
+    # Every block record, field for field: kinds, dedupe, regions, graph and op counts,
+    # CUDA-graph findings, breaks, events, errors.
+    assert simulated.blocks == real.blocks
+    assert {b.kind for b in real.blocks} == {"dense+sac", "moe+sac"}
+    assert [n for n in simulated.notes if n in real.notes] == list(real.notes)
+    assert any(n.startswith("simulated: rank 0 of 1") for n in simulated.notes)
+
+
+@pytest.mark.slow  # a 16B-parameter model on 8 simulated ranks (~25 s at load 3.5 on 2 cores)
+def test_full_size_simulation_has_the_debug_scans_kinds_and_breaks(debug_real):
+    """deepseek_v3 16B (27 layers, 64 experts, EP 8 over 8 ranks) simulated, against the real
+    debug scan of the same family: per block kind the same regions, graphs and break causes."""
+    _, real = debug_real
+    spec = spec_for_run("--torchtitan", "deepseek_v3:deepseek_v3_16b", DSV3_16B, simulate=True)
+    full = scan(spec)
+    assert full.setup.simulated
+    p = full.setup
+    assert (p.world_size, p.dp_shard, p.ep_degree) == (8, 8, 8)
+    assert len(full.blocks) == 27 and all(b.error is None for b in full.blocks)
+
+    def per_kind(report):
+        kinds = {}
+        for b in report.blocks:
+            if b.same_as is None:
+                kinds.setdefault(
+                    b.kind,
+                    (
+                        tuple(r.removeprefix(b.fqn) for r in b.regions),
+                        tuple(r.removeprefix(b.fqn) for r in b.fullgraph_regions),
+                        b.graph_count,
+                        sorted((x.cause, x.gb_type) for x in b.breaks),
+                        sorted(e.kind for e in b.events),
+                    ),
+                )
+        return kinds
+
+    assert per_kind(full) == per_kind(real)
+    assert set(per_kind(full)) == {"dense+sac", "moe+sac"}
+    # EP 8's token dispatch read its split sizes on the host from the routing stand-in.
+    assert any(n.startswith("stand-in: uniform routing") for n in full.notes)
+
+
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        # varlen attention: masks from the positions' values, CUDA-only kernels.
+        (("gpt_oss:gpt_oss_20b", "--simulate"), 2, "varlen attention cannot be simulated"),
+        # the config fixes every degree: --world-size has nothing to take.
+        (
+            (DSV3_DEBUG, "--world-size", "2", "--parallelism.data_parallel_shard_degree", "1"),
+            2,
+            "fixes every parallel degree",
+        ),
+    ],
+)
+def test_what_cannot_simulate_is_one_line(args, code, words):
+    result = runner.invoke(app, ["scan", "--torchtitan", *args])
+    assert result.exit_code == code and words in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
