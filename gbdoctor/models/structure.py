@@ -13,9 +13,10 @@ model), so nothing here keys on a class name or on an attribute name:
 - **MoE layers.** A module is an MoE layer when it holds a *router* (a 2-D weight of shape
   ``(num_experts, hidden)``) and an *expert store* for that many experts: a container of
   ``num_experts`` same-class modules, a module whose weights are stacked 3-D tensors with a
-  leading ``num_experts`` dimension, or one whose same-shaped 2-D weights are ``num_experts``
-  expert matrices concatenated along dim 0 (DBRX). The MoE layer is the smallest module holding
-  both. When the model's hidden size is known, the router must take it as input.
+  leading ``num_experts`` dimension (per-expert 2-D biases beside them, as in gpt-oss), or one
+  whose same-shaped 2-D weights are ``num_experts`` expert matrices concatenated along dim 0
+  (DBRX). The MoE layer is the smallest module holding both. When the model's hidden size is
+  known, the router must take it as input.
 """
 
 from __future__ import annotations
@@ -173,8 +174,10 @@ def _expert_count(module: nn.Module) -> tuple[int, bool] | None:
     own = [p for _, p in module.named_parameters(recurse=False)]
     if not own:
         return None
+    # Stacked weights (E, in, out), and per-expert biases (E, out) beside them (gpt-oss).
     if (
-        all(p.dim() >= 3 for p in own)
+        any(p.dim() >= 3 for p in own)
+        and all(p.dim() >= 2 for p in own)
         and len({p.shape[0] for p in own}) == 1
         and own[0].shape[0] >= 2
     ):

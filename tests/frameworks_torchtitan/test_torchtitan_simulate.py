@@ -103,3 +103,28 @@ def test_what_cannot_simulate_is_one_line(args, code, words):
     result = runner.invoke(app, ["scan", "--torchtitan", *args])
     assert result.exit_code == code and words in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_gpt_oss_blocks_are_moe_by_structure():
+    """gpt-oss's expert store holds stacked weights (E, out, in) and per-expert biases (E, out)
+    beside them; its blocks are MoE blocks (they were labelled dense while 2-D biases kept the
+    store from counting as stacked)."""
+    from gbdoctor.frameworks.torchtitan.config import meta_model
+    from gbdoctor.models.structure import find_blocks, find_moe_layers, hidden_size
+
+    spec = spec_for_run("--torchtitan", "gpt_oss:gpt_oss_debugmodel_flex", COMPILE)
+    model = meta_model(spec)
+    hidden = hidden_size(model)
+    layers = [find_moe_layers(block, hidden) for _, _, block in find_blocks(model).items()]
+    assert len(layers) == 4 and all(len(found) == 1 for found in layers)
+    moe = layers[0][0]
+    assert (moe.num_experts, moe.stacked) == (8, True)
+    store = model.get_submodule(f"layers.0.{moe.experts}")
+    shapes = sorted(p.dim() for p in store.parameters())
+    assert shapes == [2, 2, 3, 3]  # two stacked weights, two per-expert biases
+    router = model.get_submodule(f"layers.0.{moe.router}")
+    assert tuple(router.weight.shape) == (8, hidden)
+    # The scan's block kinds follow: every gpt-oss block is an MoE block.
+    report = simulate_scan(spec)
+    assert [b.kind for b in report.blocks] == ["moe"] * 4
+    assert all(b.error is None for b in report.blocks)
