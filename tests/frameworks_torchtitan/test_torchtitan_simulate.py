@@ -52,7 +52,7 @@ def test_simulated_debug_scan_equals_the_real_one(debug_real):
     assert any(n.startswith("simulated: rank 0 of 1") for n in simulated.notes)
 
 
-@pytest.mark.slow  # a 16B-parameter model on 8 simulated ranks (~25 s at load 3.5 on 2 cores)
+@pytest.mark.slow  # a 16B-parameter model on 8 simulated ranks (12 s at load 2, 28 s at load 6)
 def test_full_size_simulation_has_the_debug_scans_kinds_and_breaks(debug_real):
     """deepseek_v3 16B (27 layers, 64 experts, EP 8 over 8 ranks) simulated, against the real
     debug scan of the same family: per block kind the same regions, graphs and break causes."""
