@@ -26,8 +26,9 @@ import torch
 import torch.nn as nn
 
 from gbdoctor.capture import CaptureSession, RawCapture, within
+from gbdoctor.capture.break_records import user_frames
 from gbdoctor.capture.locate import HOOK_DICTS
-from gbdoctor.capture.session import CodeKey, user_frames
+from gbdoctor.capture.raw_capture import CodeKey
 from gbdoctor.errors import first_line
 from gbdoctor.records import BlockKind, BlockReport, DedupeProof
 from gbdoctor.setup.apply import Setup

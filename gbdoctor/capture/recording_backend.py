@@ -1,0 +1,139 @@
+"""The recording backend: a Dynamo backend that counts the graphs and ops of each compiled region,
+then runs them as ``aot_eager`` does, reading every forward and backward ATen graph (what inductor
+would compile) for CUDA-graph readiness (``capture/cudagraphs.py``)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from gbdoctor.capture import cudagraphs
+from gbdoctor.capture.raw_capture import RawCapture
+
+GraphCheck = Callable[
+    [torch.fx.GraphModule, Sequence[Any], Sequence[int], "cudagraphs.GraphInfo"],
+    list[Any],
+]
+"""(ATen graph, example inputs, static input indices, which graph) -> readiness findings."""
+
+
+class Recording(Protocol):
+    """What a recording backend records into (``CaptureSession``)."""
+
+    graph_checks: list[GraphCheck]
+    """More CUDA-graph readiness checks of every ATen graph, beside inductor's."""
+
+    def recording(self) -> RawCapture | None:
+        """The capture being recorded; None outside a capture or while it is paused."""
+        ...
+
+
+def make_recording_backend(session: Recording, region_of: Callable[[], str]) -> Any:
+    """A Dynamo backend recording each graph into ``session``'s capture, as region
+    ``region_of()``; outside a capture, or paused (the recompile probe's steps keep the counts
+    those of the capture step), it only runs the graph."""
+    # aot_eager, not the graph's own forward: AOTAutograd functionalizes checkpoint regions
+    # and in-place buffer updates the way a real backend does, so backward behaves as in
+    # training (a plain eager replay of a checkpoint HOP double-applies in-place updates).
+    # Called with recording forward/backward compilers: those graphs are what inductor would
+    # compile, so they are where CUDA-graph readiness is read (capture/cudagraphs.py).
+    from torch._dynamo.backends.debugging import aot_eager as inner_backend
+
+    def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        current = session.recording()
+        if current is None:
+            return inner_backend(gm, example_inputs)
+        fqn = region_of()
+        graphs = current.graphs.setdefault(fqn, [])
+        graphs.append(count_ops(gm))
+        index = len(graphs) - 1
+        current.cudagraph_findings += cudagraphs.dynamo_graph_findings(
+            gm, cudagraphs.GraphInfo(region=fqn, phase="dynamo", index=index)
+        )
+        names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+        compiled = inner_backend(
+            gm,
+            example_inputs,
+            fw_compiler=_recording_compiler(
+                current, fqn, index, "forward", names, session.graph_checks
+            ),
+            bw_compiler=_recording_compiler(
+                current, fqn, index, "backward", checks=session.graph_checks
+            ),
+        )
+
+        @functools.wraps(compiled)  # keeps ``_boxed_call``: Dynamo calls it the same way
+        def run(*args: Any, **kwargs: Any) -> Any:
+            target = session.recording()
+            if target is not None:
+                target.ran_compiled.add(region_of())
+            return compiled(*args, **kwargs)
+
+        return run
+
+    return recording_backend
+
+
+def _recording_compiler(
+    current: RawCapture,
+    fqn: str,
+    index: int,
+    phase: str,
+    input_names: tuple[str, ...] = (),
+    checks: Sequence[GraphCheck] = (),
+) -> Any:
+    """An AOTAutograd forward/backward compiler that reads the graph for CUDA-graph readiness
+    and then runs it as aot_eager does. Static inputs as inductor's cudagraph path takes them:
+    forward, AOTAutograd's ``static_input_indices`` (parameters, buffers); backward, every input
+    before the tangents (saved by a cudagraphed forward)."""
+    from functorch.compile import make_boxed_func
+    from torch._guards import TracingContext
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        if phase == "forward":
+            context = TracingContext.try_get()
+            metadata = getattr(context, "fw_metadata", None) if context is not None else None
+            static = list(getattr(metadata, "static_input_indices", None) or [])
+        else:
+            static = list(range(_count_fixed_backward_inputs(gm)))
+        try:
+            info = cudagraphs.GraphInfo(region=fqn, phase=phase, index=index)
+            found = cudagraphs.aten_graph_findings(gm, example_inputs, static, info, input_names)
+            seen = {(f.node, f.kind, f.effect) for f in found}
+            for check in checks:  # a finding inductor's check made already is not repeated
+                found += [
+                    f
+                    for f in check(gm, example_inputs, static, info)
+                    if (f.node, f.kind, f.effect) not in seen
+                ]
+            current.cudagraph_findings += found
+            current.aten_graphs += 1
+            current.aten_graphs_by_region[fqn] = current.aten_graphs_by_region.get(fqn, 0) + 1
+        except Exception:  # noqa: BLE001 - readiness is advisory; never fail the capture for it
+            logging.getLogger(__name__).debug("could not analyse a %s graph", phase, exc_info=True)
+        return make_boxed_func(gm.forward)
+
+    return compile_graph
+
+
+def _count_fixed_backward_inputs(gm: torch.fx.GraphModule) -> int:
+    """Inputs of a backward graph before its first tangent (inductor's ``count_tangents``)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        if "tangents" in node.name:
+            return i
+    return len(placeholders)
+
+
+def count_ops(gm: torch.fx.GraphModule) -> int:
+    """``call_function`` nodes, including those inside higher-order-op bodies (a checkpoint
+    region is one HOP node in the outer graph; its ops live in a nested GraphModule)."""
+    total = 0
+    for sub in gm.modules():
+        if isinstance(sub, torch.fx.GraphModule):
+            total += sum(1 for n in sub.graph.nodes if n.op == "call_function")
+    return total
