@@ -4,7 +4,7 @@ probe's counts; each difference a finding (``compare`` runs it per spec and deci
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gbdoctor.causes.renames import GbRename, renamed
@@ -15,6 +15,7 @@ from gbdoctor.records import (
     Finding,
     KindCounts,
     Location,
+    Recompile,
     ScanReport,
     Severity,
 )
@@ -250,25 +251,22 @@ def _compare_kind(
     return out
 
 
-def _recompile_locations(
-    report: ScanReport | None, kind: str, *, steady: bool
-) -> tuple[Location, ...]:
-    found: dict[Location, None] = {}
-    for block in report.blocks if report is not None else ():
-        for rec in block.recompiles if block.kind == kind else ():
-            if rec.location and (rec.measured or not steady):
-                file, _, line = rec.location.rpartition(":")
-                found[Location(file=file, line=int(line) if line.isdigit() else 0)] = None
-    return tuple(sorted(found, key=lambda loc: (loc.file, loc.line)))
-
-
-def _first_recompile(report: ScanReport | None, kind: str, *, steady: bool) -> str:
+def _recompiles(report: ScanReport | None, kind: str, *, steady: bool) -> Iterator[Recompile]:
+    """The recompiles a kind's blocks recorded, in scan order; ``steady``: only those measured
+    in the probe's last step."""
     for block in report.blocks if report is not None else ():
         for rec in block.recompiles if block.kind == kind else ():
             if rec.measured or not steady:
-                where = f" at {rec.location}" if rec.location else ""
-                return f" (first: {rec.reason}{where})"
-    return ""
+                yield rec
+
+
+def _recompile_locations(recompiles: Iterable[Recompile]) -> tuple[Location, ...]:
+    found: dict[Location, None] = {}
+    for rec in recompiles:
+        if rec.location:
+            file, _, line = rec.location.rpartition(":")
+            found[Location(file=file, line=int(line) if line.isdigit() else 0)] = None
+    return tuple(sorted(found, key=lambda loc: (loc.file, loc.line)))
 
 
 def _compare_recompiles(
@@ -286,12 +284,23 @@ def _compare_recompiles(
         return
     severity = Severity.REGRESSION if gate else Severity.INFO
     was_steady, now_steady = old.steady_recompiles or 0, new.steady_recompiles or 0
-    if now_steady > was_steady:
+
+    def regression(what: str, *, steady: bool, hint: str) -> None:
+        """``what`` with the first such recompile of the new scan, and where they happen."""
+        recompiles = list(_recompiles(new_report, kind, steady=steady))
+        first = recompiles[0] if recompiles else None
+        where = f" at {first.location}" if first is not None and first.location else ""
         add(
             severity,
-            f"recompiles on every step ({was_steady} -> {now_steady} in the last probe step)"
-            + _first_recompile(new_report, kind, steady=True),
-            locations=_recompile_locations(new_report, kind, steady=True),
+            what + (f" (first: {first.reason}{where})" if first is not None else ""),
+            locations=_recompile_locations(recompiles),
+            hint=hint,
+        )
+
+    if now_steady > was_steady:
+        regression(
+            f"recompiles on every step ({was_steady} -> {now_steady} in the last probe step)",
+            steady=True,
             hint="a guard fails on every training step; after recompile_limit (8) Dynamo runs the "
             "frame eagerly: make the changing value a tensor or stop the model from changing it",
         )
@@ -310,11 +319,9 @@ def _compare_recompiles(
                 "regenerate it with --update-baseline)",
             )
     elif now > old.recompiles and now_steady <= was_steady:
-        add(
-            severity,
-            f"recompiles with changed inputs {old.recompiles} -> {now}"
-            + _first_recompile(new_report, kind, steady=False),
-            locations=_recompile_locations(new_report, kind, steady=False),
+        regression(
+            f"recompiles with changed inputs {old.recompiles} -> {now}",
+            steady=False,
             hint="a new guard fails when the data or sequence length changes; each is a compile "
             "in training",
         )
@@ -338,16 +345,13 @@ def compare_spec(
     new_torch: str = "",
 ) -> list[Finding]:
     out: list[Finding] = []
+
+    def add(severity: str, kind: str, what: str, hint: str = "") -> None:
+        out.append(Finding(severity=severity, spec=spec, kind=kind, what=what, hint=hint))
+
     for kind in new:
         if kind not in old:
-            out.append(
-                Finding(
-                    severity=Severity.INFO,
-                    spec=spec,
-                    kind=kind,
-                    what=f"new kind ({new[kind].layers} layer(s))",
-                )
-            )
+            add(Severity.INFO, kind, f"new kind ({new[kind].layers} layer(s))")
         out += _compare_kind(
             spec,
             kind,
@@ -361,14 +365,11 @@ def compare_spec(
         )
     for kind in old:
         if kind not in new:
-            out.append(
-                Finding(
-                    severity=Severity.WARNING,
-                    spec=spec,
-                    kind=kind,
-                    what=f"kind removed (baseline: {old[kind].layers} layer(s), "
-                    f"{old[kind].break_count} break(s))",
-                    hint="the block kinds changed (setup or model edit?); " + UPDATE_HINT,
-                )
+            add(
+                Severity.WARNING,
+                kind,
+                f"kind removed (baseline: {old[kind].layers} layer(s), "
+                f"{old[kind].break_count} break(s))",
+                "the block kinds changed (setup or model edit?); " + UPDATE_HINT,
             )
     return out

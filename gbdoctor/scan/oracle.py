@@ -109,31 +109,18 @@ def oracle_check(spec: Spec, report: ScanReport) -> OracleReport:
         scanned = by_fqn.get(fqn)
         if scanned is None or fqn not in store:
             continue
+        breaks = sum(b.count for b in scanned.breaks)
         try:
             statements = plain_compile_statements(block, store[fqn], root, flags)
         except Exception as exc:  # noqa: BLE001 - a layer plain compile cannot run is data
-            results.append(
-                OracleBlock(
-                    fqn=fqn,
-                    oracle=(),
-                    gbdoctor_breaks=_count(scanned),
-                    error=describe_error(exc, root),
-                )
-            )
+            error = describe_error(exc, root)
+            results.append(OracleBlock(fqn=fqn, oracle=(), gbdoctor_breaks=breaks, error=error))
             continue
+        differences = compare(statements, scanned)
         results.append(
-            OracleBlock(
-                fqn=fqn,
-                oracle=statements,
-                gbdoctor_breaks=_count(scanned),
-                differences=compare(statements, scanned),
-            )
+            OracleBlock(fqn=fqn, oracle=statements, gbdoctor_breaks=breaks, differences=differences)
         )
     return OracleReport(blocks=tuple(results))
-
-
-def _count(block: BlockReport) -> int:
-    return sum(b.count for b in block.breaks)
 
 
 def compare(
@@ -150,6 +137,12 @@ def compare(
     oracle_sites = {f"{s.file}:{s.line}": s for s in statements}
     eager_ac = any(e.kind == EventKind.REGION_EAGER for e in block.events)
     out = []
+
+    def differ(statement: str, side: str, expected: bool, why: str) -> None:
+        out.append(
+            OracleDifference(statement=statement, side=side, expected=expected, explanation=why)
+        )
+
     for site, stmt in oracle_sites.items():
         if site in sites:
             continue
@@ -163,14 +156,7 @@ def compare(
             )
         else:
             expected, why = False, "plain torch.compile breaks here; gbdoctor reports no break"
-        out.append(
-            OracleDifference(
-                statement=f"{site} {stmt.gb_type}",
-                side="oracle",
-                expected=expected,
-                explanation=why,
-            )
-        )
+        differ(f"{site} {stmt.gb_type}", "oracle", expected, why)
     matched = {id(sites[s]) for s in oracle_sites if s in sites}
     for brk in block.breaks:
         if id(brk) in matched:
@@ -186,14 +172,7 @@ def compare(
             expected, why = True, "seen only in Dynamo's counters (no user stack to compare)"
         else:
             expected, why = False, "gbdoctor reports a break here; plain torch.compile does not"
-        out.append(
-            OracleDifference(
-                statement=f"{where} {brk.gb_type}",
-                side="gbdoctor",
-                expected=expected,
-                explanation=why,
-            )
-        )
+        differ(f"{where} {brk.gb_type}", "gbdoctor", expected, why)
     return tuple(sorted(out, key=lambda d: (d.side, d.statement)))
 
 
