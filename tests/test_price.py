@@ -275,22 +275,14 @@ def test_diff_fails_on_a_price_rise_beyond_threshold_and_spreads_only():
 
 
 def test_plan_shows_each_kinds_predicted_gain_from_a_priced_scan():
-    from gbdoctor.records import KindPlan, Plan
+    from plan_factory import make_plan
+
+    from gbdoctor.records import KindPlan
     from gbdoctor.report.plan_table import predicted_gains, render_plan_table
 
-    plan = Plan(
-        spec="s.toml",
-        model="m",
-        torch_version="2.13.0",
-        baseline_strategy="titan-v0.2.0",
-        flags=(),
-        flag_costs=(),
-        verified=True,
-        rounds=1,
-        kinds=(
-            KindPlan(kind="moe", layers=("layers.1",), mode="children", fullgraph=True),
-            KindPlan(kind="dense", layers=("layers.0",), mode="block", fullgraph=True),
-        ),
+    plan = make_plan(
+        KindPlan(kind="moe", layers=("layers.1",), mode="children", fullgraph=True),
+        KindPlan(kind="dense", layers=("layers.0",), mode="block", fullgraph=True),
     )
     price = _price(
         world_size=2,

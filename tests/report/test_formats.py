@@ -231,31 +231,21 @@ def test_the_command_format_registry_matches_the_formatters():
 def test_plan_table_says_how_to_use_cudagraph_ready_kinds_per_framework(framework, measurable):
     """The python emitter takes cudagraphs=True for any plan; ``run --modes cudagraphs`` is named
     only where the plan's framework has that run mode."""
+    from plan_factory import make_plan
+
     from gbdoctor.frameworks.registry import framework_named
-    from gbdoctor.records import KindPlan, Plan
+    from gbdoctor.records import KindPlan
     from gbdoctor.report.plan_table import render_plan_table
 
-    plan = Plan(
-        spec="s.toml",
-        model="m",
-        torch_version="2.13.0",
-        baseline_strategy="titan-v0.2.0",
-        flags=(),
-        flag_costs=(),
-        verified=True,
-        rounds=1,
-        framework=framework,
-        kinds=(
-            KindPlan(
-                kind="dense",
-                layers=("layers.0",),
-                mode="block",
-                fullgraph=True,
-                cudagraph_ready=True,
-                cudagraphs="ready",
-            ),
-        ),
+    kind = KindPlan(
+        kind="dense",
+        layers=("layers.0",),
+        mode="block",
+        fullgraph=True,
+        cudagraph_ready=True,
+        cudagraphs="ready",
     )
+    plan = make_plan(kind, framework=framework)
     text = " ".join(render_plan_table(plan).split())
     assert "`--emit-config python` code takes cudagraphs=True" in text
     assert ("--modes plan,cudagraphs" in text) is measurable
