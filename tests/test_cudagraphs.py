@@ -213,9 +213,10 @@ def test_verdict_words(status):
 
 def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):
     """On CPU the mode is reported unavailable (not run, not faked) and is not a finding."""
+    from plan_factory import make_plan
     from repo_paths import FIXTURES
 
-    from gbdoctor.records import KindPlan, Plan
+    from gbdoctor.records import KindPlan
     from gbdoctor.records.io import dumps
     from gbdoctor.run import run_modes
     from gbdoctor.spec import load_spec
@@ -230,16 +231,12 @@ def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):
         cudagraphs="ready with 2 static copies",
         cudagraph_ready=True,
     )
-    plan = Plan(
+    plan = make_plan(
+        kind,
         spec=spec.path,
         model="llama3/debugmodel",
         torch_version=torch.__version__,
         baseline_strategy="block",
-        flags=(),
-        flag_costs=(),
-        kinds=(kind,),
-        verified=True,
-        rounds=1,
     )
     path = tmp_path / "plan.json"
     path.write_text(dumps(plan))
