@@ -37,6 +37,7 @@ def child(spec_path: str) -> dict:
     import resource
 
     import gbdoctor.scan as scan_mod
+    from gbdoctor.scan import rank as rank_mod
     from gbdoctor.spec import load_spec
     from gbdoctor.summary import summarize
 
@@ -53,11 +54,12 @@ def child(spec_path: str) -> dict:
 
         return wrapper
 
-    scan_mod.build_and_setup = timed(
-        "build+setup (meta) + fake materialize", scan_mod.build_and_setup
+    # Patched where scan_rank looks them up (gbdoctor.scan.rank's globals).
+    rank_mod.build_and_setup = timed(
+        "build+setup (meta) + fake materialize", rank_mod.build_and_setup
     )
-    scan_mod.warm_up = timed("eager warm-up step", scan_mod.warm_up)
-    scan_mod.capture_block = timed("block captures", scan_mod.capture_block)
+    rank_mod.run_warm_up = timed("eager warm-up step", rank_mod.run_warm_up)
+    rank_mod.capture_block = timed("block captures", rank_mod.capture_block)
 
     spec = load_spec(spec_path, ["gbdoctor.simulate=true"])
     t0 = time.perf_counter()
