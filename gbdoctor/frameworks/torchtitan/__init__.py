@@ -4,9 +4,11 @@
 A run is named by its config registry, not a TOML file: ``--torchtitan MODULE:CONFIG`` plus
 torchtitan's own ``--section.key`` overrides on every command that takes a spec (``spec.py``
 turns it into a ``Spec`` whose ``registry_run`` holds the name and overrides). torchtitan's own
-code builds and sets the model up (``setup.py``); scans capture per block like the v0.2 mirror
-(``CaptureStyle.PER_BLOCK``, ``scan.rank``), on the ranks its parallelism asks for, never
-simulated. ``plan.py``: keep torchtitan's per-block compile where it is clean, else flags, a
+code builds and sets the model up (``setup.py``; its config in ``config.py``, CPU stand-ins in
+``cpu.py``, the recording compile in ``recording.py``); scans capture per block like the v0.2
+mirror (``CaptureStyle.PER_BLOCK``, ``scan.rank``), on the ranks its parallelism asks for, or
+simulated at full size (``scan.simulate``: the model stays on meta through torchtitan's setup,
+then becomes fake tensors). ``plan.py``: keep torchtitan's per-block compile where it is clean, else flags, a
 ``fullgraph=False`` block or an eager one; ``emit.py``: the config-registry function (plus a
 ``parallelize`` wrapper) a torchtitan user applies.
 """
