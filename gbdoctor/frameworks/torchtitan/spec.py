@@ -175,8 +175,8 @@ def _ac_spec(ac: Any) -> ACSpec:
 
 
 def spmd_types_refusal(config: Any, world: int) -> str | None:
-    """The message when torchtitan's ``spmd_types`` backend meets FSDP2 sharding on a torch
-    whose ``fully_shard`` rejects it, else None.
+    """The message when torchtitan's ``spmd_types`` backend meets FSDP2 on more than one rank,
+    on a torch whose ``fully_shard`` rejects it, else None.
 
     Under ``spmd_types`` torchtitan's ``model.parallelize`` leaves parameters on non-model-
     parallel axes plain (SPMD-typed) tensors and passes ``dp_mesh_dims`` to ``fully_shard``;
