@@ -128,3 +128,21 @@ def test_gpt_oss_blocks_are_moe_by_structure():
     report = simulate_scan(spec)
     assert [b.kind for b in report.blocks] == ["moe"] * 4
     assert all(b.error is None for b in report.blocks)
+
+
+def test_world_size_is_the_launch_of_a_dp_shard_minus_one_config():
+    """llama3_8b leaves data_parallel_shard_degree at -1: --world-size 8 is FSDP 8 (resolved by
+    torchtitan's own ParallelDims), and more than one rank needs partial_dtensor; llama3_70b's
+    TP 8 with FSDP 1 needs it too (torch 2.13 refuses its plain norm weights)."""
+    from gbdoctor.errors import SpecError
+
+    partial = ("--parallelism.spmd_backend", "partial_dtensor")
+    spec = spec_for_run("--torchtitan", "llama3:llama3_8b", partial, world_size=8, simulate=True)
+    p = spec.parallelism
+    assert (p.world_size, p.dp_shard, p.tensor_parallel_degree) == (8, 8, 1)
+    assert spec.gbdoctor.simulate
+    for name, world in (("llama3:llama3_8b", 8), ("llama3:llama3_70b", None)):
+        with pytest.raises(SpecError, match="more than one rank"):
+            spec_for_run("--torchtitan", name, (), world_size=world)
+    with pytest.raises(SpecError, match="rejects --world-size 4"):
+        spec_for_run("--torchtitan", "llama3:llama3_70b", partial, world_size=4)
