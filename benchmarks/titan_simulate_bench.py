@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PARTIAL = ("--parallelism.spmd_backend", "partial_dtensor")
 MODEL_TOO = ("--compile.components", "model,loss")
+TRAIN_SHAPE = ("--set", "gbdoctor.batch_size=4", "--set", "gbdoctor.seq_len=4096")
 RUNS: dict[str, tuple[str, ...]] = {
     "llama3_8b": ("llama3:llama3_8b",),
     "llama3_8b-w8": ("llama3:llama3_8b", "--world-size", "8", *PARTIAL),
@@ -49,6 +50,19 @@ RUNS: dict[str, tuple[str, ...]] = {
     ),
     "deepseek_v3_16b": ("deepseek_v3:deepseek_v3_16b", *MODEL_TOO, *PARTIAL),
     "deepseek_v3_671b": ("deepseek_v3:deepseek_v3_671b", *MODEL_TOO, *PARTIAL),
+    # At the config's training shape (4 x 4096) instead of the 2 x 64 capture shape.
+    "deepseek_v3_16b-4x4096": (
+        "deepseek_v3:deepseek_v3_16b",
+        *MODEL_TOO,
+        *PARTIAL,
+        *TRAIN_SHAPE,
+    ),
+    "deepseek_v3_671b-4x4096": (
+        "deepseek_v3:deepseek_v3_671b",
+        *MODEL_TOO,
+        *PARTIAL,
+        *TRAIN_SHAPE,
+    ),
     "gpt_oss_20b": ("gpt_oss:gpt_oss_20b",),
     "gpt_oss_120b": ("gpt_oss:gpt_oss_120b",),
     "muse_glimmer_30b": ("muse_glimmer:muse_glimmer_30b",),

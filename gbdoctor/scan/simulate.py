@@ -44,8 +44,11 @@ from gbdoctor.errors import SetupError
 from gbdoctor.records import Spec
 
 _aten = torch.ops.aten
-_MAX_VALUE_NUMEL = 1 << 16
-"""Tensors larger than this never carry stand-in values (token counts are per-expert sized)."""
+_MAX_VALUE_NUMEL = 1 << 22
+"""Tensors larger than this never carry stand-in values. Token counts are per-expert sized, but
+torchtitan >= 0.3 derives them from a one-hot routing map of ``batch x seq x experts`` (4 x 4096
+x 256 = 2**22 for deepseek_v3 671B at its training shape), which must carry its values; at most
+16 MiB per bool/int32 map, held only while its fake tensor lives."""
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d_functional", "c10d")
 
 
