@@ -42,7 +42,7 @@ def main() -> None:
 
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.plan import plan_strategy, propose_plan
-    from gbdoctor.run.measure import load_average
+    from gbdoctor.run.measure import load_average, per_step_max
     from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
     from gbdoctor.run.price import AS_SET_UP, _median_step, _modes, breaks_tolerated
     from gbdoctor.run.rounds import CompileCache, train_rounds
@@ -79,6 +79,10 @@ def main() -> None:
     if rounds.failures:
         sys.exit(f"failed: {rounds.failures}")
     medians = {m: [_median_step(r) for r in runs] for m, runs in rounds.runs.items()}
+    cpu = {
+        m: [statistics.median(per_step_max(r, "step_cpu_times")) * 1e3 for r in runs]
+        for m, runs in rounds.runs.items()
+    }
     out: dict[str, object] = {
         "spec": args.spec,
         "sets": sets,
@@ -91,21 +95,25 @@ def main() -> None:
         "load_after": round(load_average(), 2),
         "round_medians_ms": {m: [round(x, 1) for x in v] for m, v in medians.items()},
     }
-    diffs = {}
-    for mode, values in medians.items():
-        if mode == AS_SET_UP:
-            continue
-        d = [a - x for a, x in zip(medians[AS_SET_UP], values, strict=True)]
-        diffs[f"{AS_SET_UP} - {mode}"] = {
-            "median": round(statistics.median(d), 1),
-            "spread": [round(min(d), 1), round(max(d), 1)],
-            "rounds": [round(x, 1) for x in d],
-        }
-    out["paired_differences_ms"] = diffs
-    for mode, values in medians.items():
-        print(f"{mode:>22}: {[round(x, 1) for x in values]} ms")
-    for name, d in diffs.items():
-        print(f"{name:>40}: {d['median']:8.1f} ms [{d['spread'][0]} to {d['spread'][1]}]")
+    out["round_cpu_medians_ms"] = {m: [round(x, 1) for x in v] for m, v in cpu.items()}
+    for clock, table in (("wall", medians), ("cpu", cpu)):
+        diffs = {}
+        for mode, values in table.items():
+            if mode == AS_SET_UP:
+                continue
+            d = [a - x for a, x in zip(table[AS_SET_UP], values, strict=True)]
+            diffs[f"{AS_SET_UP} - {mode}"] = {
+                "median": round(statistics.median(d), 1),
+                "spread": [round(min(d), 1), round(max(d), 1)],
+                "rounds": [round(x, 1) for x in d],
+            }
+        out[f"paired_differences_{clock}_ms"] = diffs
+        for mode, values in table.items():
+            print(f"{clock} {mode:>22}: {[round(x, 1) for x in values]} ms")
+        for name, d in diffs.items():
+            print(
+                f"{clock} {name:>40}: {d['median']:8.1f} ms [{d['spread'][0]} to {d['spread'][1]}]"
+            )
     print(f"load max {out['load_max']} (cores {os.cpu_count()})")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")

@@ -121,6 +121,10 @@ def priced(tmp_path_factory):
             "1",
             "--warmup",
             "1",
+            # CPU time: the real path of the clock a busy machine needs (the wall clock differs
+            # only in the field it reads, and its arithmetic is tested below).
+            "--clock",
+            "cpu",
             "-f",
             "json",
             "-o",
@@ -150,6 +154,7 @@ def test_every_distinct_break_has_a_price_with_a_spread(priced):
         )
     assert price.backend == "aot_eager" and price.rounds == 2 and price.world_size == 1
     assert price.step_spread_ms[0] <= price.step_ms <= price.step_spread_ms[1]
+    assert price.clock == "cpu" and data["price"]["clock"] == "cpu" and price.step_ms > 0
 
 
 def test_a_kinds_price_is_split_over_its_breaks_by_their_eager_time(priced):
@@ -180,6 +185,7 @@ def test_the_table_and_markdown_show_the_prices(priced):
     assert "backend aot_eager" in table
     markdown = render(report, "markdown")
     assert "### Price per distinct break" in markdown
+    assert "Measured in the ranks' CPU time on cpu" in markdown
 
 
 def test_rows_rank_the_most_expensive_break_first_and_the_check_adds_up():
@@ -338,11 +344,17 @@ def _priced_kinds(*prices: tuple[float, tuple[float, float]]):
     )
 
 
-def _run_of(base_rounds_s, plan_rounds_s, **fields):
+def _run_of(base_rounds_s, plan_rounds_s, cpu_rounds_s=((), ()), **fields):
     from gbdoctor.records import ModeResult, RunReport
 
-    def mode(name, rounds):
-        return ModeResult(mode=name, strategy=name, status="ok", round_medians_s=rounds)
+    def mode(name, rounds, cpu_rounds):
+        return ModeResult(
+            mode=name,
+            strategy=name,
+            status="ok",
+            round_medians_s=rounds,
+            round_cpu_medians_s=cpu_rounds,
+        )
 
     return RunReport(
         **{
@@ -360,7 +372,10 @@ def _run_of(base_rounds_s, plan_rounds_s, **fields):
             "tokens_per_step": 1,
             "ac_mode": "none",
             "ac_option": "",
-            "modes": (mode("as-priced", base_rounds_s), mode("plan", plan_rounds_s)),
+            "modes": (
+                mode("as-priced", base_rounds_s, cpu_rounds_s[0]),
+                mode("plan", plan_rounds_s, cpu_rounds_s[1]),
+            ),
             **fields,
         }
     )
@@ -392,6 +407,42 @@ def test_run_sets_the_predicted_gain_beside_the_measured_one():
     assert "--batch-size 1 --seq-len 1" in differs.detail
 
 
+def test_prices_in_cpu_time_are_checked_against_the_runs_cpu_time():
+    """A price measured with ``--clock cpu`` is set beside the run's CPU-time rounds, never its
+    wall-clock ones (which a busy machine moves by more than the price)."""
+    from dataclasses import replace
+
+    from gbdoctor.records import Clock
+    from gbdoctor.run.price_check import price_check
+
+    kinds = _priced_kinds((20.0, (10.0, 30.0)), (5.0, (4.0, 6.0)))
+    priced = _scan_priced(replace(_price(kinds=kinds, breaks=()), clock=Clock.CPU))
+    wall, cpu = ((0.900, 0.400), (0.500, 0.800)), ((0.130, 0.125), (0.100, 0.105))
+    check = price_check(_run_of(*wall, cpu_rounds_s=cpu), priced)
+    assert check.clock == Clock.CPU and (check.measured_ms, check.consistent) == (25.0, True)
+    assert "Price check (CPU time):" in run_price_check(check)
+    in_wall = price_check(
+        _run_of(*wall, cpu_rounds_s=cpu), _scan_priced(_price(kinds=kinds, breaks=()))
+    )
+    assert in_wall.clock == Clock.WALL and in_wall.measured_ms == 0.0
+
+
+def test_price_in_cpu_time_is_refused_off_cpu(monkeypatch):
+    """``--clock cpu`` measures the host's work: on a CUDA device it is bad input (exit 2)."""
+    from gbdoctor.errors import SpecError
+    from gbdoctor.records import Clock
+    from gbdoctor.run import price as price_module
+    from gbdoctor.setup import dist
+
+    monkeypatch.setattr(dist, "resolve_device", lambda device: "cuda")
+    from gbdoctor.spec import load_spec
+
+    spec = load_spec(FIXTURES / "llama3_debug.toml")
+    with pytest.raises(SpecError, match="--clock cpu measures the host's work, not the cuda"):
+        price_module.check_clock(Clock.CPU, spec)
+    assert price_module.check_clock(Clock.WALL, spec) == "cuda"
+
+
 @pytest.mark.slow
 def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
     """``run --price`` on the spec that was priced, at its shapes and backend: the JSON carries
@@ -412,9 +463,11 @@ def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
     run = json.loads(out.read_text())
     assert run["schema_version"] == RUN_SCHEMA_VERSION
     modes = {m["mode"]: m for m in run["modes"]}
-    gains = [
+    gains = [  # the prices are in CPU time: so is the side the check measures
         (b - p) * 1e3
-        for b, p in zip(modes["as-priced"]["round_medians_s"], modes["plan"]["round_medians_s"])
+        for b, p in zip(
+            modes["as-priced"]["round_cpu_medians_s"], modes["plan"]["round_cpu_medians_s"]
+        )
     ]
     check = run["price_check"]
     assert check["as_set_up"] == f"as-priced ({as_set_up})"
@@ -424,7 +477,9 @@ def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
     assert check["predicted_ms"] == pytest.approx(total, abs=0.06)
     line = run_price_check(report_from_json(out.read_text()).price_check)
     assert line in render_run(report_from_json(out.read_text()), "markdown")
-    assert f"this run measured {check['measured_ms']:.1f}" in line
+    assert f"this run measured {check['measured_ms']:.1f}" in line and "(CPU time)" in line
+    for mode in modes.values():  # each round's median step in CPU time too, one per round
+        assert len(mode["round_cpu_medians_s"]) == 2 and min(mode["round_cpu_medians_s"]) > 0
 
 
 def test_profiling_a_step_prints_nothing_on_stderr():

@@ -20,6 +20,7 @@ from gbdoctor.cli.options import (
 )
 from gbdoctor.cli.output import ProgressBar, emit, notice, preflight
 from gbdoctor.errors import ExitCode
+from gbdoctor.records import Clock
 
 
 def price(
@@ -49,6 +50,14 @@ def price(
     seq_len: Annotated[
         int | None, typer.Option("--seq-len", help="Sequence length (default: as `run`)")
     ] = None,
+    clock: Annotated[
+        Clock,
+        typer.Option(
+            "--clock",
+            help="wall: elapsed step time (what training feels); cpu: the ranks' CPU time, "
+            "steady on a busy machine (CPU devices)",
+        ),
+    ] = Clock.WALL,
     format: ScanFormatOpt = "table",
     output: OutputOpt = None,
     strict: StrictOpt = False,
@@ -60,7 +69,7 @@ def price(
     from gbdoctor.plan import propose_plan, read_plan
     from gbdoctor.report import render
     from gbdoctor.run.modes import check_backend
-    from gbdoctor.run.price import price_scan
+    from gbdoctor.run.price import check_clock, price_scan
     from gbdoctor.summary import has_findings
 
     preflight(format, "scan", output, inputs=(spec, plan_file))
@@ -68,6 +77,7 @@ def price(
     # The strategy goes into the spec, so the plan is made against the same setup as the scan.
     overrides = [*(set_ or []), *([f"gbdoctor.strategy={strategy}"] if strategy else [])]
     loaded = load_spec_options(spec, overrides, world_size=world_size)
+    check_clock(clock, loaded)
     report = scan_with_progress(loaded, choose_strategy(loaded, strategy, None), recompiles=False)
     if plan_file is not None:
         plan, _ = read_plan(plan_file)
@@ -86,6 +96,7 @@ def price(
             batch_size=batch_size,
             seq_len=seq_len,
             progress=bar,
+            clock=clock,
         )
     notice(priced.notes, output, format)
     emit(render(priced, format), output)

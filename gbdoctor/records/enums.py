@@ -279,6 +279,18 @@ class Counterfactual(StrEnum):
     what compiling it with its breaks gains or loses against not compiling it."""
 
 
+class Clock(StrEnum):
+    """``PriceReport.clock``: which time a step is measured in."""
+
+    WALL = "wall"
+    """Elapsed time of the step (slowest rank): what training feels, and what another process
+    on the machine inflates."""
+    CPU = "cpu"
+    """CPU time of each rank's process in the step (every thread; slowest rank): the work the
+    step does, barely moved by other processes; blind to time spent waiting (an idle wait for a
+    peer). CPU devices only."""
+
+
 class PriceSplit(StrEnum):
     """``BreakPrice.split``: how a kind's price was divided among its distinct breaks."""
 

@@ -4,13 +4,14 @@ A price is measured, never estimated: per block kind, the training step as set u
 kind's breaks) against the same step with the kind fixed (the plan's verified recipe for that
 kind, or the kind left eager where no fix exists); the difference is split over the kind's
 distinct breaks by the eager time each break's frame spent in a profiled step. Units are
-milliseconds per training step (forward + backward + optimizer, slowest rank).
+milliseconds per training step (forward + backward + optimizer, slowest rank), on the
+``PriceReport.clock``: wall time, or the ranks' CPU time.
 """
 
 from __future__ import annotations
 
 from gbdoctor.records.base import record
-from gbdoctor.records.enums import Counterfactual, PriceSplit
+from gbdoctor.records.enums import Clock, Counterfactual, PriceSplit
 
 
 @record
@@ -81,6 +82,8 @@ class PriceReport:
     load: tuple[float, int] = (0.0, 1)
     """(load average seen, cores): prices measured on a busy machine say so."""
     notes: tuple[str, ...] = ()
+    clock: Clock = Clock.WALL
+    """The time every ms above is measured in (scan schema 7; earlier prices are wall time)."""
 
 
 @record
@@ -104,3 +107,5 @@ class PriceCheck:
     consistent: bool | None = None
     """Within 30 %, or either number inside the other's spread; None when not comparable."""
     detail: str = ""
+    clock: Clock = Clock.WALL
+    """The prices' clock, which the measured side is read in too (run schema 5)."""

@@ -15,12 +15,12 @@ __all__ = [
     "RunReport",
 ]
 
-RUN_SCHEMA_VERSION = 4
+RUN_SCHEMA_VERSION = 5
 """2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance;
 recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own); 3: a mode's
-``workaround``; 4: ``price_check`` (``run --price``). All new fields have defaults: reports of
-versions 1 to 3 are still read."""
-READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3, 4)
+``workaround``; 4: ``price_check`` (``run --price``); 5: a mode's ``round_cpu_medians_s`` and the
+price check's ``clock``. All new fields have defaults: reports of versions 1 to 4 are still read."""
+READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 
 
 LOSS_RTOL = 2e-2
@@ -49,6 +49,9 @@ class ModeResult:
     """Measured step times (slowest rank per step), every round's, round after round."""
     round_medians_s: tuple[float, ...] = ()
     """Median measured step time of each round (each round runs every mode once, in fresh processes)."""
+    round_cpu_medians_s: tuple[float, ...] = ()
+    """The same in CPU time: per step the slowest rank's process CPU time (every thread), the
+    median per round (schema 5; ``run --price`` reads it for prices measured in CPU time)."""
     warmup_times_s: tuple[float, ...] = ()
     step_time_median_s: float | None = None
     step_time_min_s: float | None = None

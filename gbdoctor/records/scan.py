@@ -8,8 +8,9 @@ from gbdoctor.records.base import record
 from gbdoctor.records.enums import BlockerEffect, BlockerKind, DedupeProof, Readiness
 from gbdoctor.records.price import PriceReport
 
-SCHEMA_VERSION = 6
-"""Version of the scan and inspect JSON documents. 6: a break carries ``via`` (the library
+SCHEMA_VERSION = 7
+"""Version of the scan and inspect JSON documents. 7: ``price.clock`` (prices in wall or CPU
+time). 6: a break carries ``via`` (the library
 frame its line called into), paths inside messages are portable too, and blocks carry
 ``dedupe`` (how a layer that shares a capture was proven identical). 5: scan reports carry
 ``price`` (``gbdoctor price``: what each distinct break costs a step; null otherwise). 4: the
@@ -20,9 +21,9 @@ resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_st
 blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
 capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
 spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
-setup its ``tp_degree``. Readers accept 1 to 6 (the new fields take their defaults: no
-recompiles recorded, no price, no via, no dedupe proof)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
+setup its ``tp_degree``. Readers accept 1 to 7 (the new fields take their defaults: no
+recompiles recorded, no price, no via, no dedupe proof, prices in wall time)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 
 
 @record

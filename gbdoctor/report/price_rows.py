@@ -3,7 +3,7 @@ price``): every number comes from the report's ``price`` record, nothing is reco
 
 from __future__ import annotations
 
-from gbdoctor.records import BreakPrice, KindPrice, PriceCheck, PriceReport
+from gbdoctor.records import BreakPrice, Clock, KindPrice, PriceCheck, PriceReport
 
 PRICE_HEADERS = ("kind", "cause", "gb id", "location", "ms/step [rounds]", "share", "split")
 KIND_HEADERS = ("kind", "layers", "against", "ms/step [rounds]", "share", "verdict")
@@ -66,8 +66,9 @@ def kind_rows(price: PriceReport) -> list[tuple[str, ...]]:
 def price_headline(price: PriceReport) -> str:
     """How the prices were measured, in one line."""
     load, cores = price.load
+    clock = " in the ranks' CPU time" if price.clock == Clock.CPU else ""
     return (
-        f"Measured on {price.device} ({price.device_name}), backend {price.backend}, "
+        f"Measured{clock} on {price.device} ({price.device_name}), backend {price.backend}, "
         f"{price.world_size} rank(s), {price.batch_size} x {price.seq_len} tokens per rank, "
         f"{price.rounds} round(s) x ({price.warmup} warm-up + {price.steps} steps); step as set "
         f"up {_ms(price.step_ms, price.step_spread_ms)} ms; load {load:.1f} on {cores} core(s)."
@@ -102,7 +103,10 @@ def run_price_check(check: PriceCheck | None) -> str:
     if check is None:
         return ""
     predicted = f"{_ms(check.predicted_ms, check.predicted_spread_ms)} ms/step"
-    head = f"Price check: the prices predict {predicted} for the plan against {check.as_set_up}"
+    clock = " (CPU time)" if check.clock == Clock.CPU else ""
+    head = (
+        f"Price check{clock}: the prices predict {predicted} for the plan against {check.as_set_up}"
+    )
     if check.measured_ms is None:
         return f"{head}; {check.detail}."
     verdict = "consistent" if check.consistent else "NOT consistent"

@@ -34,6 +34,7 @@ from gbdoctor.records import (
     BlockKind,
     Break,
     BreakPrice,
+    Clock,
     CompileMode,
     Counterfactual,
     KindPrice,
@@ -84,9 +85,10 @@ def price_scan(
     batch_size: int | None = None,
     seq_len: int | None = None,
     progress: Progress | None = None,
+    clock: Clock = Clock.WALL,
 ) -> ScanReport:
-    """``report`` (a scan of ``spec``) with ``price`` filled in: see the module doc."""
-    from gbdoctor.setup.dist import resolve_device
+    """``report`` (a scan of ``spec``) with ``price`` filled in: see the module doc. ``clock``:
+    the time steps are measured in (:class:`~gbdoctor.records.Clock`)."""
 
     framework = framework_for(spec)
     if framework.capture_style != CaptureStyle.PER_BLOCK:
@@ -97,7 +99,7 @@ def price_scan(
     for name, value in (("--rounds", rounds), ("--steps", steps), ("--warmup", warmup)):
         if value < 1:
             raise SpecError(f"{name} must be at least 1 (got {value})")
-    device = resolve_device(spec.gbdoctor.device)
+    device = check_clock(clock, spec)
     b, s, _ = benchmark_shape(spec, device, batch_size, seq_len)
     run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
     run_spec, dtype_note = cpu_param_dtype(run_spec, device)
@@ -112,7 +114,11 @@ def price_scan(
     if len(modes) == 1:
         notes.append("no block kind has a graph break: nothing to price")
         return replace(
-            report, price=_empty(report, run_spec, device, backend, rounds, warmup, steps, notes)
+            report,
+            price=replace(
+                _empty(report, run_spec, device, backend, rounds, warmup, steps, notes),
+                clock=clock,
+            ),
         )
     framework.prepare_ranks(device)
     try:
@@ -139,18 +145,25 @@ def price_scan(
             + " ".join(f"--set {o}" for o in hit.issue.overrides),
         ) from None
     runs, loads = measured.runs, measured.loads
+    cores = os.cpu_count() or 1
+    if clock == Clock.WALL and device == "cpu" and max(loads, default=0.0) > cores:
+        notes.append(
+            f"the machine was busy (load average up to {max(loads):.1f} on {cores} cores): "
+            "wall-clock prices move with the other processes; --clock cpu measures the ranks' "
+            "own work instead (docs/price.md, Clocks)"
+        )
     failures = {mode: error for mode, (error, _) in measured.failures.items()}
     if AS_SET_UP in failures:
         raise SetupError(
             f"the setup as scanned does not train: {failures[AS_SET_UP]}",
             hint="price needs the as-set-up step time; fix the failure (`gbdoctor run` shows it too)",
         )
-    base = [_median_step(r) for r in runs[AS_SET_UP]]
+    base = [_median_step(r, clock) for r in runs[AS_SET_UP]]
     step_ms = statistics.median(base)
-    kinds, breaks = _kind_prices(report, modes, runs, failures, base, step_ms)
+    kinds, breaks = _kind_prices(report, modes, runs, failures, base, step_ms, clock)
     plan_ms, plan_spread = None, None
     if WHOLE_PLAN in runs and WHOLE_PLAN not in failures:
-        plan_ms, plan_spread = _difference(base, [_median_step(r) for r in runs[WHOLE_PLAN]])
+        plan_ms, plan_spread = _difference(base, [_median_step(r, clock) for r in runs[WHOLE_PLAN]])
     elif WHOLE_PLAN in failures:
         notes.append(f"the whole plan did not train: {failures[WHOLE_PLAN]}")
     return replace(
@@ -173,6 +186,7 @@ def price_scan(
             plan_spread_ms=plan_spread,
             load=(round(max(loads, default=load_average()), 2), os.cpu_count() or 1),
             notes=tuple(notes),
+            clock=clock,
         ),
     )
 
@@ -250,9 +264,26 @@ def _recipe_words(recipe: BlockRecipe) -> str:
     return words
 
 
-def _median_step(ranks: list[RankRun]) -> float:
-    """The round's median step time in ms (slowest rank per step)."""
-    return statistics.median(per_step_max(ranks, "step_times")) * 1e3
+def check_clock(clock: Clock, spec: Spec) -> str:
+    """The device prices are measured on; SpecError where ``clock`` cannot measure it."""
+    from gbdoctor.setup.dist import resolve_device
+
+    device = resolve_device(spec.gbdoctor.device)
+    if clock == Clock.CPU and device != "cpu":
+        raise SpecError(
+            f"--clock cpu measures the host's work, not the {device} device's",
+            hint="price on the device with --clock wall (the default)",
+        )
+    return device
+
+
+STEP_TIMES = {Clock.WALL: "step_times", Clock.CPU: "step_cpu_times"}
+"""The ``RankRun`` field each clock reads."""
+
+
+def _median_step(ranks: list[RankRun], clock: Clock) -> float:
+    """The round's median step time in ms on ``clock`` (slowest rank per step)."""
+    return statistics.median(per_step_max(ranks, STEP_TIMES[clock])) * 1e3
 
 
 def _difference(base: list[float], other: list[float]) -> tuple[float, tuple[float, float]]:
@@ -268,6 +299,7 @@ def _kind_prices(
     failures: dict[str, str],
     base: list[float],
     step_ms: float,
+    clock: Clock,
 ) -> tuple[tuple[KindPrice, ...], tuple[BreakPrice, ...]]:
     groups = group_by_kind(report)
     frames, eager_us = _profile(runs[AS_SET_UP][0])
@@ -287,7 +319,7 @@ def _kind_prices(
                 detail=f"the counterfactual did not train: {failures[mode.name]}",
             )
         else:
-            ms, spread = _difference(base, [_median_step(r) for r in runs[mode.name]])
+            ms, spread = _difference(base, [_median_step(r, clock) for r in runs[mode.name]])
             price = KindPrice(
                 kind=mode.kind,
                 layers=len(blocks),

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import replace
 
 from gbdoctor.frameworks.registry import framework_for
-from gbdoctor.records import PriceCheck, RunReport, ScanReport, Spec
+from gbdoctor.records import Clock, ModeResult, PriceCheck, RunReport, ScanReport, Spec
 from gbdoctor.records.enums import ModeStatus
 from gbdoctor.run.price import breaks_tolerated
 from gbdoctor.setup.compile import Strategy
@@ -37,6 +37,10 @@ def with_price_check(report: RunReport, priced: ScanReport) -> RunReport:
     return replace(report, price_check=price_check(report, priced))
 
 
+def _round_medians(mode: ModeResult, clock: Clock) -> tuple[float, ...]:
+    return mode.round_cpu_medians_s if clock == Clock.CPU else mode.round_medians_s
+
+
 def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
     price = priced.price
     assert price is not None, "the caller reads a priced scan"
@@ -46,6 +50,7 @@ def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
     ends = [k.spread_ms or (k.ms_per_step or 0.0,) * 2 for k in kinds]  # one round: no spread
     low, high = sum(lo for lo, _ in ends), sum(hi for _, hi in ends)
     check = PriceCheck(
+        clock=price.clock,
         as_set_up=as_set_up,
         predicted_ms=round(predicted, 1),
         predicted_spread_ms=(round(low, 1), round(high, 1)),
@@ -75,7 +80,10 @@ def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
             check,
             detail=f"mode(s) {', '.join(missing)} did not run (failed, or left out by --modes)",
         )
-    base, plan = modes[AS_PRICED].round_medians_s, modes["plan"].round_medians_s
+    base, plan = (
+        _round_medians(modes[AS_PRICED], price.clock),
+        _round_medians(modes["plan"], price.clock),
+    )
     gains = [(b - p) * 1e3 for b, p in zip(base, plan, strict=False)]
     if not gains:
         return replace(check, detail="no measured rounds")

@@ -69,6 +69,9 @@ def mode_from_rounds(
         step_times_s=tuple(steps),
         warmup_times_s=tuple(warm[0]),
         round_medians_s=tuple(statistics.median(t) for t in per_round),
+        round_cpu_medians_s=tuple(
+            statistics.median(per_step_max(ranks, "step_cpu_times")) for ranks in rounds
+        ),
         step_time_median_s=median,
         step_time_min_s=min(steps),
         step_time_max_s=max(steps),

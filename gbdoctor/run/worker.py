@@ -73,6 +73,8 @@ class RankRun:
     """``profile_breaks``: frame id -> user traceback of the break that ended the frame."""
     eager_us_by_frame: dict[int, float] = field(default_factory=dict)
     """``profile_breaks``: frame id -> eager microseconds in the profiled step."""
+    step_cpu_times: list[float] = field(default_factory=list)
+    """CPU seconds this rank's process (every thread) spent in each measured step."""
 
 
 class ModeFailure(SetupError):
@@ -145,6 +147,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     warmup_times: list[float] = []
     step_times: list[float] = []
     phase_times: list[tuple[float, float, float]] = []
+    step_cpu_times: list[float] = []
     losses: list[float] = []
     graphs_before_measured = 0
     warmup_compile_s = 0.0
@@ -170,7 +173,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 dist.barrier()
             if cuda:
                 torch.cuda.synchronize()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             try:
                 loss, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
             except Exception as exc:  # noqa: BLE001 - reported as the mode's failure
@@ -183,6 +186,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
             (step_times if measured else warmup_times).append(elapsed)
             if measured:
                 phase_times.append(phases)
+                step_cpu_times.append(time.process_time() - cpu_start)
             losses.append(loss)
         eager_us: dict[int, float] = {}
         if job.profile_breaks:  # one more step, profiled and not measured (same batch)
@@ -219,4 +223,5 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         layout=layout,
         break_frames=dict(break_frames.frames) if break_frames is not None else {},
         eager_us_by_frame=eager_us,
+        step_cpu_times=step_cpu_times,
     )
