@@ -70,7 +70,9 @@ def mode_from_rounds(
         warmup_times_s=tuple(warm[0]),
         round_medians_s=tuple(statistics.median(t) for t in per_round),
         round_cpu_medians_s=tuple(
-            statistics.median(per_step_max(ranks, "step_cpu_times")) for ranks in rounds
+            statistics.median(per_step_max(ranks, "step_cpu_times"))
+            for ranks in rounds
+            if all(r.step_cpu_times for r in ranks)  # every worker records them
         ),
         step_time_median_s=median,
         step_time_min_s=min(steps),
