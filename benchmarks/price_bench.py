@@ -48,6 +48,9 @@ def main() -> None:
     parser.add_argument("--strategy", default="titan-v0.2.0")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument(
+        "--clock", default="wall", choices=("wall", "cpu"), help="price --clock (run reads it)"
+    )
     parser.add_argument("--backend", default="inductor")
     args = parser.parse_args()
     sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
@@ -69,6 +72,8 @@ def main() -> None:
         str(args.rounds),
         "--steps",
         str(args.steps),
+        "--clock",
+        args.clock,
         "-f",
         "json",
     ]
@@ -101,10 +106,8 @@ def main() -> None:
     removed = [b for b in price["breaks"] if b["ms_per_step"] is not None]
     price_sum = sum(b["ms_per_step"] for b in removed)
     as_set_up, planned = modes["as-priced"], modes["plan"]
-    per_round = [
-        (a - b) * 1e3
-        for a, b in zip(as_set_up["round_medians_s"], planned["round_medians_s"], strict=False)
-    ]
+    medians = "round_cpu_medians_s" if args.clock == "cpu" else "round_medians_s"
+    per_round = [(a - b) * 1e3 for a, b in zip(as_set_up[medians], planned[medians], strict=False)]
     measured = statistics.median(per_round)
     summary = {
         "spec": args.spec,
@@ -112,6 +115,8 @@ def main() -> None:
         "strategy": args.strategy,
         "backend": args.backend,
         "rounds": args.rounds,
+        "clock": args.clock,
+        "torch": json.loads(priced.read_text())["torch_version"],
         "load_average_after": os.getloadavg()[0],
         "scan_s": round(scan_s, 1),
         "price_s": round(price_s, 1),
@@ -133,9 +138,17 @@ def main() -> None:
         "priced_scan": json.loads(priced.read_text()),
     }
     RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"price_{Path(args.spec).stem}.json"
+    sac = (
+        ""
+        if sets == ["activation_checkpoint.mode=none"]
+        else "_" + "_".join(x.split("=")[-1] for x in sets)
+    )
+    out = RESULTS / f"price_{Path(args.spec).stem}{sac}_{args.clock}.json"
     out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for key in (
+        "torch",
+        "clock",
+        "load_average_after",
         "scan_s",
         "price_s",
         "price_over_scan",
