@@ -499,3 +499,25 @@ def test_profiling_a_step_prints_nothing_on_stderr():
     )
     assert done.returncode == 0, done.stderr
     assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
+
+
+def test_a_scan_without_breaks_is_priced_without_training():
+    """Nothing to price: no mode trains, and the empty price still records its clock."""
+    from dataclasses import replace
+
+    from plan_factory import make_plan
+
+    from gbdoctor.records import Clock
+    from gbdoctor.run.price import price_scan
+    from gbdoctor.spec import load_spec
+
+    scan = load_scan_json(FIXTURES / "scans" / "llama4_before.json")
+    clean = replace(
+        scan,
+        setup=replace(scan.setup, strategy="titan-v0.2.0"),
+        blocks=tuple(replace(b, breaks=()) for b in scan.blocks),
+    )
+    spec = load_spec(FIXTURES / "llama4_debug.toml")
+    priced = price_scan(spec, clean, make_plan(), clock=Clock.CPU).price
+    assert priced is not None and priced.clock == Clock.CPU and priced.kinds == ()
+    assert "no block kind has a graph break: nothing to price" in priced.notes

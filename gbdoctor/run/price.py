@@ -115,10 +115,7 @@ def price_scan(
         notes.append("no block kind has a graph break: nothing to price")
         return replace(
             report,
-            price=replace(
-                _empty(report, run_spec, device, backend, rounds, warmup, steps, notes),
-                clock=clock,
-            ),
+            price=_empty(report, run_spec, device, backend, rounds, warmup, steps, notes, clock),
         )
     framework.prepare_ranks(device)
     try:
@@ -184,7 +181,7 @@ def price_scan(
             breaks=breaks,
             plan_ms=plan_ms,
             plan_spread_ms=plan_spread,
-            load=(round(max(loads, default=load_average()), 2), os.cpu_count() or 1),
+            load=(round(max(loads, default=load_average()), 2), cores),
             notes=tuple(notes),
             clock=clock,
         ),
@@ -404,6 +401,7 @@ def _empty(
     warmup: int,
     steps: int,
     notes: list[str],
+    clock: Clock,
 ) -> PriceReport:
     return PriceReport(
         backend=backend,
@@ -420,4 +418,5 @@ def _empty(
         kinds=(),
         breaks=(),
         notes=tuple(notes),
+        clock=clock,
     )
