@@ -42,7 +42,8 @@ def main() -> None:
 
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.plan import plan_strategy, propose_plan
-    from gbdoctor.run.measure import load_average, per_step_max
+    from gbdoctor.records import Clock
+    from gbdoctor.run.measure import load_average
     from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
     from gbdoctor.run.price import AS_SET_UP, _median_step, _modes, breaks_tolerated
     from gbdoctor.run.rounds import CompileCache, train_rounds
@@ -78,11 +79,10 @@ def main() -> None:
     )
     if rounds.failures:
         sys.exit(f"failed: {rounds.failures}")
-    medians = {m: [_median_step(r) for r in runs] for m, runs in rounds.runs.items()}
-    cpu = {
-        m: [statistics.median(per_step_max(r, "step_cpu_times")) * 1e3 for r in runs]
-        for m, runs in rounds.runs.items()
-    }
+    medians, cpu = (
+        {m: [_median_step(r, clock) for r in runs] for m, runs in rounds.runs.items()}
+        for clock in (Clock.WALL, Clock.CPU)
+    )
     out: dict[str, object] = {
         "spec": args.spec,
         "sets": sets,
