@@ -52,6 +52,7 @@ def main() -> None:
         "--clock", default="wall", choices=("wall", "cpu"), help="price --clock (run reads it)"
     )
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results file")
     args = parser.parse_args()
     sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
     common = [args.spec, "--strategy", args.strategy, *[x for s in sets for x in ("--set", s)]]
@@ -117,6 +118,7 @@ def main() -> None:
         "rounds": args.rounds,
         "clock": args.clock,
         "torch": json.loads(priced.read_text())["torch_version"],
+        "device": price["device"],
         "load_average_after": os.getloadavg()[0],
         "scan_s": round(scan_s, 1),
         "price_s": round(price_s, 1),
@@ -137,13 +139,11 @@ def main() -> None:
         "run_price_check": run["price_check"],
         "priced_scan": json.loads(priced.read_text()),
     }
-    RESULTS.mkdir(exist_ok=True)
-    sac = (
-        ""
-        if sets == ["activation_checkpoint.mode=none"]
-        else "_" + "_".join(x.split("=")[-1] for x in sets)
-    )
-    out = RESULTS / f"price_{Path(args.spec).stem}{sac}_{args.clock}.json"
+    args.out.mkdir(parents=True, exist_ok=True)
+    # The file name says what differs from the default spec: the AC mode, the device.
+    named = [x for x in sets if x not in ("activation_checkpoint.mode=none", "gbdoctor.device=cpu")]
+    sac = "".join("_" + x.split("=")[-1] for x in named)
+    out = args.out / f"price_{Path(args.spec).stem}{sac}_{args.clock}.json"
     out.write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     for key in (
         "torch",

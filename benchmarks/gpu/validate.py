@@ -38,6 +38,9 @@ ONE_GPU_SPECS = (
     "fixtures/deepseek_v3_debug.toml",
 )
 TWO_GPU_SPECS = ("fixtures/llama4_debug_ep2.toml",)
+# ``--price``: one-GPU specs whose blocks have graph breaks (the bundled debug specs have none on
+# one rank): a model with two breaks of very different eager cost, and Hugging Face's DBRX.
+PRICE_SPECS = ("fixtures/priced.toml", "fixtures/hf_dbrx.toml")
 RUN_MODES = "eager,titan-v0.2.0,titan-v0.2.2,plan,cudagraphs"
 
 
@@ -108,6 +111,41 @@ def step(name: str, cmd: list[str]) -> float:
     return took
 
 
+def price_command(spec: str, args: argparse.Namespace) -> list[str]:
+    return [
+        sys.executable, str(REPO / "benchmarks" / "price_bench.py"), spec, "--strategy",
+        "titan-v0.2.0", "--set", "gbdoctor.device=cuda", "--set",
+        "activation_checkpoint.mode=none", "--rounds", str(args.rounds), "--steps",
+        str(args.steps), "--out", str(args.out),
+    ]  # fmt: skip
+
+
+PRICE_KEYS = (
+    "device", "scan_s", "price_s", "price_over_scan", "warm_price_s", "warm_price_over_scan",
+    "price_kinds_ms", "warm_price_kinds_ms", "break_prices_ms", "price_sum_ms",
+    "run_step_diff_ms", "run_step_diff_rounds_ms", "sum_over_run_diff", "run_price_check",
+)  # fmt: skip
+
+
+def price_step(spec: str, args: argparse.Namespace) -> dict:
+    """``benchmarks/price_bench.py`` on CUDA: plain scan, price (cold and warm cache) and ``run
+    --price`` of the same plan, in wall time (CUDA synchronized before each clock read)."""
+    cmd = price_command(spec, args)
+    took = step(f"{Path(spec).stem} price", [cmd[0], "-u", *cmd[1:]])
+    out = args.out / f"price_{Path(spec).stem}_cuda_wall.json"
+    summary = json.loads(out.read_text())
+    entry = {k: summary.get(k) for k in PRICE_KEYS} | {"seconds": round(took)}
+    check = summary["run_price_check"]
+    say(
+        f"[price] {Path(spec).stem}: kinds {summary['price_kinds_ms']}, breaks "
+        f"{summary['break_prices_ms']}; run measured {check['measured_ms']} ms "
+        f"{check['measured_spread_ms']} vs predicted {check['predicted_ms']}: "
+        f"{'consistent' if check['consistent'] else 'NOT consistent'}; price "
+        f"{summary['price_over_scan']}x a scan cold, {summary['warm_price_over_scan']}x warm"
+    )
+    return entry
+
+
 def readiness(scan: dict, run: dict) -> dict:
     """The scan's predicted CUDA-graph readiness per block kind next to what inductor did in the
     run's ``cudagraphs`` mode (its "skipping cudagraphs due to ..." reasons, not tied to a kind):
@@ -145,6 +183,16 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--specs",
+        default=None,
+        help="comma-separated spec stems to scan, plan and run (default: every one that fits)",
+    )
+    parser.add_argument(
+        "--price",
+        action="store_true",
+        help="first, benchmarks/price_bench.py on CUDA for each price spec (price vs run --price)",
+    )
     args = parser.parse_args()
 
     env = environment()
@@ -155,12 +203,19 @@ def main() -> int:
     if not env["torch_supported"]:
         say(f"FAILED: torch {env['torch']} is outside gbdoctor's supported range")
         return 3
-    specs = list(ONE_GPU_SPECS) + list(TWO_GPU_SPECS)
-    check_specs(specs)
+    specs = [
+        s
+        for s in (*ONE_GPU_SPECS, *TWO_GPU_SPECS)
+        if args.specs is None or Path(s).stem in args.specs.split(",")
+    ]
+    priced = list(PRICE_SPECS) if args.price else []
+    check_specs(specs + priced)
     say(f"[specs] {len(specs)} loaded: {', '.join(Path(s).stem for s in specs)}")
     for spec in specs:
         for name, cmd in commands(spec, args.out, args, 2 if spec in TWO_GPU_SPECS else 1).items():
             say(f"[plan] {name}: {' '.join(cmd[2:])}")
+    for spec in priced:
+        say(f"[plan] price: {' '.join(price_command(spec, args)[1:])}")
 
     import torch  # the first CUDA call is below
 
@@ -174,12 +229,15 @@ def main() -> int:
     if not env["nccl"] or not env["triton"]:
         say("FAILED: a CUDA machine without nccl or triton cannot run the steps (inductor, nccl)")
         return 3
-    run_specs = list(ONE_GPU_SPECS) + (list(TWO_GPU_SPECS) if gpus >= 2 else [])
+    run_specs = [s for s in specs if gpus >= 2 or s not in TWO_GPU_SPECS]
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"environment": env, "specs": {}}
+    result: dict = {"environment": env, "specs": {}, "price": {}}
     target = args.out / f"{_slug(name)}-torch{env['torch'].split('+')[0]}.json"
     status = 0
     try:
+        for spec in priced:
+            result["price"][spec] = price_step(spec, args)
+            target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         for spec in run_specs:
             nproc = 2 if spec in TWO_GPU_SPECS else 1
             cmds = commands(spec, args.out, args, nproc)
@@ -213,6 +271,7 @@ def main() -> int:
                 status = 1
             tps = ", ".join(f"{m} {v['tokens_per_s'] or 0:.0f}" for m, v in entry["modes"].items())
             say(f"[result] {stem}: {entry['breaks']} breaks; tokens/s {tps}")
+            target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     except StepFailed as exc:
         result["failed"] = str(exc)
         target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
