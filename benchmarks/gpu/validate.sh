@@ -24,6 +24,12 @@ echo "validate: [install] the image's python: $("$python" -c 'import sys; print(
 torch_before=$("$python" -c 'import torch; print(torch.__version__)') \
     || fail "the image's $python has no importable torch"
 [ -d "$venv" ] || "$python" -m venv --system-site-packages "$venv" || fail "venv $venv"
+# --system-site-packages reaches the base interpreter's packages only: where the image's python is
+# itself a venv (e.g. /opt/torch/.venv), its torch would be invisible. A .pth file naming the image
+# python's own site-packages makes them visible either way (gbdoctor's install still goes first).
+image_site=$("$python" -c 'import site; print("\n".join(site.getsitepackages()))')
+venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf '%s\n' "$image_site" >"$venv_site/_gbdoctor_image_site.pth"
 # The machine's pip configuration (an index, constraints) is not this kit's: ignore it; no index.
 export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 pip=("$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheelhouse")
