@@ -95,10 +95,19 @@ def test_each_break_names_its_frame_and_the_eager_time_follows_the_work():
 
 
 @pytest.fixture(scope="module")
-def priced(tmp_path_factory):
+def trained():
+    """What the ``priced`` fixture's rounds were given and measured: [(spec, strategies,
+    options, Rounds)]."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def priced(tmp_path_factory, trained):
     from typer.testing import CliRunner
 
     from gbdoctor.cli import app
+    from gbdoctor.run import price as price_module
+    from gbdoctor.run import rounds as rounds_module
 
     tmp = tmp_path_factory.mktemp("price")
     spec = tmp / "priced.toml"
@@ -108,31 +117,91 @@ def priced(tmp_path_factory):
         "[gbdoctor]\nbatch_size = 2\nseq_len = 32\n"
     )
     out = tmp / "price.json"
-    result = CliRunner().invoke(
-        app,
-        [
-            "price",
-            str(spec),
-            "--backend",
-            "aot_eager",
-            "--rounds",
-            "2",
-            "--steps",
-            "1",
-            "--warmup",
-            "1",
-            # CPU time: the real path of the clock a busy machine needs (the wall clock differs
-            # only in the field it reads, and its arithmetic is tested below).
-            "--clock",
-            "cpu",
-            "-f",
-            "json",
-            "-o",
-            str(out),
-        ],
-    )
+
+    def train_rounds(spec, strategies, **options):
+        measured = rounds_module.train_rounds(spec, strategies, **options)
+        trained.append((spec, strategies, options, measured))
+        return measured
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(price_module, "train_rounds", train_rounds)
+        result = CliRunner().invoke(
+            app,
+            [
+                "price",
+                str(spec),
+                "--backend",
+                "aot_eager",
+                "--rounds",
+                "2",
+                "--steps",
+                "1",
+                "--warmup",
+                "1",
+                # CPU time: the real path of the clock a busy machine needs (the wall clock differs
+                # only in the field it reads, and its arithmetic is tested below).
+                "--clock",
+                "cpu",
+                "-f",
+                "json",
+                "-o",
+                str(out),
+            ],
+        )
     assert result.exit_code == 0, result.output
+    assert len(trained) == 1
     return load_scan_json(out), json.loads(out.read_text()), (spec, out)
+
+
+def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, trained):
+    """``price`` runs all its jobs on the same rank processes (``RankPool``): a job that follows
+    others compiles the same graphs with the same breaks, and trains the same losses, as the
+    job of that mode on fresh ranks. Two witnesses of a fresh rank: the pool's first job (round
+    1 of ``as set up``), and one job of the mode that ran last in round 1, spawned alone."""
+    from gbdoctor.run.price import AS_SET_UP
+    from gbdoctor.run.worker import ModeJob, run_mode_rank
+    from gbdoctor.setup.dist import run_ranks
+
+    spec, strategies, options, measured = trained[0]
+    assert options["reuse_ranks"] and not measured.failures
+    modes = list(strategies)
+    assert modes[0] == AS_SET_UP and len(modes) == 4  # two kinds: their fixes and the plan
+
+    def seen(run):
+        return (run.graphs, run.graph_breaks, run.layout, run.losses)
+
+    last = modes[-1]
+    fresh = run_ranks(
+        run_mode_rank,
+        ModeJob(
+            spec=spec,
+            mode=last,
+            strategy=strategies[last],
+            device=options["device"],
+            backend=options["backend"],
+            warmup=options["warmup"],
+            steps=options["steps"],
+        ),
+        world_size=1,
+        device_type="cpu",
+        timeout_s=300,
+    )[0]
+    witnesses = {AS_SET_UP: seen(measured.runs[AS_SET_UP][0][0]), last: seen(fresh)}
+    for mode, runs in measured.runs.items():
+        assert len(runs) == 2
+        first, second = (seen(r[0]) for r in runs)
+        assert first == second, mode  # round 2 runs the modes in reverse order
+        assert first[1] > 0 or mode != AS_SET_UP
+        if mode in witnesses:
+            assert first == witnesses[mode], mode
+    # The fixes change what compiles: the check above compares different graphs per mode.
+    assert len({seen(r[0][0])[:2] for r in measured.runs.values()}) > 1
+    # Where each break ended its frame, recorded in the pool's first job, is the scan's.
+    report = load_scan_json(priced[2][1])
+    located = {
+        loc.line for locs in measured.runs[AS_SET_UP][0][0].break_frames.values() for loc in locs
+    }
+    assert {b.location.line for blk in report.blocks for b in blk.breaks if b.location} <= located
 
 
 def test_every_distinct_break_has_a_price_with_a_spread(priced):

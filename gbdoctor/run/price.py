@@ -131,6 +131,7 @@ def price_scan(
             cache=CompileCache.INDUCTOR,
             profile_mode=AS_SET_UP,
             retry_known_bugs=False,
+            reuse_ranks=True,
         )
     except KnownBugHit as hit:
         # `run` measures baselines under the workaround; a price cannot: the workaround

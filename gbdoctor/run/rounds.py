@@ -1,6 +1,5 @@
-"""Train modes in alternating rounds of fresh rank processes: the one loop ``run`` and ``price``
-measure with, so a price and the step-time difference ``run`` sets beside it come from the same
-harness (docs/price.md).
+"""Train modes in alternating rounds: the one loop ``run`` and ``price`` measure with, so a price
+and the step-time difference ``run`` sets beside it come from the same harness (docs/price.md).
 
 Every mode runs ``rounds`` times, in alternating order (ABC, CBA, ABC, ...), so slow drifts of
 the machine hit every mode alike; a mode that failed once is not retried. Compile caches: ``run``
@@ -8,6 +7,13 @@ gives each mode its own empty cache (its compile time is reported, and must not 
 another mode's kernels); ``price`` reports no compile time and uses inductor's own cache, as
 training does, so kinds that modes share compile once and a second price reuses the first's
 kernels.
+
+Rank processes: ``run`` trains every (round, mode) in freshly spawned ranks, because it reports
+each mode's compile time and its process's peak RSS, which earlier jobs in the same process
+would change. ``price`` reports neither and reuses its ranks (``reuse_ranks``: one
+``setup.dist.RankPool`` for all its jobs): each job still builds its model and compiles from a
+reset Dynamo, loading inductor's kernels as a new process would; only the process start, torch's
+import and the group's init are paid once (docs/price.md, Method).
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ def train_rounds(
     profile_mode: str | None = None,
     retry_known_bugs: bool = True,
     unavailable: Mapping[str, str] | None = None,
+    reuse_ranks: bool = False,
 ) -> Rounds:
     """Train every mode of ``strategies`` (in its order) ``rounds`` times in alternating order.
 
@@ -83,9 +90,10 @@ def train_rounds(
     extra step (``ModeJob.profile_breaks``). ``retry_known_bugs``: a mode that fails on a known
     upstream bug with a config workaround runs again under it (True, what ``run`` does: users run
     the workaround until the fix) or raises :class:`KnownBugHit`. ``unavailable``: modes recorded
-    as unavailable with that reason, never run. A SpecError (bad input fails every mode alike)
+    as unavailable with that reason, never run. ``reuse_ranks``: every job on the same rank
+    processes (the module doc says when). A SpecError (bad input fails every mode alike)
     propagates."""
-    from gbdoctor.setup.dist import run_ranks
+    from gbdoctor.setup.dist import RankPool, run_ranks
 
     world = spec.parallelism.world_size
     chosen = list(strategies)
@@ -98,6 +106,10 @@ def train_rounds(
         else {}
     )
     mode_specs: dict[str, Spec] = {}
+    timeout_s = spec.gbdoctor.timeout_s
+    pool = (
+        RankPool(world_size=world, device_type=device, timeout_s=timeout_s) if reuse_ranks else None
+    )
     total = rounds * len(chosen)
     done = 0
     try:
@@ -128,12 +140,14 @@ def train_rounds(
                     )
                     try:
                         result.runs[mode].append(
-                            run_ranks(
+                            pool.run(run_mode_rank, job)
+                            if pool is not None
+                            else run_ranks(
                                 run_mode_rank,
                                 job,
                                 world_size=world,
                                 device_type=device,
-                                timeout_s=spec.gbdoctor.timeout_s,
+                                timeout_s=timeout_s,
                             )
                         )
                     except ModeFailure as exc:
@@ -161,6 +175,8 @@ def train_rounds(
                     break
                 done += 1
     finally:
+        if pool is not None:
+            pool.close()
         for folder in caches.values():
             shutil.rmtree(folder, ignore_errors=True)
     if progress:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+from gbdoctor.capture.job_state import job_start_state, restore_job_start_state
 from gbdoctor.contain import time_limited
 from gbdoctor.errors import GbdoctorError, SetupError
 from gbdoctor.setup.rank_protocol import (
@@ -147,17 +148,20 @@ def _rank_main(
     port: int,
     device_type: str,
     timeout_s: float,
-    target: Callable[[Any], Any],
-    payload: Any,
+    jobs: Any,
     results: Any,
     parent_pid: int,
 ) -> None:
-    """Entry point of one spawned rank: init the group, run ``target(payload)``, report.
+    """Entry point of one spawned rank: init the group, then run the jobs the parent sends.
 
-    The parent owns the job: a rank ignores Ctrl-C (the parent stops it) and dies with the
-    parent. Exactly one message goes back through ``results`` (a pipe): ``ok``, ``gbdoctor``
-    (a GbdoctorError, re-raised by the parent with its class) or ``crash``; each failure carries
-    the wall time it happened at, so the parent can tell the first failure from its echoes.
+    The parent owns the rank: it ignores Ctrl-C (the parent stops it) and dies with the
+    parent. Through ``results`` (a pipe) goes ``ok`` once the group is up, then one message per
+    job: ``ok`` with the result, ``gbdoctor`` (a GbdoctorError, re-raised by the parent with its
+    class) or ``crash``; each failure carries the wall time it happened at, so the parent can
+    tell the first failure from its echoes. A job is ``(target, payload)`` on ``jobs``; None, or
+    the parent closing the pipe, ends the rank. After a failure the rank ends (the parent stops
+    its peers); after a success the next job starts from a fresh state
+    (``capture.job_state``).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
@@ -192,16 +196,39 @@ def _rank_main(
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
-        try:
-            # stdout is the report: whatever a rank prints (the model, DeepSpeed) goes to stderr.
-            with exits_guarded(), contextlib.redirect_stdout(sys.stderr):
-                out = target(payload)
-        finally:
-            dist.destroy_process_group()
-        message: tuple[Any, ...] = ("ok", rank, out)
     except BaseException as exc:  # noqa: BLE001 - a rank's failure is reported, never swallowed
-        message = failure_message(rank, exc)
-    results.send(message)
+        results.send(failure_message(rank, exc))
+        results.close()
+        return
+    results.send(("ok", rank, None))
+    start = job_start_state()
+    try:
+        while True:
+            try:
+                job = jobs.recv()
+            except (EOFError, OSError):
+                break  # the parent closed the pipe: no more jobs
+            except BaseException as exc:  # noqa: BLE001 - the job did not unpickle here
+                results.send(failure_message(rank, exc))
+                break
+            if job is None:
+                break
+            target, payload = job
+            try:
+                # stdout is the report: whatever a rank prints (the model, DeepSpeed) goes to
+                # stderr.
+                with exits_guarded(), contextlib.redirect_stdout(sys.stderr):
+                    message: tuple[Any, ...] = ("ok", rank, target(payload))
+            except BaseException as exc:  # noqa: BLE001 - reported, never swallowed
+                message = failure_message(rank, exc)
+            del job, target, payload
+            results.send(message)
+            if message[0] != "ok":
+                break
+            del message
+            restore_job_start_state(start)
+    finally:
+        dist.destroy_process_group()
     results.close()
 
 
@@ -254,12 +281,15 @@ def _how_it_ended(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-class _Job:
-    """The parent's view of N running ranks: one result pipe and one process sentinel each."""
+class _Ranks:
+    """The parent's view of N running ranks: a job pipe, a result pipe and a process sentinel
+    each, and what the ranks said in the current exchange (group up, or one job)."""
 
-    def __init__(self, procs: list[Any], readers: list[Any]) -> None:
+    def __init__(self, procs: list[Any], jobs: list[Any], readers: list[Any], store: Any) -> None:
         self.procs = procs
+        self.jobs = jobs
         self.readers = readers
+        self.store = store
         self.messages: dict[int, tuple[Any, ...]] = {}
         self.silent: list[int] = []
         """Ranks that ended without sending a message, in the order they were seen to end."""
@@ -300,7 +330,7 @@ class _Job:
                 self.procs[r].join(1)
                 self.silent.append(r)
 
-    def first_failure(self, world_size: int) -> GbdoctorError:
+    def first_failure(self) -> GbdoctorError:
         """The failure that came first: a rank that ended without reporting (its peers' errors
         are echoes of its death), else the earliest reported error."""
         if self.silent:
@@ -316,6 +346,145 @@ class _Job:
         )
         return failure_error(failed[0][2])
 
+    def send(self, job: Any) -> None:
+        """Send one job to every rank (pickled once, here: a target that does not pickle by its
+        qualified name fails in the parent). A rank that died since its last report is found
+        by :meth:`collect`."""
+        from multiprocessing.reduction import ForkingPickler
+
+        data = bytes(ForkingPickler.dumps(job))
+        for conn in self.jobs:
+            with contextlib.suppress(BrokenPipeError):
+                conn.send_bytes(data)
+
+    def collect(self, deadline: float, timeout_s: float) -> list[Any]:
+        """Every rank's answer to the current exchange, in rank order; the first failure (or
+        the deadline's DeadlineError) raised instead."""
+        self.messages, self.silent = {}, []
+        while self.pending() and not self.failures():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise deadline_error(self.pending(), timeout_s)
+            self.poll(min(1.0, remaining))
+        if self.failures():
+            grace = min(time.monotonic() + FAILURE_GRACE_S, deadline)
+            while self.pending() and time.monotonic() < grace:
+                self.poll(max(0.0, grace - time.monotonic()))
+            raise self.first_failure()
+        return [self.messages[r][2] for r in range(len(self.procs))]
+
+    def stop(self, *, gracefully: bool) -> None:
+        """End every rank: ``gracefully``, idle ranks leave their group and exit (10 s each);
+        then whatever still runs is killed. All children are dead on return."""
+        if gracefully:
+            for conn in self.jobs:
+                with contextlib.suppress(OSError):
+                    conn.send(None)
+            for p in self.procs:
+                p.join(10)
+        _kill_all(self.procs)
+        for conn in (*self.jobs, *self.readers):
+            conn.close()
+        self.store = None
+
+
+class RankPool:
+    """``world_size`` spawned local ranks that run a series of jobs (``price``'s rounds) in the
+    same processes: the ranks start (spawn, import torch, join the group) with the first job,
+    and each later job starts from a fresh state (``capture.job_state``: Dynamo reset,
+    counters cleared, the previous model collected), only without paying the start again.
+
+    Per job the guarantees of :func:`run_ranks` hold: ``timeout_s`` per job (the first one's
+    counts the ranks' start) -> DeadlineError; a rank's GbdoctorError re-raised with its class,
+    a crash or silent death as SetupError naming the rank. A job that fails in any way (or is
+    interrupted) kills every rank: the next job gets fresh ranks. All children are dead after
+    :meth:`close` (``with RankPool(...)``), and they die with this process (PR_SET_PDEATHSIG
+    follows the thread that starts them: use a pool from the thread that made it).
+
+    Under a launcher (``setup.launched``) its ranks run every job: they already persist.
+    """
+
+    def __init__(self, *, world_size: int, device_type: str, timeout_s: float) -> None:
+        self.world_size = world_size
+        self.device_type = device_type
+        self.timeout_s = timeout_s
+        self._ranks: _Ranks | None = None
+
+    def __enter__(self) -> RankPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pids(self) -> list[int]:
+        """The process ids of the running ranks (none before the first job or after a failure)."""
+        return [p.pid for p in self._ranks.procs] if self._ranks is not None else []
+
+    def run(
+        self, target: Callable[[Any], Any], payload: Any, *, timeout_s: float | None = None
+    ) -> list[Any]:
+        """``target(payload)`` on every rank; the per-rank results in rank order. ``target``
+        must be a module-level function (ranks unpickle it by its qualified name)."""
+        from gbdoctor.setup import launched
+
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        if launched.current() is not None:
+            return launched.run_job(target, payload, world_size=self.world_size, timeout_s=limit)
+        deadline = time.monotonic() + limit
+        try:
+            if self._ranks is None:
+                self._ranks = self._start()
+                self._ranks.collect(deadline, limit)
+            self._ranks.send((target, payload))
+            return self._ranks.collect(deadline, limit)
+        except BaseException:
+            self.close(gracefully=False)
+            raise
+
+    def close(self, *, gracefully: bool = True) -> None:
+        ranks, self._ranks = self._ranks, None
+        if ranks is not None:
+            ranks.stop(gracefully=gracefully)
+
+    def _start(self) -> _Ranks:
+        ctx = mp.get_context("spawn")
+        _start_quiet_resource_tracker()
+        store = _loopback_store(self.timeout_s)
+        procs, jobs, readers, ends = [], [], [], []
+        for r in range(self.world_size):
+            job_reader, job_writer = ctx.Pipe(duplex=False)
+            reader, writer = ctx.Pipe(duplex=False)
+            jobs.append(job_writer)
+            readers.append(reader)
+            ends.append((job_reader, writer))
+            procs.append(
+                ctx.Process(
+                    target=_rank_main,
+                    daemon=True,
+                    name=f"gbdoctor-rank{r}",
+                    args=(
+                        r,
+                        self.world_size,
+                        store.port,
+                        self.device_type,
+                        self.timeout_s,
+                        job_reader,
+                        writer,
+                        os.getpid(),
+                    ),
+                )
+            )
+        ranks = _Ranks(procs, jobs, readers, store)
+        try:
+            for p, child_ends in zip(procs, ends):
+                p.start()
+                for end in child_ends:
+                    end.close()  # the child holds these; a rank that dies closes its pipe
+        except BaseException:
+            ranks.stop(gracefully=False)
+            raise
+        return ranks
+
 
 def run_ranks(
     target: Callable[[Any], Any],
@@ -325,9 +494,9 @@ def run_ranks(
     device_type: str,
     timeout_s: float,
 ) -> list[Any]:
-    """Run ``target(payload)`` on ``world_size`` spawned ranks and return the per-rank results in
-    rank order. ``target`` must be a module-level function (spawned ranks unpickle it by its
-    qualified name, so a rename fails here, in the parent, not inside a child).
+    """Run ``target(payload)`` on ``world_size`` freshly spawned ranks and return the per-rank
+    results in rank order. ``target`` must be a module-level function (spawned ranks unpickle
+    it by its qualified name, so a rename fails here, in the parent, not inside a child).
 
     Raises SetupError on timeout or crash, naming the rank that failed first and how (exit code
     or signal), or re-raises the GbdoctorError a rank raised (same class and hint). All children
@@ -336,57 +505,5 @@ def run_ranks(
     Under a launcher (``setup.launched``) the launcher's ranks run it instead, this process
     being rank 0; a world size that is not the launcher's is a SpecError (exit 2).
     """
-    from gbdoctor.setup import launched
-
-    if launched.current() is not None:
-        return launched.run_job(target, payload, world_size=world_size, timeout_s=timeout_s)
-    ctx = mp.get_context("spawn")
-    _start_quiet_resource_tracker()
-    store = _loopback_store(timeout_s)
-    procs, readers, writers = [], [], []
-    for r in range(world_size):
-        reader, writer = ctx.Pipe(duplex=False)
-        readers.append(reader)
-        writers.append(writer)
-        procs.append(
-            ctx.Process(
-                target=_rank_main,
-                daemon=True,
-                name=f"gbdoctor-rank{r}",
-                args=(
-                    r,
-                    world_size,
-                    store.port,
-                    device_type,
-                    timeout_s,
-                    target,
-                    payload,
-                    writer,
-                    os.getpid(),
-                ),
-            )
-        )
-    job = _Job(procs, readers)
-    deadline = time.monotonic() + timeout_s
-    try:
-        for p, writer in zip(procs, writers):
-            p.start()
-            writer.close()  # the child holds the write end; a rank that dies closes the pipe
-        while job.pending() and not job.failures():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise deadline_error(job.pending(), timeout_s)
-            job.poll(min(1.0, remaining))
-        if job.failures():
-            grace = min(time.monotonic() + FAILURE_GRACE_S, deadline)
-            while job.pending() and time.monotonic() < grace:
-                job.poll(max(0.0, grace - time.monotonic()))
-            raise job.first_failure(world_size)
-        for p in procs:
-            p.join(10)
-        return [job.messages[r][2] for r in range(world_size)]
-    finally:
-        _kill_all(procs)
-        for reader in readers:
-            reader.close()
-        del store
+    with RankPool(world_size=world_size, device_type=device_type, timeout_s=timeout_s) as pool:
+        return pool.run(target, payload)

@@ -1,0 +1,56 @@
+"""``setup.dist.RankPool``: spawned ranks that run a series of jobs (``price``'s rounds) on a
+real gloo group. Each job finds a fresh state; a failed job, or one past its deadline, kills
+every rank and the next job gets new ones; all children are dead after close."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from corpus.pool_jobs import fail_on_rank1, hang, leave_state, state_found
+
+from gbdoctor.errors import DeadlineError, SpecError
+from gbdoctor.setup.dist import RankPool
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks():
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        left = pool.run(leave_state, None)
+        # The probe sees what the first job changed (the check below can fail) ...
+        assert all(
+            env and not default and frames > 0 and graphs > 0
+            for _, env, default, frames, graphs in left
+        ), left
+        found = pool.run(state_found, None)
+        # ... and the next job, in the same processes, finds none of it.
+        assert [f[0] for f in found] == [f[0] for f in left] == pool.pids()
+        assert [f[1:] for f in found] == [(False, True, 0, 0)] * 2, found
+        first = pool.pids()
+        with pytest.raises(SpecError, match="rank 1: rank 1 refuses") as raised:
+            pool.run(fail_on_rank1, None)
+        assert raised.value.hint == "a hint"
+        assert pool.pids() == [] and not any(_alive(p) for p in first)
+        again = pool.run(state_found, None)
+        assert not set(first) & {f[0] for f in again}
+        assert [f[1:] for f in again] == [(False, True, 0, 0)] * 2
+        last = pool.pids()
+    assert not any(_alive(p) for p in last)
+
+
+def test_a_job_past_its_deadline_raises_and_leaves_no_rank():
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        ranks = [r[0] for r in pool.run(state_found, None)]
+        with pytest.raises(DeadlineError, match=r"rank\(s\) \[0, 1\] did not finish within 3 s"):
+            pool.run(hang, None, timeout_s=3)
+        assert pool.pids() == []
+        assert not any(_alive(p) for p in ranks)
