@@ -144,6 +144,28 @@ def test_collectives_are_allowed_with_nccl():
     assert all(f.effect == BlockerEffect.ALLOWED and "NCCL" in f.detail for f in coll)
 
 
+def test_parameters_fsdp2_frees_after_the_step_block_cudagraphs():
+    """FSDP2 (real ``fully_shard`` on a one-rank gloo group) frees each unsharded parameter
+    after backward and gathers it at a new address the next step: the forward's static inputs
+    are reported, the activation stays a copy. Unsharded, the same module is ready (above)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from gbdoctor.setup.dist import single_process_group
+
+    with single_process_group("cpu"):
+        module = P.Clean()
+        fully_shard(module)
+        findings, graphs = capture(module, x())
+        # The oracle: what FSDP2 itself left behind, the parameters' unsharded storage freed.
+        group = module._get_fsdp_state()._fsdp_param_group
+        assert all(p._unsharded_param.untyped_storage().nbytes() == 0 for p in group.fsdp_params)
+    released = [f for f in findings if f.kind == BlockerKind.RELEASED_STATIC_INPUT]
+    assert len(released) == 2  # lin.weight, lin.bias
+    assert {f.graph for f in released} == {"forward 0"}
+    assert all(f.effect == BlockerEffect.BLOCKS and "183451" in f.detail for f in released)
+    assert readiness(findings, graphs).summary.startswith("blocked by released-static-input (2)")
+
+
 PLANTED_KINDS: set[BlockerKind] = set()
 """Kinds the tests above saw planted (filled as they run; checked last)."""
 
@@ -245,3 +267,14 @@ def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):
     assert mode.status == "unavailable" and mode.step_times_s == ()
     assert "need a CUDA device" in mode.error
     assert not any("cudagraphs" in f for f in report.findings)
+
+
+def test_cudagraphs_mode_with_no_ready_kind_is_unavailable_not_a_second_plan():
+    """On CUDA with no kind ready (every FSDP2 setup: released-static-input), the mode would
+    train the plan again under another name: unavailable, with the reason."""
+    from gbdoctor.run.driver import _unavailable
+
+    assert _unavailable(["plan"], "cuda", ()) == {}
+    assert _unavailable(["cudagraphs"], "cuda", ("layers.0",)) == {}
+    assert "nothing to compile" in _unavailable(["cudagraphs"], "cuda", ())["cudagraphs"]
+    assert "need a CUDA device" in _unavailable(["cudagraphs"], "cpu", ("layers.0",))["cudagraphs"]

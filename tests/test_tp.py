@@ -104,7 +104,9 @@ def test_tp2_scan_records(real_tp2):
     # the graph (allowed with NCCL); the MoE's in-place token counter blocks CUDA graphs.
     for block in reps.values():
         assert any(f.kind == "collective" for f in block.cudagraphs.findings)
-    assert reps["dense"].cudagraphs.status == "ready"
+    # FSDP2 (dp_shard 1 still shards, as torchtitan does) frees every parameter after the step:
+    # the dense kind's only blocker; TP's collectives themselves are allowed.
+    assert reps["dense"].cudagraphs.summary.startswith("blocked by released-static-input (")
     counter = [f for f in reps["moe"].cudagraphs.findings if f.kind == "mutated-input"]
     assert counter and counter[0].location.file.endswith("models/moe.py")
     assert reps["moe"].cudagraphs.summary.startswith("blocked by mutated-input (1)")
@@ -142,4 +144,6 @@ def test_dp2_x_tp2_on_four_ranks():
     assert (report.setup.world_size, report.setup.dp_shard, report.setup.tp_degree) == (4, 2, 2)
     assert all(b.error is None and not b.breaks and b.graph_count == 1 for b in report.blocks)
     assert not any(e.kind == "rank_divergence" for b in report.blocks for e in b.events)
-    assert all(b.cudagraphs.status == "ready" for b in report.blocks)
+    # Ready but for FSDP2 freeing the parameters after the step (released-static-input).
+    for b in report.blocks:
+        assert b.cudagraphs.summary.startswith("blocked by released-static-input ("), b.cudagraphs

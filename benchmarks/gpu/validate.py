@@ -11,9 +11,9 @@ bundled debug specs; >= 2 GPUs: also the 2-rank EP spec):
 2. ``gbdoctor plan SPEC`` (JSON): the plan, verified by its own re-scan;
 3. ``gbdoctor run SPEC`` with eager, the torchtitan baselines, the plan and ``cudagraphs`` (the
    plan under mode=reduce-overhead), inductor, measured steps and rounds;
-4. the readiness comparison: a kind predicted ready must run under CUDA graphs with no inductor
-   skip; a kind predicted blocked must be one inductor skips (its reason is printed beside the
-   predicted blocker).
+4. the readiness comparison: the kinds predicted ready run under CUDA graphs (the ``cudagraphs``
+   mode) with no inductor skip and no re-recording on a moved static input; with none predicted
+   ready the mode is unavailable and nothing is compared.
 
 Writes ``OUT/<gpu>-torch<version>.json`` (every number, the GPU name) plus each command's own
 JSON, and prints a summary. Exit 0: every step passed and every prediction held; 1: a
@@ -148,10 +148,14 @@ def price_step(spec: str, args: argparse.Namespace) -> dict:
 
 def readiness(scan: dict, run: dict) -> dict:
     """The scan's predicted CUDA-graph readiness per block kind next to what inductor did in the
-    run's ``cudagraphs`` mode (its "skipping cudagraphs due to ..." reasons, not tied to a kind):
-    every kind predicted ready means no skip; any kind predicted blocked means at least one."""
+    run's ``cudagraphs`` mode, which compiles the kinds predicted ready with
+    mode="reduce-overhead": they must run with no "skipping cudagraphs due to ..." and no
+    re-recording on a moved static input ("static input data pointer changed"). With no kind
+    predicted ready the mode is unavailable and there is nothing to compare."""
     mode = next((m for m in run["modes"] if m["mode"] == "cudagraphs"), None)
     skips = list(mode["cudagraph_skips"]) if mode else []
+    rerecords = list(mode.get("cudagraph_rerecords", [])) if mode else []
+    moved = [r for r in rerecords if "pointer" in r]
     kinds = [
         {
             "kind": b["kind"],
@@ -161,14 +165,20 @@ def readiness(scan: dict, run: dict) -> dict:
         for b in scan["blocks"]
         if not b.get("same_as") and b.get("cudagraphs")
     ]
-    predicted = {k["predicted"] for k in kinds} - {"unknown"}
-    if mode is None or mode["status"] != "ok":
-        agrees: bool | None = False
-    elif not predicted:
-        agrees = None  # nothing compiled: nothing to compare
+    ready = [k for k in kinds if k["predicted"] == "ready"]
+    if not ready:
+        agrees: bool | None = None  # nothing ran under CUDA graphs
+    elif mode is None or mode["status"] != "ok":
+        agrees = False
     else:
-        agrees = ("blocked" in predicted) == bool(skips)
-    return {"kinds": kinds, "inductor_skips": skips, "agrees": agrees}
+        agrees = not skips and not moved
+    return {
+        "kinds": kinds,
+        "inductor_skips": skips,
+        "rerecords": len(rerecords),
+        "moved_static_input_rerecords": len(moved),
+        "agrees": agrees,
+    }
 
 
 def _slug(name: str) -> str:
@@ -257,7 +267,12 @@ def main() -> int:
                 }
                 for m in run["modes"]
             }
-            failed = [m for m, v in entry["modes"].items() if v["status"] not in ("ok",)]
+            # cudagraphs is unavailable (not failed) when no kind is predicted CUDA-graph ready
+            failed = [
+                m
+                for m, v in entry["modes"].items()
+                if v["status"] != "ok" and not (m == "cudagraphs" and v["status"] == "unavailable")
+            ]
             if failed:
                 raise StepFailed(f"{stem} run: mode(s) {', '.join(failed)} did not run on CUDA")
             entry["readiness"] = cg = readiness(scan, run)
@@ -265,7 +280,9 @@ def main() -> int:
             predicted = "; ".join(f"{k['kind']}: {k['why']}" for k in cg["kinds"])
             say(
                 f"[cudagraphs] {stem}: predicted {predicted or 'nothing compiled'}; inductor "
-                f"skipped {len(cg['inductor_skips'])} time(s) {cg['inductor_skips'][:3]}: {verdict}"
+                f"skipped {len(cg['inductor_skips'])} time(s) {cg['inductor_skips'][:3]}, "
+                f"re-recorded {cg['rerecords']} time(s) ({cg['moved_static_input_rerecords']} on a "
+                f"moved static input): {verdict}"
             )
             if cg["agrees"] is False:
                 status = 1

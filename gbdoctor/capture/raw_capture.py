@@ -35,6 +35,9 @@ class RawCapture:
     """gb_type -> count from ``counters["graph_break"]`` (cross-check)."""
     cudagraph_findings: list[Any] = field(default_factory=list)
     """CUDA-graph readiness findings of every graph compiled during the capture."""
+    static_inputs: list[Any] = field(default_factory=list)
+    """``capture.cudagraphs.WatchedInput`` of every static input of every forward graph, read
+    when the capture ends (``cudagraphs.released_static_inputs``)."""
     aten_graphs: int = 0
     """AOTAutograd forward + backward graphs compiled during the capture."""
     aten_graphs_by_region: dict[str, int] = field(default_factory=dict)

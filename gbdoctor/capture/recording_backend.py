@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -115,9 +116,46 @@ def _recording_compiler(
             current.aten_graphs_by_region[fqn] = current.aten_graphs_by_region.get(fqn, 0) + 1
         except Exception:  # noqa: BLE001 - readiness is advisory; never fail the capture for it
             logging.getLogger(__name__).debug("could not analyse a %s graph", phase, exc_info=True)
-        return make_boxed_func(gm.forward)
+            return make_boxed_func(gm.forward)
+        if phase != "forward" or not static:
+            return make_boxed_func(gm.forward)
+        return _watching_static_inputs(gm, static, info, input_names, current)
 
     return compile_graph
+
+
+def _watching_static_inputs(
+    gm: torch.fx.GraphModule,
+    static: Sequence[int],
+    info: cudagraphs.GraphInfo,
+    input_names: tuple[str, ...],
+    current: RawCapture,
+) -> Any:
+    """The forward graph, boxed, watching the real tensors behind its static inputs on its first
+    call (``RawCapture.static_inputs``): whether their memory survives the step is only seen at
+    run time, when the capture ends (``cudagraphs.released_static_inputs``)."""
+    from functorch.compile import make_boxed_func
+
+    forward = make_boxed_func(gm.forward)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    named = len(input_names) == len(placeholders)
+    watched = False
+
+    def run(args: list[Any]) -> Any:
+        nonlocal watched
+        if not watched:
+            watched = True
+            for i in static:
+                value = args[i] if i < len(args) else None
+                if isinstance(value, torch.Tensor) and value.numel() > 0:
+                    shown = input_names[i] if named else placeholders[i].name
+                    current.static_inputs.append(
+                        cudagraphs.WatchedInput(weakref.ref(value), info, placeholders[i], shown)
+                    )
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
 
 
 def _count_fixed_backward_inputs(gm: torch.fx.GraphModule) -> int:

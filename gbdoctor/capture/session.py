@@ -25,6 +25,7 @@ import torch._dynamo
 import torch.nn as nn
 
 from gbdoctor import causes
+from gbdoctor.capture import cudagraphs
 from gbdoctor.capture.break_log import LoggedMessages, graph_break_log
 from gbdoctor.capture.break_records import BreakRecorder
 from gbdoctor.capture.raw_capture import RawCapture, compiled_frames
@@ -164,6 +165,8 @@ class CaptureSession(BreakRecorder):
                     symbolic_convert.InstructionTranslatorBase.log_graph_break = original
         finally:
             compiled = _end_compile_metrics(metrics_limit)
+            result.cudagraph_findings += cudagraphs.released_static_inputs(result.static_inputs)
+            result.static_inputs.clear()
             if result.error is None:  # a block that did not trace reports its error instead
                 self.record_abandoned_frames(result, compiled)
             for key, n in counters.get("graph_break", {}).items():

@@ -45,5 +45,13 @@ BLOCKER_EXPLANATIONS: dict[BlockerKind, tuple[str, str]] = {
         "a shape that depends on data (unbacked) or changes between calls",
         "pad to a fixed size (torchtitan pads expert groups) or mark the region static",
     ),
+    BlockerKind.RELEASED_STATIC_INPUT: (
+        "a parameter whose memory the setup frees after the step (FSDP2 reshards it)"
+        " and gathers again elsewhere: cudagraph trees record the graph again on each "
+        "new address (pytorch/pytorch#183451)",
+        "leave this block's parameters resident (not sharded, or no resharding at all: backward "
+        "reshards even with reshard_after_forward=False), or gather them inside the compiled "
+        "graph (torchtitan's SimpleFSDP in graph_trainer) so they are not graph inputs",
+    ),
 }
 """Per blocker kind: (what it is, the fix)."""

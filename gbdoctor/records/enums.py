@@ -65,6 +65,10 @@ class BlockerKind(StrEnum):
     CPU_TENSOR = "cpu-tensor"
     COLLECTIVE = "collective"
     DYNAMIC_SHAPE = "dynamic-shape"
+    RELEASED_STATIC_INPUT = "released-static-input"
+    """A static input (a parameter) whose memory the training setup frees after the step (FSDP2
+    reshards the unsharded parameter): re-gathered at another address, so
+    inductor's cudagraph trees re-record (pytorch/pytorch#183451)."""
 
 
 class BlockerEffect(StrEnum):

@@ -15,12 +15,13 @@ __all__ = [
     "RunReport",
 ]
 
-RUN_SCHEMA_VERSION = 5
+RUN_SCHEMA_VERSION = 6
 """2: rounds with ratio spreads and verdicts, per-phase step split, MFU, the plan's provenance;
 recompile events carry ``limit_hit`` (a recompile-limit hit is an event of its own); 3: a mode's
 ``workaround``; 4: ``price_check`` (``run --price``); 5: a mode's ``round_cpu_medians_s`` and the
-price check's ``clock``. All new fields have defaults: reports of versions 1 to 4 are still read."""
-READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+price check's ``clock``; 6: a mode's ``cudagraph_rerecords``. All new fields have defaults:
+reports of versions 1 to 5 are still read."""
+READABLE_RUN_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
 LOSS_RTOL = 2e-2
@@ -94,10 +95,14 @@ class ModeResult:
     recompile_events: tuple[Recompile, ...] = ()
     """Every recompile (warm-up ones too), of the rank with most measured recompiles."""
     recompile_limit_hit: bool = False
+    """Dynamo hit ``recompile_limit`` and fell back to eager for some frame."""
     cudagraph_skips: tuple[str, ...] = ()
     """``cudagraphs`` mode: inductor's "skipping cudagraphs due to ..." messages (rank 0), to set
     next to the plan's static readiness prediction."""
-    """Dynamo hit ``recompile_limit`` and fell back to eager for some frame."""
+    cudagraph_rerecords: tuple[str, ...] = ()
+    """``cudagraphs`` mode: ``function: reason`` of every cudagraph inductor recorded again
+    (rank 0), warm-up steps included: a static input at a new address re-records on every step
+    it moves (pytorch/pytorch#183451)."""
     losses: tuple[float, ...] = ()
     """Global loss of every step, warm-up steps first."""
     loss_rel_diff: float | None = None

@@ -3,6 +3,8 @@ spreads and verdicts, a mode's status and name, the header fields and each mode'
 
 from __future__ import annotations
 
+from collections import Counter
+
 from gbdoctor.records import ModeResult, ModeStatus, RunReport, Verdict
 
 
@@ -108,6 +110,9 @@ def mode_details(mode: ModeResult) -> list[str]:
     if mode.cudagraph_skips:
         lines.append(f"inductor skipped cudagraphs {len(mode.cudagraph_skips)} time(s):")
         lines += [f"  {reason}" for reason in mode.cudagraph_skips]
+    if mode.cudagraph_rerecords:
+        lines.append(f"inductor re-recorded cudagraphs {len(mode.cudagraph_rerecords)} time(s):")
+        lines += [f"  {n} x {why}" for why, n in sorted(Counter(mode.cudagraph_rerecords).items())]
     if mode.diverged:
         rel = (
             f"relative difference {mode.loss_rel_diff:.2g}"

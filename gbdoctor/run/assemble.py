@@ -4,6 +4,7 @@ eager and the best baseline, notes (same regions as another mode, noisy steps), 
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
@@ -144,6 +145,11 @@ def build_report(
                 findings.append(
                     f"{mode}: inductor skipped cudagraphs {len(res.cudagraph_skips)} time(s) "
                     f"(first: {res.cudagraph_skips[0]})"
+                )
+            if res.cudagraph_rerecords:
+                findings.append(
+                    f"{mode}: inductor re-recorded cudagraphs {len(res.cudagraph_rerecords)} "
+                    f"time(s) ({_most_common(res.cudagraph_rerecords)})"
                 )
             if diverged:
                 findings.append(
@@ -318,3 +324,9 @@ def report_from_json(text: str) -> RunReport:
     )
     # Version 1 lacks what version 2 added (with defaults): read as the current version.
     return load_record(RunReport, data | {"schema_version": RUN_SCHEMA_VERSION}, "run report")
+
+
+def _most_common(rerecords: tuple[str, ...]) -> str:
+    """``N x function: reason`` of the most frequent re-recording."""
+    why, n = Counter(rerecords).most_common(1)[0]
+    return f"most: {n} x {why}"

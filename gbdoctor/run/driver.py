@@ -172,7 +172,7 @@ def run_modes(
         rounds=rounds,
         progress=progress,
         cudagraph_layers=cudagraph_layers,
-        unavailable=_unavailable(chosen, device),
+        unavailable=_unavailable(chosen, device, cudagraph_layers),
     )
     raw = [
         (
@@ -234,14 +234,22 @@ def _plan_lines(plan: Any) -> tuple[str, ...]:
     return tuple(lines)
 
 
-def _unavailable(chosen: list[str], device: str) -> dict[str, str]:
-    """``cudagraphs`` off CUDA is recorded as unavailable without running."""
-    if "cudagraphs" not in chosen or device == "cuda":
+def _unavailable(chosen: list[str], device: str, layers: tuple[str, ...]) -> dict[str, str]:
+    """``cudagraphs`` off CUDA, or with no block kind the plan calls CUDA-graph ready (it would
+    train the plan again under another name), is recorded as unavailable without running."""
+    if "cudagraphs" not in chosen:
         return {}
-    return {
-        "cudagraphs": f"CUDA graphs need a CUDA device; this run is on {device}, so the mode did "
-        "not run (the static prediction is in the plan and in `gbdoctor scan`)"
-    }
+    if device != "cuda":
+        return {
+            "cudagraphs": f"CUDA graphs need a CUDA device; this run is on {device}, so the mode "
+            "did not run (the static prediction is in the plan and in `gbdoctor scan`)"
+        }
+    if not layers:
+        return {
+            "cudagraphs": "no block kind of the plan is CUDA-graph ready, so there is nothing to "
+            "compile with mode=reduce-overhead (`gbdoctor causes --cudagraphs` says why)"
+        }
+    return {}
 
 
 def _flops(spec: Spec, seq_len: int) -> int | None:

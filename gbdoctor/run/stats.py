@@ -95,6 +95,7 @@ def mode_from_rounds(
         recompile_events=tuple(worst.recompiles),
         recompile_limit_hit=any(r.recompile_limit_hit for ranks in rounds for r in ranks),
         cudagraph_skips=tuple(rank0.cudagraph_skips),
+        cudagraph_rerecords=tuple(rank0.cudagraph_rerecords),
         losses=tuple(rank0.losses),
         dynamo_config=strategy_flags(strategy),
     )

@@ -69,6 +69,8 @@ class RankRun:
     """(block fqn, regions, fullgraph regions) as the setup placed them."""
     cudagraph_skips: list[str] = field(default_factory=list)
     """``cudagraphs`` mode: inductor's skip messages on this rank."""
+    cudagraph_rerecords: list[str] = field(default_factory=list)
+    """``cudagraphs`` mode: ``function: reason`` of each cudagraph inductor recorded again."""
     break_frames: dict[int, tuple[Location, ...]] = field(default_factory=dict)
     """``profile_breaks``: frame id -> user traceback of the break that ended the frame."""
     eager_us_by_frame: dict[int, float] = field(default_factory=dict)
@@ -220,6 +222,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         recompile_limit_hit=watch.limit_hit,
         phase_times=phase_times,
         cudagraph_skips=list(skips.reasons) if skips is not None else [],
+        cudagraph_rerecords=list(skips.rerecords) if skips is not None else [],
         layout=layout,
         break_frames=dict(break_frames.frames) if break_frames is not None else {},
         eager_us_by_frame=eager_us,
