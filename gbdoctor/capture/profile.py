@@ -14,6 +14,12 @@ Two pieces, both reading Dynamo's own records (this is ``capture/``, the only st
   adds around it (the resume function's guard check, a second graph call's bookkeeping).
   Measured on torch 2.13: the resume function's region is nested in the region of the frame
   whose break it resumes.
+* The backward of that eager work: every op run eagerly in a break's region records the
+  autograd sequence number of the node it created, and the autograd engine's
+  ``autograd::engine::evaluate_function: <Node>`` event of that node carries the same number
+  (what ``torch.profiler`` links forward and backward ops with), so its time is charged to the
+  same break. Compiled graphs' backward (``CompiledFunctionBackward``) is not eager and is left
+  out, as their forward is.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ QUIET_KINETO = "6"
 """Kineto's log level above its USDT/STAGE lines (measured on torch 2.13: 5 still prints them)."""
 _REGION = re.compile(r"^Torch-Compiled Region: (\d+)/(\d+)$")
 _COMPILED_GRAPH = ("CompiledFunction", "## Call CompiledFxGraph")
+_BACKWARD_NODE = "autograd::engine::evaluate_function: "
+_COMPILED_BACKWARD = _BACKWARD_NODE + "CompiledFunctionBackward"
 
 
 @dataclass
@@ -107,17 +115,21 @@ def watch_break_frames() -> Iterator[BreakFrames]:
             log_state.artifact_names.discard(_ARTIFACT)
 
 
-def eager_us_by_frame(events: Any, break_frames: set[int]) -> dict[int, float]:
+def eager_us_by_frame(
+    events: Any, break_frames: set[int], *, backward: bool = True
+) -> dict[int, float]:
     """Break frame id -> microseconds run inside compiled regions outside any compiled graph
-    (see the module doc), summed over the step, from ``torch.profiler.profile(...).events()``.
-    Python time counts too (a region's wall time is what is subtracted from), so a break's eager
-    Python work is seen without a stack tracer.
+    (see the module doc), summed over the step, from ``torch.profiler.profile(...).events()``,
+    plus (``backward``) the backward of that eager work. Python time counts too (a region's wall
+    time is what is subtracted from), so a break's eager Python work is seen without a stack
+    tracer.
 
     A region whose frame ended at no break of its own (a resume function, or a module's forward
     that runs as a frame of its own because a break in its caller sent the call eager) is
     charged to the nearest enclosing region whose frame did: the break that made it run that
     way. Regions with no such ancestor are left out."""
     totals: dict[int, float] = {}
+    frame_of_node: dict[int, int] = {}  # autograd sequence number of an eager node -> frame
     for event in events:
         region = _REGION.match(event.name)
         if region is None:
@@ -127,7 +139,42 @@ def eager_us_by_frame(events: Any, break_frames: set[int]) -> dict[int, float]:
             continue
         eager = float(event.time_range.elapsed_us()) - _inner_us(event)
         totals[frame] = totals.get(frame, 0.0) + max(0.0, eager)
+        for number in _eager_sequence_numbers(event):
+            frame_of_node[number] = frame
+    if backward:
+        for event in events:
+            frame = frame_of_node.get(getattr(event, "sequence_nr", -1), None)
+            if (
+                frame is not None
+                and event.name.startswith(_BACKWARD_NODE)
+                and not event.name.startswith(_COMPILED_BACKWARD)
+                and not _inside_backward_node(event)
+            ):
+                totals[frame] = totals.get(frame, 0.0) + float(event.time_range.elapsed_us())
     return totals
+
+
+def _eager_sequence_numbers(event: Any) -> set[int]:
+    """Autograd sequence numbers of the ops run directly (not in a compiled graph or a nested
+    region) below a region event."""
+    numbers: set[int] = set()
+    for child in event.cpu_children:
+        if _REGION.match(child.name) or child.name.startswith(_COMPILED_GRAPH):
+            continue
+        if getattr(child, "sequence_nr", -1) >= 0:
+            numbers.add(int(child.sequence_nr))
+        numbers |= _eager_sequence_numbers(child)
+    return numbers
+
+
+def _inside_backward_node(event: Any) -> bool:
+    """Whether an enclosing event is a backward node too (its time already holds this one)."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(_BACKWARD_NODE):
+            return True
+        parent = parent.cpu_parent
+    return False
 
 
 def _charged_frame(region: Any, break_frames: set[int]) -> int | None:

@@ -52,8 +52,8 @@ class BreakPrice:
     split: PriceSplit = PriceSplit.WHOLE_KIND
     """How the kind's price was divided among its breaks."""
     eager_ms: float | None = None
-    """Eager time of this break's frame in the profiled step (the split's weight), summed
-    over layers and ranks' maximum."""
+    """Eager time of this break's frame in the profiled step, forward and the backward of that
+    eager work (the split's weight), summed over layers and ranks' maximum."""
     free: bool = False
 
 
