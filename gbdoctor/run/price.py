@@ -17,7 +17,8 @@ Method (docs/price.md):
 4. The kind's price is split over its distinct breaks by the eager time each break's frame
    spent in one profiled step of ``as set up`` (``capture.profile``): Dynamo's break log names
    the frame each break ended, the profiler's regions give the time run outside compiled graphs
-   in that frame. A kind with one distinct break gets the whole price.
+   in that frame, and the autograd nodes that eager work made give its backward. A kind with
+   one distinct break gets the whole price.
 """
 
 from __future__ import annotations
