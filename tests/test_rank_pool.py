@@ -10,7 +10,7 @@ import pytest
 from corpus.pool_jobs import fail_on_rank1, hang, leave_state, state_found
 
 from gbdoctor.errors import DeadlineError, SpecError
-from gbdoctor.setup.dist import RankPool
+from gbdoctor.setup.dist import RankPool, run_ranks, shared_ranks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -54,3 +54,18 @@ def test_a_job_past_its_deadline_raises_and_leaves_no_rank():
             pool.run(hang, None, timeout_s=3)
         assert pool.pids() == []
         assert not any(_alive(p) for p in ranks)
+
+
+def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
+    def pids() -> list[int]:
+        return [
+            r[0]
+            for r in run_ranks(state_found, None, world_size=1, device_type="cpu", timeout_s=300)
+        ]
+
+    with shared_ranks():
+        first = pids()
+        with shared_ranks():  # nested: the outer scope's ranks
+            assert pids() == first
+    assert not any(_alive(p) for p in first)
+    assert pids() != first

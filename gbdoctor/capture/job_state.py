@@ -60,3 +60,11 @@ def restore_job_start_state(start: JobStartState) -> None:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+
+
+def end_compile_workers() -> None:
+    """Stop inductor's compile-worker processes of this process (they would outlive a rank
+    that leaves with ``os._exit``, orphaned until they notice)."""
+    from torch._inductor.async_compile import shutdown_compile_workers
+
+    shutdown_compile_workers()

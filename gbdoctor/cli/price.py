@@ -70,6 +70,7 @@ def price(
     from gbdoctor.report import render
     from gbdoctor.run.modes import check_backend
     from gbdoctor.run.price import check_clock, price_scan
+    from gbdoctor.setup.dist import shared_ranks
     from gbdoctor.summary import has_findings
 
     preflight(format, "scan", output, inputs=(spec, plan_file))
@@ -78,26 +79,30 @@ def price(
     overrides = [*(set_ or []), *([f"gbdoctor.strategy={strategy}"] if strategy else [])]
     loaded = load_spec_options(spec, overrides, world_size=world_size)
     check_clock(clock, loaded)
-    report = scan_with_progress(loaded, choose_strategy(loaded, strategy, None), recompiles=False)
-    if plan_file is not None:
-        plan, _ = read_plan(plan_file)
-    else:
-        with ProgressBar() as bar:
-            plan = propose_plan(loaded, progress=lambda m, d, t: bar(f"plan: {m}", d, t))
-    with ProgressBar() as bar:
-        priced = price_scan(
-            loaded,
-            report,
-            plan,
-            backend=backend,
-            rounds=rounds,
-            steps=steps,
-            warmup=warmup,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            progress=bar,
-            clock=clock,
+    # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
+    with shared_ranks():
+        report = scan_with_progress(
+            loaded, choose_strategy(loaded, strategy, None), recompiles=False
         )
+        if plan_file is not None:
+            plan, _ = read_plan(plan_file)
+        else:
+            with ProgressBar() as bar:
+                plan = propose_plan(loaded, progress=lambda m, d, t: bar(f"plan: {m}", d, t))
+        with ProgressBar() as bar:
+            priced = price_scan(
+                loaded,
+                report,
+                plan,
+                backend=backend,
+                rounds=rounds,
+                steps=steps,
+                warmup=warmup,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                progress=bar,
+                clock=clock,
+            )
     notice(priced.notes, output, format)
     emit(render(priced, format), output)
     if strict and has_findings(priced):

@@ -10,14 +10,16 @@ kernels.
 
 Rank processes: ``run`` trains every (round, mode) in freshly spawned ranks, because it reports
 each mode's compile time and its process's peak RSS, which earlier jobs in the same process
-would change. ``price`` reports neither and reuses its ranks (``reuse_ranks``: one
-``setup.dist.RankPool`` for all its jobs): each job still builds its model and compiles from a
-reset Dynamo, loading inductor's kernels as a new process would; only the process start, torch's
-import and the group's init are paid once (docs/price.md, Method).
+would change. ``price`` reports neither and reuses its ranks (``reuse_ranks``: inside
+``setup.dist.shared_ranks`` one ``RankPool`` runs all its jobs, and its scan's): each job still
+builds its model and compiles from a reset Dynamo, loading inductor's kernels as a new process
+would; only the process start, torch's import and the group's init are paid once (docs/price.md,
+Method).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -93,7 +95,7 @@ def train_rounds(
     as unavailable with that reason, never run. ``reuse_ranks``: every job on the same rank
     processes (the module doc says when). A SpecError (bad input fails every mode alike)
     propagates."""
-    from gbdoctor.setup.dist import RankPool, run_ranks
+    from gbdoctor.setup.dist import run_ranks, shared_ranks
 
     world = spec.parallelism.world_size
     chosen = list(strategies)
@@ -106,13 +108,12 @@ def train_rounds(
         else {}
     )
     mode_specs: dict[str, Spec] = {}
-    timeout_s = spec.gbdoctor.timeout_s
-    pool = (
-        RankPool(world_size=world, device_type=device, timeout_s=timeout_s) if reuse_ranks else None
-    )
     total = rounds * len(chosen)
     done = 0
+    ranks = contextlib.ExitStack()
     try:
+        if reuse_ranks:
+            ranks.enter_context(shared_ranks())
         for r in range(rounds):
             for mode in chosen if r % 2 == 0 else list(reversed(chosen)):
                 if mode in result.failures:
@@ -140,14 +141,12 @@ def train_rounds(
                     )
                     try:
                         result.runs[mode].append(
-                            pool.run(run_mode_rank, job)
-                            if pool is not None
-                            else run_ranks(
+                            run_ranks(
                                 run_mode_rank,
                                 job,
                                 world_size=world,
                                 device_type=device,
-                                timeout_s=timeout_s,
+                                timeout_s=spec.gbdoctor.timeout_s,
                             )
                         )
                     except ModeFailure as exc:
@@ -175,8 +174,7 @@ def train_rounds(
                     break
                 done += 1
     finally:
-        if pool is not None:
-            pool.close()
+        ranks.close()
         for folder in caches.values():
             shutil.rmtree(folder, ignore_errors=True)
     if progress:

@@ -23,7 +23,11 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
-from gbdoctor.capture.job_state import job_start_state, restore_job_start_state
+from gbdoctor.capture.job_state import (
+    end_compile_workers,
+    job_start_state,
+    restore_job_start_state,
+)
 from gbdoctor.contain import time_limited
 from gbdoctor.errors import GbdoctorError, SetupError
 from gbdoctor.setup.rank_protocol import (
@@ -163,6 +167,7 @@ def _rank_main(
     its peers); after a success the next job starts from a fresh state
     (``capture.job_state``).
     """
+    real_exit = os._exit  # user code may replace it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent_pid)
     apply_dynamo_pins()
@@ -230,6 +235,12 @@ def _rank_main(
     finally:
         dist.destroy_process_group()
     results.close()
+    end_compile_workers()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    # Done: skip the interpreter's teardown (finalizing torch's modules and the rest), which
+    # took 1 to 4 s per job while the parent waited for it.
+    real_exit(0)
 
 
 def _start_quiet_resource_tracker() -> None:
@@ -502,8 +513,39 @@ def run_ranks(
     or signal), or re-raises the GbdoctorError a rank raised (same class and hint). All children
     are dead on return, and they die with this process if it is killed.
 
-    Under a launcher (``setup.launched``) the launcher's ranks run it instead, this process
-    being rank 0; a world size that is not the launcher's is a SpecError (exit 2).
+    Inside :func:`shared_ranks` the ranks are not fresh: the scope's pool for this world size
+    and device runs the job. Under a launcher (``setup.launched``) the launcher's ranks run it
+    instead, this process being rank 0; a world size that is not the launcher's is a SpecError
+    (exit 2).
     """
+    if _SHARED:
+        key = (world_size, device_type)
+        if key not in _SHARED[-1]:
+            _SHARED[-1][key] = RankPool(
+                world_size=world_size, device_type=device_type, timeout_s=timeout_s
+            )
+        return _SHARED[-1][key].run(target, payload, timeout_s=timeout_s)
     with RankPool(world_size=world_size, device_type=device_type, timeout_s=timeout_s) as pool:
         return pool.run(target, payload)
+
+
+_SHARED: list[dict[tuple[int, str], RankPool]] = []
+
+
+@contextlib.contextmanager
+def shared_ranks() -> Iterator[None]:
+    """Inside, :func:`run_ranks` sends its jobs to one :class:`RankPool` per world size and
+    device, started by the first such job and closed (every rank dead) when the scope ends:
+    ``price``, whose scan and rounds would otherwise start ranks for every job. A nested scope
+    uses the outer one's ranks. Use it from one thread (the pool's docstring says why)."""
+    if _SHARED:
+        yield
+        return
+    pools: dict[tuple[int, str], RankPool] = {}
+    _SHARED.append(pools)
+    try:
+        yield
+    finally:
+        _SHARED.pop()
+        for pool in pools.values():
+            pool.close()
