@@ -40,7 +40,7 @@ ONE_GPU_SPECS = (
 TWO_GPU_SPECS = ("fixtures/llama4_debug_ep2.toml",)
 # ``--price``: one-GPU specs whose blocks have graph breaks (the bundled debug specs have none on
 # one rank): a model with two breaks of very different eager cost, and Hugging Face's DBRX.
-PRICE_SPECS = ("fixtures/priced.toml", "fixtures/hf_dbrx.toml")
+PRICE_SPECS = ("benchmarks/specs/priced.toml", "benchmarks/specs/hf_dbrx.toml")
 RUN_MODES = "eager,titan-v0.2.0,titan-v0.2.2,plan,cudagraphs"
 
 
