@@ -1,7 +1,9 @@
 """One rank of one ``gbdoctor run`` mode: build, set up, warm up, measure (a ``run_ranks`` target).
 
-Each mode runs in freshly spawned rank processes, so this module's state (Dynamo caches, the
-recompile log handler, peak memory) belongs to one mode only.
+Each mode runs in freshly spawned rank processes (``run``), or in ranks that ``price`` reuses
+after resetting Dynamo's caches and counters (``capture.job_state``), so this module's state
+(Dynamo caches, the recompile log handler, device peak memory) belongs to one mode only; a
+reused process's peak RSS does not, and ``price`` does not read it.
 """
 
 from __future__ import annotations
