@@ -1,4 +1,4 @@
-"""``setup.dist.RankPool``: spawned ranks that run a series of jobs (``price``'s rounds) on a
+"""``setup.rank_pool.RankPool``: spawned ranks that run a series of jobs (``price``'s rounds) on a
 real gloo group. Each job finds a fresh state; a failed job, or one past its deadline, kills
 every rank and the next job gets new ones; all children are dead after close."""
 

@@ -1,5 +1,5 @@
 """A fresh process's compile state, without a fresh process: what a job on a reused rank
-process (``setup.dist.RankPool``, ``price``'s rounds) must not inherit from the jobs before it
+process (``setup.rank_pool.RankPool``, ``price``'s rounds) must not inherit from the jobs before it
 on that process, and how to drop it.
 """
 
