@@ -17,7 +17,7 @@ import pytest
 import torch
 from repo_paths import FIXTURES
 
-from gbdoctor.capture.profile import eager_us_of, watch_break_frames
+from gbdoctor.capture.profile import eager_us_by_frame, eager_us_of, watch_break_frames
 from gbdoctor.records import (
     RUN_SCHEMA_VERSION,
     SCHEMA_VERSION,
@@ -91,7 +91,33 @@ def test_each_break_names_its_frame_and_the_eager_time_follows_the_work():
     assert len(costly) == 1 and len(cheap) == 1 and costly != cheap
     eager = eager_us_of(step, "cpu", set(frames.frames))
     assert eager[costly[0]] > 5 * eager.get(cheap[0], 0.0)
+    _the_backward_of_eager_work_is_charged_to_its_break(module, step, frames, costly[0], cheap[0])
     torch._dynamo.reset()
+
+
+def _the_backward_of_eager_work_is_charged_to_its_break(module, step, frames, costly, cheap):
+    """The autograd engine's node events carry the sequence number of the forward op that made
+    the node (``capture.profile``). Oracle: the profiler's own events. The costly break runs
+    ``tanh`` 24 times per layer eagerly, so its backward holds at least the 48
+    ``TanhBackward0`` nodes' time and at most every non-compiled backward node's; the cheap
+    break runs nothing eagerly, so nothing is added to it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    node = "autograd::engine::evaluate_function: "
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    events = prof.events()
+    forward = eager_us_by_frame(events, set(frames.frames), backward=False)
+    both = eager_us_by_frame(events, set(frames.frames))
+    added = both[costly] - forward[costly]
+    tanh = [e for e in events if e.name == node + "TanhBackward0"]
+    assert len(tanh) == module.EAGER_MATMULS * module.N_LAYERS
+    eager_nodes = [
+        e for e in events if e.name.startswith(node) and "CompiledFunctionBackward" not in e.name
+    ]
+    assert sum(e.time_range.elapsed_us() for e in tanh) <= added + 1e-6
+    assert added <= sum(e.time_range.elapsed_us() for e in eager_nodes) + 1e-6
+    assert both.get(cheap, 0.0) == forward.get(cheap, 0.0)
 
 
 @pytest.fixture(scope="module")
