@@ -210,6 +210,9 @@ def eager_us_of(step: Any, device: str, break_frames: set[int]) -> dict[int, flo
     activities = [ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    # One cycle, so keeping events across cycles changes nothing; without it torch (2.12, 2.13)
+    # warns once per process that "Profiler clears events at the end of each cycle", which every
+    # rank of a price printed.
+    with profile(activities=activities, acc_events=True) as prof:
         step()
     return eager_us_by_frame(prof.events(), break_frames)
