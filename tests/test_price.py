@@ -497,6 +497,11 @@ def test_run_sets_the_predicted_gain_beside_the_measured_one():
     assert check.ratio == pytest.approx(25 / 30, abs=0.01) and check.consistent
     far = price_check(_run_of((0.200, 0.200), (0.100, 0.100)), priced)  # 100 ms measured
     assert far.measured_ms == 100.0 and far.consistent is False
+    # As set up ran at 200 ms here, 100 ms when priced: a drift as large as the disagreement.
+    assert "ran 200.0 ms per step here and 100.0 ms when priced (+100.0 ms)" in far.detail
+    assert "NOT consistent" in run_price_check(far) and far.detail in run_price_check(far)
+    steady = price_check(_run_of((0.100, 0.100), (0.0, 0.0)), priced)  # same speed as priced
+    assert steady.consistent is False and steady.detail == ""
     differs = price_check(_run_of((0.2,), (0.1,), batch_size=8), priced)
     assert differs.measured_ms is None and "batch 8 here, 1 when priced" in differs.detail
     assert "--batch-size 1 --seq-len 1" in differs.detail

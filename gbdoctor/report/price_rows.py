@@ -111,7 +111,8 @@ def run_price_check(check: PriceCheck | None) -> str:
         return f"{head}; {check.detail}."
     verdict = "consistent" if check.consistent else "NOT consistent"
     ratio = f", ratio {check.ratio:.2f}" if check.ratio is not None else ""
+    why = f" Note: {check.detail}." if check.detail else ""
     return (
         f"{head}; this run measured {_ms(check.measured_ms, check.measured_spread_ms)} "
-        f"ms/step{ratio}: {verdict} (within 30 %, or inside the other's spread)."
+        f"ms/step{ratio}: {verdict} (within 30 %, or inside the other's spread).{why}"
     )

@@ -101,4 +101,20 @@ def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
         measured_spread_ms=(round(spread[0], 1), round(spread[1], 1)),
         ratio=round(ratio, 2) if ratio is not None else None,
         consistent=consistent,
+        detail="" if consistent else _drift(price.step_ms, base, abs(predicted - measured)),
+    )
+
+
+def _drift(priced_step_ms: float, base_rounds_s: tuple[float, ...], disagreement: float) -> str:
+    """Why an inconsistent check may say nothing about the prices: the same mode, as set up,
+    ran at another speed here than when priced, by at least as much as the two disagree (on a
+    busy CPU, measured up to 40 ms per step between runs of the per-op SAC variant)."""
+    here = statistics.median(base_rounds_s) * 1e3
+    if abs(here - priced_step_ms) < disagreement:
+        return ""
+    return (
+        f"the mode as set up ran {here:.1f} ms per step here and {priced_step_ms:.1f} ms when "
+        f"priced ({here - priced_step_ms:+.1f} ms): the machine moved between the two "
+        "measurements by at least as much as they disagree; rerun both on a quieter machine "
+        "(or with --clock cpu and more --rounds)"
     )
