@@ -233,6 +233,15 @@ def _to_device(node: torch.fx.Node) -> str | None:
 # ------------------------------------------------------------------------------ ATen level
 
 
+def input_label(placeholders: Sequence[torch.fx.Node], input_names: Sequence[str], i: int) -> str:
+    """How a finding names input ``i`` of an ATen graph: Dynamo's name for it (the source the
+    user's code reads: ``l_self_modules_w1_parameters_weight_``) where the caller has one name per
+    placeholder, else the placeholder's (``primals_3``)."""
+    if input_names and len(input_names) == len(placeholders):
+        return input_names[i]
+    return placeholders[i].name
+
+
 @dataclass(frozen=True)
 class WatchedInput:
     """The real tensor behind one static input of a forward graph, seen on its first call."""
@@ -297,9 +306,7 @@ def aten_graph_findings(
         ):
             continue  # the saved RNG state of a recomputed op: reported with that op
         value = node.meta.get("val", inputs[i] if i < len(inputs) else None)
-        shown = (
-            input_names[i] if input_names and len(input_names) == len(placeholders) else node.name
-        )
+        shown = input_label(placeholders, input_names, i)
         if isinstance(value, (torch.SymInt, int)) and not isinstance(value, bool):
             unbacked = _unbacked(value)
             add(
@@ -412,11 +419,7 @@ def aten_graph_findings(
         if _mutates_placeholder(node, index):
             target_input = node.args[0]
             j = index[target_input]
-            shown = (
-                input_names[j]
-                if input_names and len(input_names) == len(placeholders)
-                else target_input.name
-            )
+            shown = input_label(placeholders, input_names, j)
             if j in static:
                 add(
                     BlockerKind.MUTATED_INPUT,

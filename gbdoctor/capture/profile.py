@@ -143,7 +143,7 @@ def eager_us_by_frame(
             frame_of_node[number] = frame
     if backward:
         for event in events:
-            frame = frame_of_node.get(getattr(event, "sequence_nr", -1), None)
+            frame = frame_of_node.get(getattr(event, "sequence_nr", -1))
             if (
                 frame is not None
                 and event.name.startswith(_BACKWARD_NODE)

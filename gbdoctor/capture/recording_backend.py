@@ -138,7 +138,6 @@ def _watching_static_inputs(
 
     forward = make_boxed_func(gm.forward)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    named = len(input_names) == len(placeholders)
     watched = False
 
     def run(args: list[Any]) -> Any:
@@ -148,7 +147,7 @@ def _watching_static_inputs(
             for i in static:
                 value = args[i] if i < len(args) else None
                 if isinstance(value, torch.Tensor) and value.numel() > 0:
-                    shown = input_names[i] if named else placeholders[i].name
+                    shown = cudagraphs.input_label(placeholders, input_names, i)
                     current.static_inputs.append(
                         cudagraphs.WatchedInput(weakref.ref(value), info, placeholders[i], shown)
                     )
