@@ -13,6 +13,7 @@ Counting rules:
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 
 from gbdoctor.records import (
@@ -22,6 +23,7 @@ from gbdoctor.records import (
     CudaGraphFinding,
     CudaGraphReadiness,
     KindSummary,
+    NotableFinding,
     ScanReport,
     ScanSummary,
 )
@@ -127,14 +129,50 @@ _KIND_RANK = {
 """Causes before consequences: a host read's value is what makes the shapes after it dynamic."""
 
 
-def _notable(ready: CudaGraphReadiness | None) -> tuple[CudaGraphFinding, ...]:
-    """Readiness findings worth a row, blockers first: all but the per-input copies (counted)."""
+def _notable(ready: CudaGraphReadiness | None) -> tuple[NotableFinding, ...]:
+    """Readiness findings worth a row, blockers first: all but the per-input copies (counted).
+    Findings that differ only in their node, and in the input their detail names first
+    (``name: why``, as a finding about a graph input writes it; each name listed once), share
+    one row: under
+    FSDP2 a block's 9 parameters are each released, and an MoE block has 15 inputs of
+    data-dependent size."""
     if ready is None:
         return ()
     shown = [f for f in ready.findings if f.effect != BlockerEffect.COPY]
+    groups: dict[tuple[object, ...], list[tuple[CudaGraphFinding, str]]] = {}
+    for f in shown:
+        subject, reason = _named_input(f.detail)
+        key = (f.kind, f.effect, f.region, f.graph, f.location, reason, subject is None)
+        groups.setdefault(key, []).append((f, subject or ""))
+    merged = [
+        NotableFinding(
+            finding=members[0][0],
+            nodes=tuple(f.node for f, _ in members),
+            subjects=tuple(dict.fromkeys(subject for _, subject in members if subject)),
+            reason=_named_input(members[0][0].detail)[1],
+        )
+        for members in groups.values()
+    ]
     return tuple(
-        sorted(shown, key=lambda f: (_EFFECT_RANK.get(f.effect, 3), _KIND_RANK.get(f.kind, 9)))
+        sorted(
+            merged,
+            key=lambda g: (
+                _EFFECT_RANK.get(g.finding.effect, 3),
+                _KIND_RANK.get(g.finding.kind, 9),
+            ),
+        )
     )
+
+
+_NAMED_INPUT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*): (?P<reason>.+)", re.DOTALL)
+
+
+def _named_input(detail: str) -> tuple[str | None, str]:
+    """``(name, why)`` of a detail that starts with the input it is about, else (None, detail)."""
+    match = _NAMED_INPUT.fullmatch(detail)
+    if match is None:
+        return None, detail
+    return match["name"], match["reason"]
 
 
 def group_by_kind(report: ScanReport) -> dict[str, list[BlockReport]]:

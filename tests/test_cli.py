@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -172,3 +173,33 @@ def test_debug_after_the_command_says_where_it_goes():
     result = _run("causes", "--debug")
     assert result.exit_code == 2
     assert "gbdoctor --debug COMMAND" in result.stderr
+
+
+def test_progress_in_a_log_is_plain_lines_at_most_one_per_interval(tmp_path, monkeypatch) -> None:
+    """Where stderr is a file or pipe (a CI log) a live bar draws nothing; progress is then a
+    plain ``[elapsed] message`` line when the message changes, throttled. An in-memory stream
+    (CliRunner's) is not a log and gets nothing."""
+    from gbdoctor.cli import output
+
+    log = (tmp_path / "stderr.log").open("w")
+    monkeypatch.setattr("sys.stderr", log)
+    with output.ProgressBar() as bar:
+        bar("round 1/2: as set up", 0, 4)
+        bar("round 1/2: as set up", 1, 4)
+        bar("round 1/2: fix moe", 1, 4)  # within the interval: skipped
+        monkeypatch.setattr(output, "PLAIN_PROGRESS_EVERY_S", 0.0)
+        bar("round 2/2: fix moe", 2, 4)
+        bar("round 2/2: fix moe", 3, 4)  # same message: skipped
+    log.close()
+    lines = (tmp_path / "stderr.log").read_text().splitlines()
+    assert [line.split("] ", 1)[1] for line in lines if line.strip()] == [
+        "round 1/2: as set up",
+        "round 2/2: fix moe",
+    ], lines
+    assert all(line.startswith("[") and " s] " in line for line in lines if line.strip()), lines
+
+    in_memory = io.StringIO()
+    monkeypatch.setattr("sys.stderr", in_memory)
+    with output.ProgressBar() as bar:
+        bar("round 1/2: as set up", 0, 4)
+    assert "s] round" not in in_memory.getvalue()

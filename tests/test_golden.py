@@ -39,6 +39,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -276,6 +277,9 @@ def test_command_json_matches_its_golden(case: Case, tmp_path):
         timeout=900,
     )
     assert done.returncode == case.exit_code, done.stderr[-4000:]
+    if args[0] in ("scan", "plan"):
+        # stderr is a pipe here, as in CI: progress is plain lines (cli.output.ProgressBar).
+        assert re.search(r"^\[ *\d+\.\d s\] \S", done.stderr, re.MULTILINE), done.stderr[-2000:]
     produced = _masked(out.read_bytes())
     if REGENERATE:
         case.golden.parent.mkdir(parents=True, exist_ok=True)

@@ -103,3 +103,36 @@ def test_compact_layers(fqns: tuple[str, ...], label: str) -> None:
 def test_fix_hint() -> None:
     assert fix_hint("fsdp-hook") == CAUSES["fsdp-hook"].fixes[0]
     assert fix_hint("no-such-cause") == ""
+
+
+def test_readiness_rows_merge_findings_that_differ_only_in_node_and_input() -> None:
+    """A real scan (the llama4 golden: FSDP2 releases each dense block's 9 parameters, the MoE
+    block has 15 inputs of data-dependent size): findings that differ only in the graph node
+    and the input their detail names share a row that names every input once; none is lost."""
+    from gbdoctor.records import BlockerEffect, BlockerKind
+    from gbdoctor.summary import group_by_kind
+
+    report = load_scan_json(FIXTURES / "golden" / "scan" / "llama4_debug.json")
+    captured = {b.kind: b for b in report.blocks if b.same_as is None and b.cudagraphs}
+    for row in summarize(report).kinds:
+        findings = [
+            f for f in captured[row.kind].cudagraphs.findings if f.effect != BlockerEffect.COPY
+        ]
+        assert sorted(n for g in row.cudagraph_notable for n in g.nodes) == sorted(
+            f.node for f in findings
+        )
+        keys = [
+            (g.finding.kind, g.finding.effect, g.finding.region, g.finding.graph, g.reason)
+            for g in row.cudagraph_notable
+        ]
+        assert len(keys) == len(set(keys)), keys
+        released = [
+            g for g in row.cudagraph_notable if g.finding.kind == BlockerKind.RELEASED_STATIC_INPUT
+        ]
+        assert released, row.kind  # every kind is under FSDP2
+        # one row per graph, naming each released parameter once and counting them
+        for group in released:
+            assert len(group.nodes) == len(group.subjects) > 1
+            assert group.detail.startswith(group.subjects[0] + ", ")
+            assert f"({len(group.subjects)}): a parameter whose memory" in group.detail
+    assert set(group_by_kind(report)) == set(captured)

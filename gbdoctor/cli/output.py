@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -70,15 +71,34 @@ def preflight(
             check_writable(path, inputs=read)
 
 
+PLAIN_PROGRESS_EVERY_S = 5.0
+"""In a log (stderr a file or pipe), the least time between two progress lines."""
+
+
+def _stderr_is_a_log() -> bool:
+    """stderr is a file or pipe (a CI log, ``2> file``), not a terminal: a live bar draws
+    nothing there. An in-memory stream (a test runner's) has no descriptor and is neither."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    return not sys.stderr.isatty()
+
+
 class ProgressBar:
     """A rich progress bar on stderr driven by the library's ``Progress`` callback
     (message, done, total).
 
     While it is shown, Python-level prints (a model's own ``print`` calls, which scans run) go
     to stderr, so that stdout holds only the report (``--format json`` stays parseable).
+
+    Where stderr is a log instead of a terminal, it writes a plain ``[elapsed] message`` line
+    when the message changes, at most one per ``PLAIN_PROGRESS_EVERY_S`` (the first always),
+    so that a CI log shows a long price or run progressing instead of minutes of silence.
     """
 
     def __init__(self) -> None:
+        self._plain = _stderr_is_a_log()
         self._progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -86,8 +106,11 @@ class ProgressBar:
             TimeElapsedColumn(),
             console=err_console,
             transient=True,
+            disable=self._plain,
         )
         self._task: TaskID | None = None
+        self._started = time.monotonic()
+        self._last_line: tuple[float, str] | None = None
 
     def __enter__(self) -> ProgressBar:
         self._redirect = contextlib.redirect_stdout(sys.stderr)
@@ -103,3 +126,14 @@ class ProgressBar:
     def __call__(self, message: str, done: int, total: int) -> None:
         assert self._task is not None, "ProgressBar is called inside its with-block only"
         self._progress.update(self._task, description=message, completed=done, total=max(total, 1))
+        if self._plain:
+            self._log_line(message)
+
+    def _log_line(self, message: str) -> None:
+        now = time.monotonic()
+        if self._last_line is not None:
+            at, said = self._last_line
+            if message == said or now - at < PLAIN_PROGRESS_EVERY_S:
+                return
+        self._last_line = (now, message)
+        say(f"[{now - self._started:6.1f} s] {message}")

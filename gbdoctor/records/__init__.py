@@ -81,7 +81,7 @@ from gbdoctor.records.spec import (
     ToolSpec,
     TrainingSpec,
 )
-from gbdoctor.records.summary import KindSummary, ScanSummary
+from gbdoctor.records.summary import KindSummary, NotableFinding, ScanSummary
 
 __all__ = [
     "ACMode",
@@ -127,6 +127,7 @@ __all__ = [
     "ModeResult",
     "ModeStatus",
     "ModelSpec",
+    "NotableFinding",
     "Launcher",
     "OutputFormat",
     "PLAN_SCHEMA_VERSION",

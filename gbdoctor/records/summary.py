@@ -7,6 +7,44 @@ from gbdoctor.records.scan import Break, CudaGraphFinding, CudaGraphReadiness, E
 
 
 @record
+class NotableFinding:
+    """Readiness findings of one kind that differ only in the graph node (and in the input a
+    detail names first, ``name: why``): one row of a report."""
+
+    finding: CudaGraphFinding
+    """The first of them (its kind, effect, region, graph, location)."""
+    nodes: tuple[str, ...]
+    """Every one's graph node, in order."""
+    subjects: tuple[str, ...] = ()
+    """The names their details start with (``name: why``), each once, in order; empty when
+    the details start with none."""
+    reason: str = ""
+    """The detail they share (after the input's name, where there is one)."""
+
+    @property
+    def detail(self) -> str:
+        """The shared detail, naming every input where they name one."""
+        if not self.subjects or self.subjects == self.nodes:
+            return self.reason  # the node column names them already
+        return f"{_listed(self.subjects)}: {self.reason}"
+
+    @property
+    def node_label(self) -> str:
+        """The nodes, the first few by name (``primals_4, primals_5, ... (9)``)."""
+        return _listed(self.nodes)
+
+
+_LISTED = 3
+"""Names a merged row spells out before it only counts the rest."""
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    if len(names) <= _LISTED:
+        return ", ".join(names)
+    return ", ".join(names[:_LISTED]) + f", ... ({len(names)})"
+
+
+@record
 class KindSummary:
     """One row per block kind (``dense``, ``moe+sac``, ...), in layer order of first appearance."""
 
@@ -33,8 +71,9 @@ class KindSummary:
     """The first error message among the kind's blocks."""
     cudagraphs: CudaGraphReadiness | None = None
     """CUDA-graph readiness of the kind (its captured representative); None when nothing compiled."""
-    cudagraph_notable: tuple[CudaGraphFinding, ...] = ()
-    """The readiness findings worth a row: all but the per-input copies (which are counted)."""
+    cudagraph_notable: tuple[NotableFinding, ...] = ()
+    """The readiness findings worth a row, merged where they differ only in the node: all but
+    the per-input copies (which are counted)."""
 
     @property
     def clean(self) -> bool:

@@ -54,10 +54,11 @@ def render_github(report: ScanReport) -> str:
                 )
             )
         if row.cudagraphs is not None and row.cudagraphs.status == "blocked":
-            for f in (f for f in row.cudagraph_notable if f.effect == "blocks"):
+            for group in (g for g in row.cudagraph_notable if g.finding.effect == "blocks"):
+                f = group.finding
                 message = (
-                    f"{where}: CUDA graphs {row.cudagraphs.summary}; {f.kind} at {f.node} "
-                    f"({f.region} {f.graph})\n{one_line(f.detail)}"
+                    f"{where}: CUDA graphs {row.cudagraphs.summary}; {f.kind} at "
+                    f"{group.node_label} ({f.region} {f.graph})\n{one_line(group.detail)}"
                 )
                 lines.append(
                     command(

@@ -78,13 +78,13 @@ def render_markdown(report: ScanReport) -> str:
                 (
                     "",
                     "",
-                    _Raw(code(f"{f.kind} ({f.effect})")),
-                    f"{f.region} {f.graph}",
-                    _Raw(code(f.node)),
-                    _Raw(code(short_location(f.location))),
-                    f.detail,
+                    _Raw(code(f"{g.finding.kind} ({g.finding.effect})")),
+                    f"{g.finding.region} {g.finding.graph}",
+                    _Raw(code(g.node_label)),
+                    _Raw(code(short_location(g.finding.location))),
+                    g.detail,
                 )
-                for f in row.cudagraph_notable
+                for g in row.cudagraph_notable
             ]
         lines += md_table(
             ("kind", "readiness", "finding", "graph", "node", "location", "detail"), rows

@@ -205,13 +205,14 @@ def _render_cudagraphs(summary: ScanSummary, console: Console) -> None:
         ready = row.cudagraphs
         style = {"ready": "green", "blocked": "red"}.get(ready.status, "yellow")
         table.add_row(Text(row.kind), Text(ready.summary, style=style), "", "")
-        for f in row.cudagraph_notable[:_NOTABLE_ROWS]:
-            where = f"{short_location(f.location)} ({f.region} {f.graph}: {f.node})"
+        for group in row.cudagraph_notable[:_NOTABLE_ROWS]:
+            f = group.finding
+            where = f"{short_location(f.location)} ({f.region} {f.graph}: {group.node_label})"
             table.add_row(
                 "",
                 Text(f"{f.kind} ({f.effect})", style="red" if f.effect == "blocks" else "dim"),
                 Text(where),
-                Text(one_line(f.detail)),
+                Text(one_line(group.detail)),
             )
         hidden = len(row.cudagraph_notable) - _NOTABLE_ROWS
         if hidden > 0:

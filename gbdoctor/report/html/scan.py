@@ -324,13 +324,16 @@ def _cudagraphs(summary: ScanSummary, doc: str) -> str:
         status = badge(ready.status, _READINESS_TONE.get(ready.status, "warn"))
         lines = [
             (
-                badge(f"{f.kind} ({f.effect})", "bad" if f.effect == "blocks" else "info"),
-                tag("code", h(f.region)),
-                h(f"{f.graph}: {f.node}"),
-                h(str(f.location) if f.location is not None else "-"),
-                h(one_line(f.detail)),
+                badge(
+                    f"{g.finding.kind} ({g.finding.effect})",
+                    "bad" if g.finding.effect == "blocks" else "info",
+                ),
+                tag("code", h(g.finding.region)),
+                h(f"{g.finding.graph}: {g.node_label}"),
+                h(str(g.finding.location) if g.finding.location is not None else "-"),
+                h(one_line(g.detail)),
             )
-            for f in row.cudagraph_notable
+            for g in row.cudagraph_notable
         ]
         body.append(
             tag("h4", h(f"{row.kind} ") + status)
