@@ -14,7 +14,11 @@
 
 Prints the prices of the breaks the plan removes, their sum, the measured step-time difference
 between the strategy and the plan in ``run`` (per round, with the spread), the ratio of the two,
-and pricing's wall time (cold and warm) over the plain scan's. Writes every number (and the priced scan) to
+and pricing's wall time (cold and warm) over the plain scan's. ``--trace-compile`` prices once
+more from an empty cache under torch's structured trace (``TORCH_TRACE``; untimed, so the timed
+prices carry no tracing): per rank, the seconds spent in inductor's compile and, inside it, in the
+C++ compiler (``compile_file``), the part of a cold price that no fewer processes or jobs remove.
+Writes every number (and the priced scan) to
 ``benchmarks/results/price_<spec>.json``. Default spec: the llama4 EP=2 debug spec with
 titan-v0.2.0 and AC off (1 fsdp-hook + 2 ep-dispatch breaks per MoE block).
 """
@@ -41,6 +45,43 @@ def _gbdoctor(*args: str) -> float:
     return time.perf_counter() - start
 
 
+COMPILE_PHASES = ("inductor_compile", "compile_file")
+"""Events of torch's structured trace summed per rank: inductor's whole compile of a graph, and
+the C++ compiler runs inside it."""
+
+
+def compile_seconds(trace_dir: Path) -> dict[str, dict[str, float]]:
+    """Per rank log of ``TORCH_TRACE``, the seconds of each of ``COMPILE_PHASES`` (the trace's
+    chromium begin/end events; nested begins of one name are paired last-in first-out)."""
+    out: dict[str, dict[str, float]] = {}
+    for log in sorted(trace_dir.glob("*rank_*.log")):
+        rank = "rank " + log.stem.split("rank_", 1)[1].split("_", 1)[0]
+        lines = log.read_text(errors="replace").splitlines()
+        open_at: dict[str, list[float]] = {}
+        totals = dict.fromkeys(COMPILE_PHASES, 0.0)
+        for i, line in enumerate(lines):
+            if '"chromium_event"' not in line:
+                continue
+            payload = []
+            for follow in lines[i + 1 :]:
+                if not follow.startswith("\t"):
+                    break
+                payload.append(follow[1:])
+            try:
+                event = json.loads("".join(payload))
+            except json.JSONDecodeError:
+                continue
+            name = event.get("name")
+            if name not in totals:
+                continue
+            if event.get("ph") == "B":
+                open_at.setdefault(name, []).append(event["ts"])
+            elif event.get("ph") == "E" and open_at.get(name):
+                totals[name] += (event["ts"] - open_at[name].pop()) / 1e6
+        out[rank] = {name: round(seconds, 1) for name, seconds in totals.items()}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("spec", nargs="?", default="fixtures/llama4_debug_ep2.toml")
@@ -52,6 +93,11 @@ def main() -> None:
         "--clock", default="wall", choices=("wall", "cpu"), help="price --clock (run reads it)"
     )
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--trace-compile",
+        action="store_true",
+        help="price once more from an empty cache under TORCH_TRACE: inductor's compile seconds",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results file")
     args = parser.parse_args()
     sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
@@ -80,6 +126,15 @@ def main() -> None:
     ]
     price_s = _gbdoctor(*price_args, "-o", str(priced))
     warm_price_s = _gbdoctor(*price_args, "-o", str(tmp / "priced_warm.json"))
+    cold_compile = None
+    if args.trace_compile:
+        # Once more from an empty cache under the trace, so the timed prices carry no tracing.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache-traced")
+        os.environ["TORCH_TRACE"] = str(tmp / "trace")
+        _gbdoctor(*price_args, "-o", str(tmp / "priced_traced.json"))
+        del os.environ["TORCH_TRACE"]
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp / "inductor-cache")
+        cold_compile = compile_seconds(tmp / "trace")
     _gbdoctor(
         "run",
         args.spec,
@@ -123,6 +178,7 @@ def main() -> None:
         "scan_s": round(scan_s, 1),
         "price_s": round(price_s, 1),
         "price_over_scan": round(price_s / scan_s, 2),
+        "cold_price_compile_s": cold_compile,
         "warm_price_s": round(warm_price_s, 1),
         "warm_price_over_scan": round(warm_price_s / scan_s, 2),
         "steps": args.steps,
@@ -152,6 +208,7 @@ def main() -> None:
         "scan_s",
         "price_s",
         "price_over_scan",
+        "cold_price_compile_s",
         "warm_price_s",
         "warm_price_over_scan",
         "price_kinds_ms",

@@ -10,7 +10,11 @@ Prints each mode's per-round median step time and the paired per-round differenc
 than the copy does, price and run measure the same change and any disagreement between them is
 noise; otherwise the two strategies differ and the difference says by how much.
 
+``--ranks shared`` trains every job on one set of ranks, as ``price`` does (``fresh``, the
+default, spawns them per job, as ``run`` does): the two runs compare the harnesses' noise.
+
     python benchmarks/price_harness_check.py [SPEC] [--set K=V ...] [--strategy S] [--rounds N]
+                                             [--ranks fresh|shared]
 """
 
 from __future__ import annotations
@@ -36,6 +40,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument(
+        "--ranks",
+        choices=("fresh", "shared"),
+        default="fresh",
+        help="fresh: every job in newly spawned ranks (as `run` trains); shared: one set of "
+        "ranks for every job (as `price` trains)",
+    )
     parser.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = parser.parse_args()
     sets = args.sets if args.sets is not None else ["activation_checkpoint.mode=none"]
@@ -76,6 +87,7 @@ def main() -> None:
         rounds=args.rounds,
         progress=lambda msg, done, total: print(f"  [{done}/{total}] {msg}", flush=True),
         cache=CompileCache.INDUCTOR,
+        reuse_ranks=args.ranks == "shared",
     )
     if rounds.failures:
         sys.exit(f"failed: {rounds.failures}")
@@ -90,6 +102,7 @@ def main() -> None:
         "backend": args.backend,
         "rounds": args.rounds,
         "steps": args.steps,
+        "ranks": args.ranks,
         "batch_x_seq": [b, s],
         "load_max": round(max(rounds.loads), 2),
         "load_after": round(load_average(), 2),
