@@ -164,7 +164,8 @@ def _notable(ready: CudaGraphReadiness | None) -> tuple[NotableFinding, ...]:
     )
 
 
-_NAMED_INPUT = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_.]*): (?P<reason>.+)", re.DOTALL)
+_NAMED_INPUT = re.compile(r"(?P<name>[A-Za-z_][\w.\[\]']*): (?P<reason>.+)", re.DOTALL)
+"""A detail that starts with the input it is about: ``self.w1.weight: why``, ``args[0]: why``."""
 
 
 def _named_input(detail: str) -> tuple[str | None, str]:

@@ -233,9 +233,34 @@ def _to_device(node: torch.fx.Node) -> str | None:
 # ------------------------------------------------------------------------------ ATen level
 
 
+_SOURCE_ITEM = re.compile(
+    r"(?:\.__dict__\['_modules'\]|\._modules|\._parameters|\._buffers)\['([^']+)'\]"
+)
+_LOCAL = re.compile(r"^L\['([^']+)'\]")
+_TORCH_WRAPPERS = frozenset(("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"))
+"""Attributes torch's own wrappers insert into a module path (checkpoint_wrapper, torch.compile,
+FSDP1); torch.distributed.checkpoint leaves them out of its FQNs the same way."""
+
+
+def dynamo_input_name(node: torch.fx.Node) -> str:
+    """The path a Dynamo graph input is read from, from the compiled frame's locals:
+    ``self.feed_forward.w3.weight`` for the source
+    ``L['self']._modules['feed_forward']._modules['w3']._parameters['weight']`` (which Dynamo's
+    placeholder name mangles to ``l_self_modules_feed_forward_modules_w3_parameters_weight_``),
+    ``args[0]`` for ``L['args'][0]``. The placeholder's name where Dynamo recorded no source."""
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if callable(name):  # a method in older torch, a property in newer
+        name = name()
+    if not isinstance(name, str):
+        return node.name
+    path = _LOCAL.sub(r"\1", _SOURCE_ITEM.sub(r".\1", name))
+    return ".".join(part for part in path.split(".") if part not in _TORCH_WRAPPERS)
+
+
 def input_label(placeholders: Sequence[torch.fx.Node], input_names: Sequence[str], i: int) -> str:
-    """How a finding names input ``i`` of an ATen graph: Dynamo's name for it (the source the
-    user's code reads: ``l_self_modules_w1_parameters_weight_``) where the caller has one name per
+    """How a finding names input ``i`` of an ATen graph: the path Dynamo read it from
+    (:func:`dynamo_input_name`: ``self.feed_forward.w1.weight``) where the caller has one name per
     placeholder, else the placeholder's (``primals_3``)."""
     if input_names and len(input_names) == len(placeholders):
         return input_names[i]

@@ -55,7 +55,9 @@ def make_recording_backend(session: Recording, region_of: Callable[[], str]) -> 
         current.cudagraph_findings += cudagraphs.dynamo_graph_findings(
             gm, cudagraphs.GraphInfo(region=fqn, phase="dynamo", index=index)
         )
-        names = tuple(n.name for n in gm.graph.nodes if n.op == "placeholder")
+        names = tuple(
+            cudagraphs.dynamo_input_name(n) for n in gm.graph.nodes if n.op == "placeholder"
+        )
         compiled = inner_backend(
             gm,
             example_inputs,
