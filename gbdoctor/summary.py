@@ -144,15 +144,17 @@ def _notable(ready: CudaGraphReadiness | None) -> tuple[NotableFinding, ...]:
         subject, reason = _named_input(f.detail)
         key = (f.kind, f.effect, f.region, f.graph, f.location, reason, subject is None)
         groups.setdefault(key, []).append((f, subject or ""))
-    merged = [
-        NotableFinding(
-            finding=members[0][0],
-            nodes=tuple(f.node for f, _ in members),
-            subjects=tuple(dict.fromkeys(subject for _, subject in members if subject)),
-            reason=_named_input(members[0][0].detail)[1],
+    merged = []
+    for members in groups.values():
+        members.sort(key=lambda member: _natural(member[0].node))  # primals_2 before primals_10
+        merged.append(
+            NotableFinding(
+                finding=members[0][0],
+                nodes=tuple(f.node for f, _ in members),
+                subjects=tuple(dict.fromkeys(subject for _, subject in members if subject)),
+                reason=_named_input(members[0][0].detail)[1],
+            )
         )
-        for members in groups.values()
-    ]
     return tuple(
         sorted(
             merged,
@@ -166,6 +168,13 @@ def _notable(ready: CudaGraphReadiness | None) -> tuple[NotableFinding, ...]:
 
 _NAMED_INPUT = re.compile(r"(?P<name>[A-Za-z_][\w.\[\]']*): (?P<reason>.+)", re.DOTALL)
 """A detail that starts with the input it is about: ``self.w1.weight: why``, ``args[0]: why``."""
+
+
+def _natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders the numbers inside a name by value."""
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name)
+    )
 
 
 def _named_input(detail: str) -> tuple[str | None, str]:

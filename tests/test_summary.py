@@ -133,6 +133,8 @@ def test_readiness_rows_merge_findings_that_differ_only_in_node_and_input() -> N
         # one row per graph, naming each released parameter once and counting them
         for group in released:
             assert len(group.nodes) == len(group.subjects) > 1
+            numbers = [int(node.rsplit("_", 1)[1]) for node in group.nodes]  # primals_N
+            assert numbers == sorted(numbers), group.nodes
             assert group.detail.startswith(group.subjects[0] + ", ")
             assert f"({len(group.subjects)}): a parameter whose memory" in group.detail
     assert set(group_by_kind(report)) == set(captured)
