@@ -89,18 +89,19 @@ def run_ranks(
     instead, this process being rank 0; a world size that is not the launcher's is a SpecError
     (exit 2).
     """
-    if _SHARED:
+    if _shared_pools is not None:
         key = (world_size, device_type)
-        if key not in _SHARED[-1]:
-            _SHARED[-1][key] = RankPool(
+        if key not in _shared_pools:
+            _shared_pools[key] = RankPool(
                 world_size=world_size, device_type=device_type, timeout_s=timeout_s
             )
-        return _SHARED[-1][key].run(target, payload, timeout_s=timeout_s)
+        return _shared_pools[key].run(target, payload, timeout_s=timeout_s)
     with RankPool(world_size=world_size, device_type=device_type, timeout_s=timeout_s) as pool:
         return pool.run(target, payload)
 
 
-_SHARED: list[dict[tuple[int, str], RankPool]] = []
+_shared_pools: dict[tuple[int, str], RankPool] | None = None
+"""The open :func:`shared_ranks` scope's pools per (world size, device); None outside one."""
 
 
 @contextlib.contextmanager
@@ -109,14 +110,15 @@ def shared_ranks() -> Iterator[None]:
     device, started by the first such job and closed (every rank dead) when the scope ends:
     ``price``, whose scan and rounds would otherwise start ranks for every job. A nested scope
     uses the outer one's ranks. Use it from one thread (the pool's docstring says why)."""
-    if _SHARED:
+    global _shared_pools
+    if _shared_pools is not None:
         yield
         return
     pools: dict[tuple[int, str], RankPool] = {}
-    _SHARED.append(pools)
+    _shared_pools = pools
     try:
         yield
     finally:
-        _SHARED.pop()
+        _shared_pools = None
         for pool in pools.values():
             pool.close()
