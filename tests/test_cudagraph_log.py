@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from gbdoctor.capture.counters import CUDAGRAPHS_LOGGERS, record_cudagraph_skips
+from gbdoctor.capture.counters import CUDAGRAPHS_LOGGERS, record_cudagraph_log
 
 # The messages as inductor 2.11 logged them on the H200 (cudagraph_trees.py, cudagraph_utils.py).
 RERECORD = (
@@ -20,7 +20,7 @@ SKIP = "skipping cudagraphs due to mutated inputs (1 instances). Found from :\n 
 
 def test_skips_and_re_recordings_are_recorded_and_not_printed(capsys):
     utils, trees = (logging.getLogger(name) for name in CUDAGRAPHS_LOGGERS)
-    with record_cudagraph_skips() as recorded:
+    with record_cudagraph_log() as recorded:
         trees.debug(RECORDING)
         trees.debug(RERECORD)
         trees.debug(RERECORD.replace("primals_10", "primals_4"))

@@ -48,7 +48,7 @@ class CudagraphRecorder(logging.Handler):
 
 
 @contextlib.contextmanager
-def record_cudagraph_skips() -> Iterator[CudagraphRecorder]:
+def record_cudagraph_log() -> Iterator[CudagraphRecorder]:
     """Route inductor's cudagraph messages into a recorder for the duration of the block.
 
     Enables only the ``cudagraphs`` logging artifact (like ``capture.watch_recompiles``, which

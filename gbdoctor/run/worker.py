@@ -18,7 +18,7 @@ from gbdoctor.capture.counters import (
     counter_totals,
     dynamo_compile_s,
     failure_kind,
-    record_cudagraph_skips,
+    record_cudagraph_log,
 )
 from gbdoctor.capture.profile import eager_us_of, watch_break_frames
 from gbdoctor.capture.recompiles import watch_recompiles
@@ -159,7 +159,9 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     sync = torch.cuda.synchronize if cuda else None
     with (
         watch_recompiles() as watch,
-        record_cudagraph_skips() if job.cudagraph_layers else contextlib.nullcontext() as skips,
+        record_cudagraph_log()
+        if job.cudagraph_layers
+        else contextlib.nullcontext() as cudagraph_log,
         watch_break_frames() if job.profile_breaks else contextlib.nullcontext() as break_frames,
         recipe.step_context(setup),
     ):
@@ -223,8 +225,8 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         recompiles=watch.records,
         recompile_limit_hit=watch.limit_hit,
         phase_times=phase_times,
-        cudagraph_skips=list(skips.reasons) if skips is not None else [],
-        cudagraph_rerecords=list(skips.rerecords) if skips is not None else [],
+        cudagraph_skips=list(cudagraph_log.reasons) if cudagraph_log is not None else [],
+        cudagraph_rerecords=list(cudagraph_log.rerecords) if cudagraph_log is not None else [],
         layout=layout,
         break_frames=dict(break_frames.frames) if break_frames is not None else {},
         eager_us_by_frame=eager_us,
