@@ -92,7 +92,7 @@ def commands(spec: str, out: Path, args: argparse.Namespace, nproc: int) -> dict
             *gb, "plan", spec, *device, "--emit-config", "json", "-o", str(out / f"plan-{stem}.json"),
         ],
         "run": [
-            *gb, "run", spec, *device, "--modes", RUN_MODES, "--backend", "inductor",
+            *gb, "run", spec, *device, "--modes", args.modes, "--backend", "inductor",
             "--plan", str(out / f"plan-{stem}.json"), "--steps", str(args.steps),
             "--warmup", "2", "--rounds", str(args.rounds), "--nproc", str(nproc),
             "--format", "json", "-o", str(out / f"run-{stem}.json"),
@@ -181,6 +181,56 @@ def readiness(scan: dict, run: dict) -> dict:
     }
 
 
+def blocked_only_by_released(scan: dict) -> list[str]:
+    """Block kinds the scan calls CUDA-graph blocked by ``released-static-input`` alone (FSDP2's
+    freed unsharded parameters): the prediction a counterfactual run can check."""
+    kinds = []
+    for b in scan["blocks"]:
+        cg = b.get("cudagraphs")
+        if b.get("same_as") or not cg or cg["status"] != "blocked":
+            continue
+        blockers = {f["kind"] for f in cg["findings"] if f["effect"] == "blocks"}
+        if blockers == {"released-static-input"}:
+            kinds.append(b["kind"])
+    return kinds
+
+
+def counterfactual(spec: str, kinds: list[str], args: argparse.Namespace, nproc: int) -> dict:
+    """The plan with ``kinds`` forced CUDA-graph ready, trained under mode=reduce-overhead: the
+    prediction "blocked by released-static-input" holds when inductor re-records those blocks on a
+    moved static input (or skips them); it is wrong when they replay with neither."""
+    stem = Path(spec).stem
+    plan = json.loads((args.out / f"plan-{stem}.json").read_text())
+    for k in plan["kinds"]:
+        if k["kind"] in kinds:
+            k["cudagraph_ready"] = True
+    forced = args.out / f"plan-{stem}-forced-cudagraphs.json"
+    forced.write_text(json.dumps(plan, indent=1, sort_keys=True) + "\n")
+    out = args.out / f"run-{stem}-forced-cudagraphs.json"
+    cmd = [
+        sys.executable, "-m", "gbdoctor", "run", spec, "--set",
+        "gbdoctor.device=cuda", "--modes", "cudagraphs", "--backend", "inductor", "--plan",
+        str(forced), "--steps", str(args.steps), "--warmup", "2", "--rounds", "1", "--nproc",
+        str(nproc), "--format", "json", "-o", str(out),
+    ]  # fmt: skip
+    took = step(f"{stem} cudagraphs forced on {','.join(kinds)}", cmd)
+    mode = next(m for m in json.loads(out.read_text())["modes"] if m["mode"] == "cudagraphs")
+    rerecords = list(mode.get("cudagraph_rerecords", []))
+    moved = [r for r in rerecords if "pointer" in r]
+    skips = list(mode.get("cudagraph_skips", []))
+    return {
+        "forced_kinds": kinds,
+        "status": mode["status"],
+        "tokens_per_s": mode.get("tokens_per_s"),
+        "rerecords": len(rerecords),
+        "moved_static_input_rerecords": len(moved),
+        "rerecord_examples": sorted(set(moved))[:3],
+        "inductor_skips": skips[:3],
+        "agrees": mode["status"] == "ok" and bool(moved or skips),
+        "seconds": round(took),
+    }
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-").lower()
 
@@ -193,6 +243,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--modes", default=RUN_MODES, help=f"run's modes (default {RUN_MODES})")
     parser.add_argument(
         "--specs",
         default=None,
@@ -200,8 +251,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--price",
-        action="store_true",
-        help="first, benchmarks/price_bench.py on CUDA for each price spec (price vs run --price)",
+        nargs="?",
+        const=True,
+        default=None,
+        help="first, benchmarks/price_bench.py on CUDA for each price spec (price vs run --price); "
+        "--price=STEM,... only those",
     )
     args = parser.parse_args()
 
@@ -218,7 +272,9 @@ def main() -> int:
         for s in (*ONE_GPU_SPECS, *TWO_GPU_SPECS)
         if args.specs is None or Path(s).stem in args.specs.split(",")
     ]
-    priced = list(PRICE_SPECS) if args.price else []
+    priced = [
+        s for s in PRICE_SPECS if args.price and (args.price is True or Path(s).stem in args.price)
+    ]
     check_specs(specs + priced)
     say(f"[specs] {len(specs)} loaded: {', '.join(Path(s).stem for s in specs)}")
     for spec in specs:
@@ -286,6 +342,20 @@ def main() -> int:
             )
             if cg["agrees"] is False:
                 status = 1
+            forced = blocked_only_by_released(scan)
+            if forced:
+                entry["released_static_input_check"] = cf = counterfactual(
+                    spec, forced, args, nproc
+                )
+                say(
+                    f"[cudagraphs] {stem}: predicted blocked by released-static-input: "
+                    f"{', '.join(forced)}; forced under reduce-overhead, inductor re-recorded "
+                    f"{cf['rerecords']} time(s) ({cf['moved_static_input_rerecords']} on a moved "
+                    f"static input), skipped {len(cf['inductor_skips'])}: "
+                    f"{'agrees' if cf['agrees'] else 'DISAGREES'}"
+                )
+                if not cf["agrees"]:
+                    status = 1
             tps = ", ".join(f"{m} {v['tokens_per_s'] or 0:.0f}" for m, v in entry["modes"].items())
             say(f"[result] {stem}: {entry['breaks']} breaks; tokens/s {tps}")
             target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
