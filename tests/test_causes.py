@@ -1,7 +1,7 @@
 """gbdoctor.causes: taxonomy, registry lookup, reason parsing, classification rules.
 
-The unit tests use reason texts emitted by torch 2.13 (shared/reference/torch-2.13-probe.md,
-Appendix B, and probe/reason_catalog.txt, plus a few captured while building the fixtures).
+The unit tests use reason texts emitted by torch 2.13 (captured while building the fixtures),
+and every gb_type of the installed torch's registry formatted by Dynamo's own formatter.
 The integration test compiles every planted fixture block and classifies what Dynamo logged.
 """
 
@@ -33,6 +33,7 @@ from gbdoctor.causes import (
     parse_reason,
     parse_reasons,
 )
+from gbdoctor.causes.parse import DATA_DEPENDENT_BRANCHING
 from gbdoctor.errors import SpecError
 from gbdoctor.records import Location, RawBreak
 from gbdoctor.torch_compat import torch_version
@@ -475,16 +476,25 @@ def test_parse_reason_odd_input(text):
     assert r.gb_type == expected
 
 
-def test_parse_reason_catalog():
-    catalog = Path("/work/shared/reference/probe/reason_catalog.txt")
-    if not catalog.is_file():
-        pytest.skip("probe catalog not available")
-    for chunk in catalog.read_text().split("##### ")[1:]:
-        header, body = chunk.split("\n", 1)
-        name = re.match(r"""(['"])(.*)\1""", header).group(2)
-        r = parse_reason(body)
-        expected = "Data-dependent branching" if name.startswith("generic_jump") else name
-        assert r.gb_type == expected, header
+def test_parse_reason_every_registry_entry():
+    """Oracle: Dynamo's own formatter (``format_graph_break_message``, what ``unimplemented``
+    raises with) over every gb_type of the installed torch's registry; parse_reason must give
+    back the gb_type, the explanation and the hints it was formatted from."""
+    exc = pytest.importorskip("torch._dynamo.exc")
+    entries = gb_registry.registry()
+    assert len(entries) > 100, "the installed torch ships its graph-break registry"
+    for entry in entries.values():
+        hints = [h for h in entry.hints if h.strip()]
+        text = exc.format_graph_break_message(
+            gb_type=entry.gb_type, context="ctx", explanation=entry.explanation, hints=hints
+        )
+        r = parse_reason(text)
+        expected = (
+            DATA_DEPENDENT_BRANCHING if entry.gb_type.startswith("generic_jump") else entry.gb_type
+        )
+        assert r.gb_type == expected, entry.gb_id
+        if entry.explanation.strip() and "\n" not in entry.explanation.strip():
+            assert r.explanation == entry.explanation.strip(), entry.gb_id
 
 
 # --------------------------------------------------------------------------- classify: rules

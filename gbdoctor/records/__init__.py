@@ -42,7 +42,13 @@ from gbdoctor.records.plan import (
     KindPlan,
     Plan,
 )
-from gbdoctor.records.price import BreakPrice, KindPrice, PriceCheck, PriceReport
+from gbdoctor.records.price import (
+    PRICE_CONSISTENT_WITHIN,
+    BreakPrice,
+    KindPrice,
+    PriceCheck,
+    PriceReport,
+)
 from gbdoctor.records.run import (
     LOSS_RTOL,
     READABLE_RUN_SCHEMA_VERSIONS,
@@ -84,6 +90,7 @@ from gbdoctor.records.spec import (
 from gbdoctor.records.summary import KindSummary, NotableFinding, ScanSummary
 
 __all__ = [
+    "PRICE_CONSISTENT_WITHIN",
     "ACMode",
     "ACSpec",
     "BASELINE_SCHEMA_VERSION",

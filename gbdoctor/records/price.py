@@ -86,6 +86,11 @@ class PriceReport:
     """The time every ms above is measured in (scan schema 7; earlier prices are wall time)."""
 
 
+PRICE_CONSISTENT_WITHIN = 0.30
+"""Relative agreement between a price and a measured gain that counts as consistent (issue 27's
+bar), besides spread overlap: ``run --price`` decides with it and its report line quotes it."""
+
+
 @record
 class PriceCheck:
     """``gbdoctor run --price FILE``: the prices' predicted gain set beside the gain ``run``

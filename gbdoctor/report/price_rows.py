@@ -3,7 +3,14 @@ price``): every number comes from the report's ``price`` record, nothing is reco
 
 from __future__ import annotations
 
-from gbdoctor.records import BreakPrice, Clock, KindPrice, PriceCheck, PriceReport
+from gbdoctor.records import (
+    PRICE_CONSISTENT_WITHIN,
+    BreakPrice,
+    Clock,
+    KindPrice,
+    PriceCheck,
+    PriceReport,
+)
 
 PRICE_HEADERS = ("kind", "cause", "gb id", "location", "ms/step [rounds]", "share", "split")
 KIND_HEADERS = ("kind", "layers", "against", "ms/step [rounds]", "share", "verdict")
@@ -114,5 +121,5 @@ def run_price_check(check: PriceCheck | None) -> str:
     why = f" Note: {check.detail}." if check.detail else ""
     return (
         f"{head}; this run measured {_ms(check.measured_ms, check.measured_spread_ms)} "
-        f"ms/step{ratio}: {verdict} (within 30 %, or inside the other's spread).{why}"
+        f"ms/step{ratio}: {verdict} (within {PRICE_CONSISTENT_WITHIN * 100:.0f} %, or inside the other's spread).{why}"
     )

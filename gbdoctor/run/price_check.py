@@ -12,7 +12,15 @@ import statistics
 from dataclasses import replace
 
 from gbdoctor.frameworks.registry import framework_for
-from gbdoctor.records import Clock, ModeResult, PriceCheck, RunReport, ScanReport, Spec
+from gbdoctor.records import (
+    PRICE_CONSISTENT_WITHIN,
+    Clock,
+    ModeResult,
+    PriceCheck,
+    RunReport,
+    ScanReport,
+    Spec,
+)
 from gbdoctor.records.enums import ModeStatus
 from gbdoctor.run.price import breaks_tolerated
 from gbdoctor.setup.compile import Strategy
@@ -27,9 +35,6 @@ def priced_mode(spec: Spec, priced: ScanReport) -> dict[str, Strategy]:
 AS_PRICED = "as-priced"
 """The run mode ``run --price`` adds: the strategy the prices were measured against, exactly as
 ``price`` ran it (fullgraph relaxed where the spec's strategy would fail on the breaks)."""
-
-CONSISTENT_WITHIN = 0.30
-"""Relative agreement that counts as consistent (issue 27's bar), besides spread overlap."""
 
 
 def with_price_check(report: RunReport, priced: ScanReport) -> RunReport:
@@ -91,7 +96,7 @@ def price_check(report: RunReport, priced: ScanReport) -> PriceCheck:
     spread = (min(gains), max(gains))
     ratio = predicted / measured if measured else None
     consistent = (
-        (ratio is not None and abs(predicted - measured) <= CONSISTENT_WITHIN * abs(measured))
+        (ratio is not None and abs(predicted - measured) <= PRICE_CONSISTENT_WITHIN * abs(measured))
         or low <= measured <= high
         or spread[0] <= predicted <= spread[1]
     )
