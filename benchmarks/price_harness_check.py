@@ -53,10 +53,10 @@ def main() -> None:
 
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.plan import plan_strategy, propose_plan
+    from gbdoctor.price.driver import AS_SET_UP, _median_step, _modes, breaks_tolerated
     from gbdoctor.records import Clock
     from gbdoctor.run.measure import load_average
     from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
-    from gbdoctor.run.price import AS_SET_UP, _median_step, _modes, breaks_tolerated
     from gbdoctor.run.rounds import CompileCache, train_rounds
     from gbdoctor.scan import scan
     from gbdoctor.spec import load_spec, with_overrides

@@ -1,6 +1,6 @@
 """Benchmark for ``gbdoctor timeline``: the pattern fixtures with inductor, before and after the fix.
 
-For each spec it runs :func:`gbdoctor.run.timeline.run_timeline` with ``fix=True`` (the timeline,
+For each spec it runs :func:`gbdoctor.timeline.train.run_timeline` with ``fix=True`` (the timeline,
 then again with the proposed ``torch._dynamo.config`` fixes) and prints every step's wall time
 and compile time, the step's mark (R recompile, L limit hit, E eager fallback, B accumulation
 boundary, C first compile), the periods with their amplitude, and the steady-state median with
@@ -44,7 +44,7 @@ def _spread(times: list[float]) -> str:
 
 
 def _print_steps(title: str, steps) -> None:  # type: ignore[no-untyped-def]
-    from gbdoctor.run.timeline_render import step_mark
+    from gbdoctor.report.timeline import step_mark
 
     print(f"  {title}")
     print("    step  mark  time_ms  compile_ms  fwd_ms  bwd_ms  opt_ms  coll_ms")
@@ -69,8 +69,8 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("DS_BUILD_OPS", "0")
 
-    from gbdoctor.run.timeline import run_timeline
     from gbdoctor.spec import load_spec
+    from gbdoctor.timeline.train import run_timeline
 
     if args.specs:
         lens = tuple(int(x) for x in args.seq_lens.split(",") if x)

@@ -20,8 +20,9 @@ from repo_paths import FIXTURES, REPO
 
 from gbdoctor.records import BlockReport, Break, DedupeProof, Location, Readiness
 from gbdoctor.records.oracle import OracleStatement
+from gbdoctor.report.oracle import render_oracle
 from gbdoctor.scan import scan
-from gbdoctor.scan.oracle import compare, oracle_check, render_oracle
+from gbdoctor.scan.oracle import compare, oracle_check
 from gbdoctor.spec import load_spec
 
 MODEL = FIXTURES / "models" / "frame_shapes.py"

@@ -45,7 +45,7 @@ from repo_paths import REPO
 
 PACKAGE = REPO / "gbdoctor"
 
-COMMANDS = ("scan", "plan", "run", "gate", "cli")
+COMMANDS = ("scan", "plan", "run", "price", "timeline", "gate", "cli")
 PUBLIC_DYNAMO = {"config", "reset", "list_backends"}
 """``torch._dynamo`` attributes any stage may use: configuration and backend listing."""
 DYNAMO_MODULES = ("torch._dynamo", "torch._logging")
@@ -318,6 +318,8 @@ def test_expected_stage_packages_exist():
         "scan",
         "plan",
         "run",
+        "price",
+        "timeline",
         "report",
         "setup",
         "models",

@@ -184,7 +184,7 @@ def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, tra
     others compiles the same graphs with the same breaks, and trains the same losses, as the
     job of that mode on fresh ranks. Two witnesses of a fresh rank: the pool's first job (round
     1 of ``as set up``), and one job of the mode that ran last in round 1, spawned alone."""
-    from gbdoctor.run.price import AS_SET_UP
+    from gbdoctor.price.driver import AS_SET_UP
     from gbdoctor.run.worker import ModeJob, run_mode_rank
     from gbdoctor.setup.dist import run_ranks
 
@@ -486,7 +486,7 @@ def _scan_priced(price):
 def test_run_sets_the_predicted_gain_beside_the_measured_one():
     """The kinds' prices add up to the prediction (spread: the sums of their ends); the measured
     gain is the median of the per-round differences, paired within each round."""
-    from gbdoctor.run.price_check import price_check
+    from gbdoctor.price.check import price_check
 
     priced = _scan_priced(
         _price(kinds=_priced_kinds((20.0, (10.0, 30.0)), (5.0, (4.0, 6.0))), breaks=())
@@ -512,8 +512,8 @@ def test_prices_in_cpu_time_are_checked_against_the_runs_cpu_time():
     wall-clock ones (which a busy machine moves by more than the price)."""
     from dataclasses import replace
 
+    from gbdoctor.price.check import price_check
     from gbdoctor.records import Clock
-    from gbdoctor.run.price_check import price_check
 
     kinds = _priced_kinds((20.0, (10.0, 30.0)), (5.0, (4.0, 6.0)))
     priced = _scan_priced(replace(_price(kinds=kinds, breaks=()), clock=Clock.CPU))
@@ -607,8 +607,8 @@ def test_a_scan_without_breaks_is_priced_without_training():
 
     from plan_factory import make_plan
 
+    from gbdoctor.price.driver import price_scan
     from gbdoctor.records import Clock
-    from gbdoctor.run.price import price_scan
     from gbdoctor.spec import load_spec
 
     scan = load_scan_json(FIXTURES / "scans" / "llama4_before.json")

@@ -15,9 +15,9 @@ from repo_paths import FIXTURES
 
 from gbdoctor.records.io import dumps, from_dict
 from gbdoctor.records.timeline import TimelineReport
-from gbdoctor.run.timeline import run_timeline
-from gbdoctor.run.timeline_render import render_table, step_mark
+from gbdoctor.report.timeline import render_table, step_mark
 from gbdoctor.spec import load_spec
+from gbdoctor.timeline.train import run_timeline
 
 TIMELINE = FIXTURES / "timeline"
 pytestmark = pytest.mark.slow  # each test trains its fixture in spawned ranks, twice

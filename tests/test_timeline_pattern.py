@@ -10,14 +10,14 @@ from repo_paths import FIXTURES
 from gbdoctor.records.enums import GuardKind
 from gbdoctor.records.io import dumps, from_dict
 from gbdoctor.records.timeline import StepCompile, TimelineReport, TimelineStep
-from gbdoctor.run.timeline_pattern import (
+from gbdoctor.report.timeline import render_svg, render_table, step_mark, strip
+from gbdoctor.timeline.pattern import (
     classify_guard,
     event_period,
     findings,
     time_period,
     warmup_steps,
 )
-from gbdoctor.run.timeline_render import render_svg, render_table, step_mark, strip
 
 
 @pytest.mark.parametrize(

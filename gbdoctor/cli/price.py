@@ -1,5 +1,5 @@
 """``gbdoctor price``: what each distinct graph break costs a training step
-(``gbdoctor.run.price.price_scan``)."""
+(``gbdoctor.price.driver.price_scan``)."""
 
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ def price(
     the spread over rounds): each block kind as set up against the same kind fixed by the plan."""
     from gbdoctor.cli.scan import scan_with_progress
     from gbdoctor.plan import propose_plan, read_plan
+    from gbdoctor.price.driver import check_clock, price_scan
     from gbdoctor.report import render
     from gbdoctor.run.modes import check_backend
-    from gbdoctor.run.price import check_clock, price_scan
     from gbdoctor.setup.dist import shared_ranks
     from gbdoctor.summary import has_findings
 

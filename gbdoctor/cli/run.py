@@ -98,10 +98,10 @@ def run(
 
     It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
     memory estimate and how to shrink it."""
+    from gbdoctor.price.check import priced_mode, with_price_check
     from gbdoctor.report.plan_table import render_plan_table
     from gbdoctor.report.run_formats import render_run, write_csv
     from gbdoctor.run import run_modes
-    from gbdoctor.run.price_check import priced_mode, with_price_check
 
     files = tuple(spec or ()) if torchtitan is None else ()
     preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))

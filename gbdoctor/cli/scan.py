@@ -87,7 +87,8 @@ def scan(
 
 def _oracle_agrees(spec: Spec, report: ScanReport) -> bool:
     """Run the oracle check (``scan.oracle``), print it on stderr; whether every layer agrees."""
-    from gbdoctor.scan.oracle import oracle_check, render_oracle
+    from gbdoctor.report.oracle import render_oracle
+    from gbdoctor.scan.oracle import oracle_check
 
     result = oracle_check(spec, report)
     typer.echo(render_oracle(result), err=True)

@@ -1,5 +1,5 @@
 """``gbdoctor timeline``: train N steps in one mode and explain the step-time pattern
-(``gbdoctor.run.timeline.run_timeline``)."""
+(``gbdoctor.timeline.train.run_timeline``)."""
 
 from __future__ import annotations
 
@@ -98,8 +98,8 @@ def timeline(
     past recompile_limit running eagerly; warm-up vs steady state, periods, causes, fixes.
 
     Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
-    from gbdoctor.run.timeline import run_timeline
-    from gbdoctor.run.timeline_render import render_json, render_svg, render_table
+    from gbdoctor.report.timeline import render_json, render_svg, render_table
+    from gbdoctor.timeline.train import run_timeline
 
     if format not in TIMELINE_FORMATS:
         raise SpecError(

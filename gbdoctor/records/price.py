@@ -1,4 +1,4 @@
-"""Price records: what each distinct graph break costs a training step (``run/price.py``).
+"""Price records: what each distinct graph break costs a training step (``price/driver.py``).
 
 A price is measured, never estimated: per block kind, the training step as set up (with the
 kind's breaks) against the same step with the kind fixed (the plan's verified recipe for that

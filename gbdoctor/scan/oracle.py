@@ -174,26 +174,3 @@ def compare(
             expected, why = False, "gbdoctor reports a break here; plain torch.compile does not"
         differ(f"{where} {brk.gb_type}", "gbdoctor", expected, why)
     return tuple(sorted(out, key=lambda d: (d.side, d.statement)))
-
-
-def render_oracle(result: OracleReport) -> str:
-    """Lines for the terminal: the agreement count, then each layer's differences."""
-    lines = [
-        f"oracle (plain torch.compile per layer, graph-break log): {result.agreeing}/"
-        f"{len(result.blocks)} layers agree with the scan"
-    ]
-    for block in result.blocks:
-        if block.error is not None:
-            lines.append(f"  {block.fqn}: plain torch.compile failed: {block.error}")
-            continue
-        if not block.differences:
-            continue
-        verdict = "agrees" if block.agrees else "DIFFERS"
-        lines.append(
-            f"  {block.fqn}: {verdict} (oracle {len(block.oracle)} statement(s), scan "
-            f"{block.gbdoctor_breaks} break(s))"
-        )
-        for diff in block.differences:
-            mark = "expected" if diff.expected else "UNEXPECTED"
-            lines.append(f"    {mark}: only {diff.side}: {diff.statement}: {diff.explanation}")
-    return "\n".join(lines)

@@ -24,8 +24,9 @@ import torch._logging
 import transformers  # noqa: F401 - the test extra installs it; a missing package must fail
 from repo_paths import FIXTURES
 
+from gbdoctor.report.oracle import render_oracle
 from gbdoctor.scan import scan
-from gbdoctor.scan.oracle import oracle_check, render_oracle
+from gbdoctor.scan.oracle import oracle_check
 from gbdoctor.spec import load_spec
 
 HF = FIXTURES / "models" / "hf"

@@ -1,6 +1,6 @@
 """Lay out a :class:`TimelineReport`: a rich table, a one-line strip per step, JSON, an SVG plot.
 
-Computes nothing (``timeline_pattern`` does): every number shown is a field of the report.
+Computes nothing (``timeline.pattern`` does): every number shown is a field of the report.
 The SVG is written by hand (matplotlib is not a dependency); the HTML report can embed it or
 draw its own from the JSON, which names every field it needs.
 """

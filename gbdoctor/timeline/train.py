@@ -6,7 +6,7 @@ spec's framework and the mode's strategy, compiled through a counting backend
 whose sequence length cycles through ``seq_lens``. After each step it reads: the framework's
 phase times, the time spent inside Python-level ``torch.distributed`` collectives, Dynamo's new
 ``CompilationMetrics`` (compile time, frame, attempt), the ``recompiles`` log (the failed guard,
-``capture.recompiles``), graph runs per frame and cache sizes. ``timeline_report`` and ``timeline_pattern`` turn the
+``capture.recompiles``), graph runs per frame and cache sizes. ``timeline.assemble`` and ``timeline.pattern`` turn the
 steps into a warm-up, periods, findings and fixes; ``run_timeline`` can run again with the
 fixes applied and compare (``--fix``).
 """
@@ -284,7 +284,7 @@ def run_timeline(
     length). ``dynamo_config``: ``torch._dynamo.config`` settings for the run. ``fix``: apply
     the proposed fixes, run again, and attach the comparison (``TimelineReport.verification``).
     Bad input raises SpecError (exit 2)."""
-    from gbdoctor.run.timeline_report import build_report, verify
+    from gbdoctor.timeline.assemble import build_report, verify
 
     job = _job(spec, mode, steps, seq_lens, batch_size, backend, plan_path, dynamo_config)
     before = build_report(spec, mode, job, _run_ranks(spec, job))

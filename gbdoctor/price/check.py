@@ -12,6 +12,7 @@ import statistics
 from dataclasses import replace
 
 from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.price.driver import breaks_tolerated
 from gbdoctor.records import (
     PRICE_CONSISTENT_WITHIN,
     Clock,
@@ -22,7 +23,6 @@ from gbdoctor.records import (
     Spec,
 )
 from gbdoctor.records.enums import ModeStatus
-from gbdoctor.run.price import breaks_tolerated
 from gbdoctor.setup.compile import Strategy
 
 

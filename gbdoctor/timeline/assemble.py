@@ -1,6 +1,6 @@
 """From the ranks' raw steps to a :class:`TimelineReport` (``gbdoctor timeline``): the slowest
 rank per step, each compile paired with its failed guard, eager fallbacks, frames; the report
-with its findings (``timeline_pattern``), and the comparison of a run with its fixes.
+with its findings (``timeline.pattern``), and the comparison of a run with its fixes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gbdoctor.records.timeline import (
     TimelineStep,
     TimelineVerification,
 )
-from gbdoctor.run.timeline_pattern import classify_guard, findings, verdict, warmup_steps
+from gbdoctor.timeline.pattern import classify_guard, findings, verdict, warmup_steps
 
 SOURCES = (
     "torch._dynamo.utils.get_compilation_metrics(): compile id, frame, attempt, compile time",
