@@ -132,7 +132,7 @@ def priced(tmp_path_factory, trained):
     from typer.testing import CliRunner
 
     from gbdoctor.cli import app
-    from gbdoctor.run import price as price_module
+    from gbdoctor.price import driver as price_module
     from gbdoctor.run import rounds as rounds_module
 
     tmp = tmp_path_factory.mktemp("price")
@@ -531,7 +531,7 @@ def test_price_in_cpu_time_is_refused_off_cpu(monkeypatch):
     """``--clock cpu`` measures the host's work: on a CUDA device it is bad input (exit 2)."""
     from gbdoctor.errors import SpecError
     from gbdoctor.records import Clock
-    from gbdoctor.run import price as price_module
+    from gbdoctor.price import driver as price_module
     from gbdoctor.setup import dist
 
     monkeypatch.setattr(dist, "resolve_device", lambda device: "cuda")
