@@ -127,9 +127,10 @@ def gate(
         print_err(f"baseline written: {baseline}")
         return
     gated = [*reports, *scanned]
-    emit(gate_html(result, gated) if format == "html" else render_gate(result, format), output)
+    page = functools.partial(gate_html, result, gated, scan_json or ())
+    emit(page() if format == "html" else render_gate(result, format), output)
     if html is not None:
-        emit(gate_html(result, gated), html)
+        emit(page(), html)
     write_step_summary(result, html if html is not None else output if format == "html" else None)
     raise typer.Exit(result.exit_code)
 
