@@ -19,7 +19,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err
+from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err, spare_model_code
 from gbdoctor.cli.scan import scan_with_progress
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ def gate(
             for path in files
         ]
     )
+    for loaded in loaded_specs:
+        spare_model_code(loaded, output, html)
     strategies = [choose_strategy(loaded, strategy, None) for loaded in loaded_specs]
     # The probe costs about two eager steps per kind: only when recompiles are gated.
     scans = [

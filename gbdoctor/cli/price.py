@@ -18,7 +18,7 @@ from gbdoctor.cli.options import (
     StrictOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, notice, preflight
+from gbdoctor.cli.output import ProgressBar, emit, notice, preflight, spare_model_code
 from gbdoctor.errors import ExitCode
 from gbdoctor.records import Clock
 
@@ -78,6 +78,7 @@ def price(
     # The strategy goes into the spec, so the plan is made against the same setup as the scan.
     overrides = [*(set_ or []), *([f"gbdoctor.strategy={strategy}"] if strategy else [])]
     loaded = load_spec_options(spec, overrides, world_size=world_size)
+    spare_model_code(loaded, output)
     check_clock(clock, loaded)
     # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
     with shared_ranks():

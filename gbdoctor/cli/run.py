@@ -18,7 +18,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say
+from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say, spare_model_code
 from gbdoctor.errors import ExitCode
 from gbdoctor.records.enums import ENVIRONMENT_FAILURES, ModeStatus
 
@@ -111,6 +111,7 @@ def run(
             "--price compares the plan with the mode as set up: drop --no-plan"
         )
     loaded = load_spec_args(spec, torchtitan, set_, world_size=world_size)
+    spare_model_code(loaded, output, csv)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
     def show_plan(result: Plan) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from gbdoctor.cli.inputs import load_spec_options
 from gbdoctor.cli.options import OutputOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
-from gbdoctor.cli.output import emit, preflight, print_err
+from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
 
 TIMELINE_FORMATS = ("table", "json")
@@ -107,6 +107,7 @@ def timeline(
         )
     preflight(None, "timeline", output, plot, inputs=(spec, plan_file))
     loaded = load_spec_options(spec, set_, world_size=world_size)
+    spare_model_code(loaded, output, plot)
     print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
     report = run_timeline(
         loaded,
