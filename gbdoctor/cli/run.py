@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gbdoctor.cli.bounds import check_measuring
 from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     OutputOpt,
@@ -103,6 +104,7 @@ def run(
     from gbdoctor.run import run_modes
     from gbdoctor.run.price_check import priced_mode, with_price_check
 
+    check_measuring(rounds, steps, warmup, batch_size, seq_len)
     files = tuple(spec or ()) if torchtitan is None else ()
     preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))
     priced = read_priced_scan(price_file) if price_file is not None else None

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from gbdoctor.cli.bounds import check_timeline
 from gbdoctor.cli.inputs import load_spec_options
 from gbdoctor.cli.options import OutputOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
 from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
@@ -98,13 +99,17 @@ def timeline(
     past recompile_limit running eagerly; warm-up vs steady state, periods, causes, fixes.
 
     Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
-    from gbdoctor.run.timeline import run_timeline
+    from gbdoctor.run.timeline import run_timeline, typed_dynamo_settings
     from gbdoctor.run.timeline_render import render_json, render_svg, render_table
 
     if format not in TIMELINE_FORMATS:
         raise SpecError(
             f"unknown --format {format!r}", hint=f"valid formats: {', '.join(TIMELINE_FORMATS)}"
         )
+    lengths = _lengths(seq_lens)
+    check_timeline(steps, batch_size, lengths)
+    settings = _pairs(dynamo_config)
+    typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
     preflight(None, "timeline", output, plot, inputs=(spec, plan_file))
     loaded = load_spec_options(spec, set_, world_size=world_size)
     spare_model_code(loaded, output, plot)
@@ -113,11 +118,11 @@ def timeline(
         loaded,
         mode=mode,
         steps=steps,
-        seq_lens=_lengths(seq_lens),
+        seq_lens=lengths,
         batch_size=batch_size,
         backend=backend,
         plan_path=str(plan_file) if plan_file else None,
-        dynamo_config=_pairs(dynamo_config),
+        dynamo_config=settings,
         fix=fix,
     )
     emit(render_json(report) if format == "json" else render_table(report), output)
