@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gbdoctor.errors import SpecError
+from gbdoctor.errors import SpecError, exception_line
 from gbdoctor.frameworks.common.schema import (
     AC_MODES,
     COMPILE_COMPONENTS,
@@ -29,6 +29,7 @@ from gbdoctor.frameworks.common.sections import read_sections, spec_notes
 from gbdoctor.frameworks.common.specfile import SpecContext, did_you_mean, type_word
 from gbdoctor.frameworks.registry import all_frameworks
 from gbdoctor.records import Spec
+from gbdoctor.records.bounds import MAX_INT, shown_number
 
 __all__ = [
     "AC_MODES",
@@ -58,7 +59,15 @@ def parse_override(text: str) -> tuple[str, str, object]:
             f"override {text!r} is not section.key=value",
             "write e.g. --set parallelism.expert_parallel_degree=2",
         )
-    return section, key.strip(), _parse_value(raw.strip())
+    try:
+        value = _parse_value(raw.strip())
+    except ValueError:  # an integer past int_max_str_digits (4300 digits)
+        raise SpecError(
+            f"--set {section}.{key.strip()}: a {len(raw.strip())}-character integer is out of "
+            f"range (at most {MAX_INT})",
+            "give a value that fits in 64 bits",
+        ) from None
+    return section, key.strip(), value
 
 
 def with_overrides(spec: Spec, overrides: Sequence[str]) -> Spec:
@@ -86,11 +95,13 @@ def _parse_value(raw: str) -> object:
 def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Spec:
     """Read, override, check and type a spec file. Every problem is a one-line ``SpecError``."""
     shown = os.fspath(path)
+    _check_file_name(shown)
     data = _read_toml(shown)
     ctx = SpecContext(path=shown, origins={})
     for text in overrides:
         _apply_override(data, text, ctx)
     _check_sections(data, ctx)
+    _check_integers(data, ctx)
 
     spec, strategy_set = read_sections(data, shown, stable_root(shown), ctx)
     spec_dir = os.path.dirname(os.path.abspath(shown))
@@ -101,6 +112,40 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
         else:
             framework.check_foreign_spec(spec, data, ctx)
     return spec
+
+
+def _check_file_name(shown: str) -> None:
+    """A spec name reports and baselines can hold: valid UTF-8 (issue 45: a name with a stray
+    byte failed only when the scan's JSON was written, after the whole scan)."""
+    try:
+        shown.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecError(
+            f"{ascii(shown)}: the spec file name is not valid UTF-8",
+            "rename the spec file (reports and baselines name it)",
+        ) from None
+
+
+def _check_integers(data: Mapping[str, Any], ctx: SpecContext) -> None:
+    """Every integer of the spec (file or ``--set``) within int64, named by its key: a larger one
+    is no degree, size or count, and torch cannot hold it."""
+
+    def walk(value: Any, section: str, key: str, rest: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, section, key or str(k), f"{rest}.{k}" if key else "")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, section, key, f"{rest}[{i}]")
+        elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            ctx.fail(
+                f"{ctx.where(section, key)}{rest} = {shown_number(value)} is out of range "
+                f"(at most {MAX_INT})",
+                "give a value that fits in 64 bits",
+            )
+
+    for section, table in data.items():
+        walk(table, str(section), "", "")
 
 
 def stable_root(path: str) -> str:
@@ -139,6 +184,8 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise SpecError(
             f"{path}: invalid TOML: nested too deeply to read", "flatten the nested tables"
         ) from None
+    except ValueError as e:  # an integer past int_max_str_digits (4300 digits)
+        raise SpecError(f"{path}: invalid TOML: {exception_line(e, 120)}") from None
 
 
 def _apply_override(data: dict[str, Any], text: str, ctx: SpecContext) -> None:

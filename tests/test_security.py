@@ -196,6 +196,78 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, command) -> None:
     assert {p: p.read_bytes() for p in before} == before, "an input was overwritten"
 
 
+def _custom_project(tmp_path: Path) -> dict[str, Path]:
+    """A spec whose factory is a file of a package (``pkg/net.py``) with a sibling module."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "layers.py").write_text("WIDTH = 64\n")
+    (pkg / "net.py").write_text((FIXTURES / "models" / "tiny_custom.py").read_text())
+    (pkg / "helper.py").write_text("HELP = 1\n")
+    spec = tmp_path / "s.toml"
+    text = (FIXTURES / "custom_tiny.toml").read_text()
+    spec.write_text(text.replace("models/tiny_custom.py:build", "pkg/net.py:build"))
+    (tmp_path / "report.json").write_text("{}")
+    return {
+        "spec": spec,
+        "factory": pkg / "net.py",
+        "sibling": pkg / "helper.py",
+        "package": pkg / "sub" / "layers.py",
+        "a": tmp_path / "a.json",
+    }
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (["scan", "{spec}", "-o", "{factory}"], "part of the model code"),
+        (["inspect", "{spec}", "-o", "{sibling}"], "part of the model code"),
+        (["plan", "{spec}", "-o", "{package}"], "part of the model code"),
+        (["price", "{spec}", "-o", "{factory}"], "part of the model code"),
+        (["timeline", "{spec}", "-o", "{factory}"], "part of the model code"),
+        (["timeline", "{spec}", "-o", "{a}", "--plot", "{a}"], "also another output"),
+        (["run", "{spec}", "-o", "{a}", "--csv", "{a}"], "also another output"),
+        (
+            ["gate", "{spec}", "--baseline", "{a}", "--update-baseline", "--html", "{factory}"],
+            "part of the model code",
+        ),  # fmt: skip
+    ],
+    ids=[
+        "scan-factory",
+        "inspect-sibling",
+        "plan-package",
+        "price-factory",
+        "timeline-factory",
+        "timeline-o-plot",
+        "run-o-csv",
+        "gate-html-factory",
+    ],  # fmt: skip
+)
+def test_an_output_onto_the_model_code_or_another_output_is_refused(
+    tmp_path, command, message
+) -> None:
+    """Issue 45: ``scan custom.toml -o models/model.py`` replaced the model's source."""
+    paths = _custom_project(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    done = gbdoctor(*(part.format(**paths) for part in command), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and len(done.stderr.strip().splitlines()) <= 2, done.stderr
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before, "a file was written"
+
+
+def test_a_report_kept_in_the_model_package_may_be_rewritten(tmp_path) -> None:
+    """Only code is protected: a JSON beside the model is an ordinary output."""
+    paths = _custom_project(tmp_path)
+    out = paths["factory"].parent / "inspect.json"
+    out.write_text("{}")
+    done = gbdoctor("inspect", str(paths["spec"]), "--format", "json", "-o", str(out),
+                    cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert out.read_text().startswith("{\n") or len(out.read_text()) > 2
+
+
 # --------------------------------------------------------------------------- inputs
 
 

@@ -19,7 +19,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err
+from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err, spare_model_code
 from gbdoctor.cli.scan import scan_with_progress
 
 if TYPE_CHECKING:
@@ -99,6 +99,8 @@ def gate(
             for path in files
         ]
     )
+    for loaded in loaded_specs:
+        spare_model_code(loaded, output, html)
     strategies = [choose_strategy(loaded, strategy, None) for loaded in loaded_specs]
     # The probe costs about two eager steps per kind: only when recompiles are gated.
     scans = [
@@ -127,9 +129,10 @@ def gate(
         print_err(f"baseline written: {baseline}")
         return
     gated = [*reports, *scanned]
-    emit(gate_html(result, gated) if format == "html" else render_gate(result, format), output)
+    page = functools.partial(gate_html, result, gated, scan_json or ())
+    emit(page() if format == "html" else render_gate(result, format), output)
     if html is not None:
-        emit(gate_html(result, gated), html)
+        emit(page(), html)
     write_step_summary(result, html if html is not None else output if format == "html" else None)
     raise typer.Exit(result.exit_code)
 

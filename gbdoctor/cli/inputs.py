@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import importlib.machinery
+import os
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,3 +107,61 @@ def read_priced_scan(path: Path) -> ScanReport:
             hint="give the JSON output of `gbdoctor price SPEC -f json -o FILE`",
         )
     return report
+
+
+@dataclass(frozen=True)
+class ModelCode:
+    """A file the spec's model imports, or (``tree``) a directory all of whose files may be."""
+
+    path: Path
+    tree: bool = False
+
+    def holds(self, file: Path) -> bool:
+        """``file`` (resolved) is code inside this tree: a module, stub, bytecode or extension
+        (a report a user keeps in the package folder is not code, and may be rewritten)."""
+        return file.is_relative_to(self.path) and file.suffix in _CODE_SUFFIXES
+
+
+_CODE_SUFFIXES = frozenset((*importlib.machinery.all_suffixes(), ".pyi", ".pth"))
+
+
+def model_code(spec: Spec) -> tuple[ModelCode, ...]:
+    """What a spec's factory imports, found without importing it: a factory file, the ``.py``
+    files beside it (it may import its siblings: ``models.custom`` puts its folder on
+    ``sys.path``) and the outermost package around it; a factory module's top-level package
+    (its whole tree) or module file. Empty for a built-in model."""
+    import importlib.util
+
+    factory = spec.model.factory
+    if not factory:
+        return ()
+    target = factory.rpartition(":")[0]
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        file = Path(os.path.realpath(target))
+        found = [ModelCode(file), *(ModelCode(p) for p in _siblings(file.parent))]
+        package = file.parent
+        while (package.parent / "__init__.py").is_file() and package.parent != package:
+            package = package.parent
+        if (package / "__init__.py").is_file():
+            found.append(ModelCode(package, tree=True))
+        return tuple(found)
+    try:
+        # A top-level name only: finding it imports nothing (a dotted one imports its parents).
+        found_spec = importlib.util.find_spec(target.split(".")[0])
+    except (ImportError, ValueError):
+        return ()
+    if found_spec is None:
+        return ()
+    if found_spec.submodule_search_locations:
+        return tuple(
+            ModelCode(Path(os.path.realpath(p)), tree=True)
+            for p in found_spec.submodule_search_locations
+        )
+    return (ModelCode(Path(os.path.realpath(found_spec.origin))),) if found_spec.origin else ()
+
+
+def _siblings(folder: Path) -> list[Path]:
+    try:
+        return [Path(os.path.realpath(p)) for p in folder.glob("*.py")]
+    except OSError:
+        return []

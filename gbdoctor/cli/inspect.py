@@ -16,7 +16,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import emit, notice, preflight
+from gbdoctor.cli.output import emit, notice, preflight, spare_model_code
 
 
 def inspect(
@@ -35,6 +35,7 @@ def inspect(
 
     preflight(format, "inspect", output, inputs=tuple(spec or ()) if torchtitan is None else ())
     loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
+    spare_model_code(loaded, output)
     # The model's own prints go to stderr: stdout holds only the report.
     with contextlib.redirect_stdout(sys.stderr):
         report = inspect_spec(loaded, strategy=choose_strategy(loaded, strategy, None))

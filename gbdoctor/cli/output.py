@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from gbdoctor.records import Spec
 
 err_console = Console(stderr=True)
 
@@ -66,9 +70,46 @@ def preflight(
     if format is not None and format not in formats:
         raise SpecError(f"unknown --format {format!r}", hint=f"valid formats: {', '.join(formats)}")
     read = tuple(Path(path) for path in inputs if path is not None)
+    written = [path for path in outputs if path is not None]
+    for i, path in enumerate(written):
+        in_place = check_writable(path, inputs=read)
+        # Two outputs onto one file (``timeline -o a.json --plot a.json``): the second would
+        # silently replace the first. A device or FIFO (/dev/null, /dev/stdout) takes both.
+        twin = next((other for other in written[:i] if _same_file(path, other)), None)
+        if twin is not None and not in_place:
+            from gbdoctor.records.atomic_write import OutputError
+
+            raise OutputError(
+                f"output {path} is also another output of this command ({twin}); the second "
+                "write would replace the first",
+                hint="give each output its own file",
+            )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def spare_model_code(spec: Spec, *outputs: Path | None) -> None:
+    """Refuse an output that is part of the code ``spec`` imports (its factory's module, the
+    package around it, the siblings a factory file may import): ``scan s.toml -o
+    models/model.py`` replaced the model's source with the report (issue 45). Run right after the
+    spec loads, before any model is built."""
+    from gbdoctor.cli.inputs import model_code
+    from gbdoctor.records.atomic_write import OutputError
+
+    code = model_code(spec)
     for path in outputs:
-        if path is not None:
-            check_writable(path, inputs=read)
+        if path is None or not path.exists():
+            continue  # a new file destroys nothing
+        where = Path(os.path.realpath(path))
+        for item in code:
+            if where == item.path or (item.tree and item.holds(where)):
+                raise OutputError(
+                    f"output {path} is part of the model code the spec imports "
+                    f"({spec.model.factory}); writing it would destroy that code",
+                    hint="write the output to another file",
+                )
 
 
 PLAIN_PROGRESS_EVERY_S = 5.0

@@ -17,7 +17,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight
+from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, spare_model_code
 from gbdoctor.errors import ExitCode
 
 
@@ -54,6 +54,7 @@ def plan(
     preflight(format, "plan", output, inputs=(*files, price_file))
     price = read_priced_scan(price_file).price if price_file is not None else None
     loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
+    spare_model_code(loaded, output)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
     if format == "html":

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from gbdoctor.cli.bounds import check_measuring
 from gbdoctor.cli.inputs import choose_strategy, load_spec_options
 from gbdoctor.cli.options import (
     OutputOpt,
@@ -18,7 +19,7 @@ from gbdoctor.cli.options import (
     StrictOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, notice, preflight
+from gbdoctor.cli.output import ProgressBar, emit, notice, preflight, spare_model_code
 from gbdoctor.errors import ExitCode
 from gbdoctor.records import Clock
 
@@ -73,19 +74,23 @@ def price(
     from gbdoctor.setup.dist import shared_ranks
     from gbdoctor.summary import has_findings
 
+    check_measuring(rounds, steps, warmup, batch_size, seq_len)
     preflight(format, "scan", output, inputs=(spec, plan_file))
+    # Read before the scan: a bad plan file is exit 2 in a second, not after the scan.
+    saved_plan = read_plan(plan_file)[0] if plan_file is not None else None
     check_backend(backend)
     # The strategy goes into the spec, so the plan is made against the same setup as the scan.
     overrides = [*(set_ or []), *([f"gbdoctor.strategy={strategy}"] if strategy else [])]
     loaded = load_spec_options(spec, overrides, world_size=world_size)
+    spare_model_code(loaded, output)
     check_clock(clock, loaded)
     # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
     with shared_ranks():
         report = scan_with_progress(
             loaded, choose_strategy(loaded, strategy, None), recompiles=False
         )
-        if plan_file is not None:
-            plan, _ = read_plan(plan_file)
+        if saved_plan is not None:
+            plan = saved_plan
         else:
             with ProgressBar() as bar:
                 plan = propose_plan(loaded, progress=lambda m, d, t: bar(f"plan: {m}", d, t))

@@ -33,7 +33,8 @@ def report(
         typer.Option(
             "--source-root",
             help="Where the scanned code lives, to show the lines around each break "
-            "(default: the results' folders, the working directory and their parents)",
+            "(besides the working directory, the results' folders and the installed packages; "
+            "see docs/security.md)",
         ),
     ] = None,
 ) -> None:
@@ -48,8 +49,27 @@ def report(
         if doc.kind == "plan":
             doc = _with_config(doc)
         documents.append(doc)
-    roots = [*(source_root or []), *(p.resolve().parent for p in results)]
+    from gbdoctor.records import ScanReport
+
+    scans = [doc.record.spec for doc in documents if isinstance(doc.record, ScanReport)]
+    roots = source_roots([*(source_root or []), *(p.parent for p in results)], scans)
     emit(render_html(documents, source_roots=roots), output)
+
+
+def source_roots(chosen: Sequence[Path], specs: Sequence[str]) -> tuple[Path, ...]:
+    """Where a page may read source lines: the directories the command line chose (``chosen``
+    and the working directory) and each scanned spec's root (``spec.stable_root``: its
+    repository) when that lies inside one of them. A scan JSON names its spec, and a JSON can
+    come from a stranger, so it can narrow the roots but never widen them (docs/security.md)."""
+    from gbdoctor.spec import stable_root
+
+    trusted = tuple(dict.fromkeys(p.resolve() for p in (Path.cwd(), *chosen)))
+    found = []
+    for spec in specs:
+        root = Path(stable_root(spec)).resolve()
+        if any(root.is_relative_to(base) for base in trusted):
+            found.append(root)
+    return tuple(dict.fromkeys((*found, *trusted)))
 
 
 def _with_config(doc: Document) -> Document:
@@ -79,13 +99,18 @@ def plan_html(plan: Plan, emitter: str | None) -> str:
     return render_html([plan_document(plan, dump_plan(plan), plan_configs(plan, emitter))])
 
 
-def gate_html(result: GateResult, scans: Sequence[ScanReport]) -> str:
-    """The gate's page: its verdict and findings first, then every scan it gated."""
+def gate_html(
+    result: GateResult, scans: Sequence[ScanReport], scan_files: Sequence[Path] = ()
+) -> str:
+    """The gate's page: its verdict and findings first, then every scan it gated (source lines
+    from the roots :func:`source_roots` allows, ``scan_files`` being the ``--scan`` JSONs)."""
     from gbdoctor.report.gate_formats import GateJsonFormat
     from gbdoctor.report.html import gate_document, render_html, scan_document
 
     gate_doc = gate_document(result, GateJsonFormat().render(result))
-    return render_html([gate_doc, *(scan_document(s, f"scan-{i}") for i, s in enumerate(scans))])
+    roots = source_roots([p.parent for p in scan_files], [s.spec for s in scans])
+    documents = [gate_doc, *(scan_document(s, f"scan-{i}") for i, s in enumerate(scans))]
+    return render_html(documents, source_roots=roots)
 
 
 def write_step_summary(result: GateResult, html: Path | None) -> None:

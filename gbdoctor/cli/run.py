@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from gbdoctor.cli.bounds import check_measuring
 from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     OutputOpt,
@@ -18,7 +19,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say
+from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say, spare_model_code
 from gbdoctor.errors import ExitCode
 from gbdoctor.records.enums import ENVIRONMENT_FAILURES, ModeStatus
 
@@ -103,6 +104,7 @@ def run(
     from gbdoctor.report.run_formats import render_run, write_csv
     from gbdoctor.run import run_modes
 
+    check_measuring(rounds, steps, warmup, batch_size, seq_len)
     files = tuple(spec or ()) if torchtitan is None else ()
     preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))
     priced = read_priced_scan(price_file) if price_file is not None else None
@@ -111,6 +113,7 @@ def run(
             "--price compares the plan with the mode as set up: drop --no-plan"
         )
     loaded = load_spec_args(spec, torchtitan, set_, world_size=world_size)
+    spare_model_code(loaded, output, csv)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
     def show_plan(result: Plan) -> None:

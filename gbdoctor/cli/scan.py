@@ -19,7 +19,7 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, notice, preflight
+from gbdoctor.cli.output import ProgressBar, emit, notice, preflight, spare_model_code
 from gbdoctor.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ def scan(
             "--torchtitan and no --simulate"
         )
     loaded = load_spec_args(spec_args, torchtitan, set_, simulate=simulate, world_size=world_size)
+    spare_model_code(loaded, output)
     report = scan_with_progress(
         loaded,
         choose_strategy(loaded, strategy, plan),

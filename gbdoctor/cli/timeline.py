@@ -8,9 +8,10 @@ from typing import Annotated
 
 import typer
 
+from gbdoctor.cli.bounds import check_timeline
 from gbdoctor.cli.inputs import load_spec_options
 from gbdoctor.cli.options import OutputOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
-from gbdoctor.cli.output import emit, preflight, print_err
+from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
 
 TIMELINE_FORMATS = ("table", "json")
@@ -99,24 +100,29 @@ def timeline(
 
     Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
     from gbdoctor.report.timeline import render_json, render_svg, render_table
-    from gbdoctor.timeline.train import run_timeline
+    from gbdoctor.timeline.train import run_timeline, typed_dynamo_settings
 
     if format not in TIMELINE_FORMATS:
         raise SpecError(
             f"unknown --format {format!r}", hint=f"valid formats: {', '.join(TIMELINE_FORMATS)}"
         )
+    lengths = _lengths(seq_lens)
+    check_timeline(steps, batch_size, lengths)
+    settings = _pairs(dynamo_config)
+    typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
     preflight(None, "timeline", output, plot, inputs=(spec, plan_file))
     loaded = load_spec_options(spec, set_, world_size=world_size)
+    spare_model_code(loaded, output, plot)
     print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
     report = run_timeline(
         loaded,
         mode=mode,
         steps=steps,
-        seq_lens=_lengths(seq_lens),
+        seq_lens=lengths,
         batch_size=batch_size,
         backend=backend,
         plan_path=str(plan_file) if plan_file else None,
-        dynamo_config=_pairs(dynamo_config),
+        dynamo_config=settings,
         fix=fix,
     )
     emit(render_json(report) if format == "json" else render_table(report), output)

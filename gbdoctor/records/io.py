@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gbdoctor.errors import BaselineError, GbdoctorError, exception_line
+from gbdoctor.records.bounds import MAX_INT, Range, shown_number
 
 T = TypeVar("T")
 
@@ -96,6 +97,13 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
     share or measurement, so a negative int or a NaN/infinite float is impossible and refused
     (scan and plan files; run reports keep non-finite losses, which they flag)."""
     origin = typing.get_origin(tp)
+    if origin is typing.Annotated:
+        base, *extras = typing.get_args(tp)
+        check_types(base, value, where, counts=counts)
+        for extra in extras:
+            if isinstance(extra, Range) and (problem := extra.problem(value)) is not None:
+                raise BaselineError(f"{where}: {problem}")
+        return
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in typing.get_args(tp):
             return
@@ -113,7 +121,7 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
             check_types(arg, item, f"{where}[{i}]", counts=counts)
         return
     if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
+        hints = typing.get_type_hints(tp, include_extras=True)
         for f in dataclasses.fields(tp):
             check_types(hints[f.name], getattr(value, f.name), f"{where}.{f.name}", counts=counts)
         return
@@ -122,16 +130,28 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
         return
     if not isinstance(value, expected) or (tp is not bool and isinstance(value, bool)):
         raise BaselineError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+    if tp is str and not _valid_unicode(value):
+        # JSON's \ud800 escapes make lone surrogates, which no file or page can hold.
+        raise BaselineError(f"{where}: not valid Unicode text (a lone surrogate escape)")
+    if tp is float and isinstance(value, int) and abs(value) > MAX_INT:
+        # An integer where a float belongs: past 2**63 it is no measurement (and past ~1e308
+        # float() itself fails).
+        raise BaselineError(f"{where}: {shown_number(value)} is out of range (at most {MAX_INT})")
     if counts and tp is int and isinstance(value, int) and value < 0:
         raise BaselineError(f"{where}: {value} is negative (impossible here)")
     if tp is int and isinstance(value, int) and abs(value) > MAX_INT:
-        raise BaselineError(f"{where}: {value} is out of range (at most {MAX_INT})")
+        raise BaselineError(f"{where}: {shown_number(value)} is out of range (at most {MAX_INT})")
     if counts and tp is float and isinstance(value, int | float) and not math.isfinite(value):
         raise BaselineError(f"{where}: {value} is not a finite number")
 
 
-MAX_INT = 2**63 - 1
-"""The largest integer a record holds (a count, size or line); JSON may spell any integer."""
+def _valid_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
 
 MAX_READ_BYTES = 256 * 2**20
 """The largest file gbdoctor reads as input (a spec, scan, plan or baseline; a 48-layer scan is

@@ -10,7 +10,10 @@ milliseconds per training step (forward + backward + optimizer, slowest rank), o
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from gbdoctor.records.base import record
+from gbdoctor.records.bounds import BATCH_SIZE, ROUNDS, SEQ_LEN, SHARE, STEPS, WARMUP, WORLD_SIZE
 from gbdoctor.records.enums import Clock, Counterfactual, PriceSplit
 
 
@@ -28,7 +31,7 @@ class KindPrice:
     """Median over rounds of the per-round difference; None when a mode failed (``detail``)."""
     spread_ms: tuple[float, float] | None = None
     """(min, max) of the per-round differences."""
-    share: float | None = None
+    share: Annotated[float, SHARE] | None = None
     """``ms_per_step`` over the as-set-up step time."""
     free: bool = False
     """The spread contains 0: the kind's breaks cost nothing measurable here."""
@@ -48,7 +51,7 @@ class BreakPrice:
     module: str
     ms_per_step: float | None
     spread_ms: tuple[float, float] | None = None
-    share: float | None = None
+    share: Annotated[float, SHARE] | None = None
     split: PriceSplit = PriceSplit.WHOLE_KIND
     """How the kind's price was divided among its breaks."""
     eager_ms: float | None = None
@@ -64,12 +67,12 @@ class PriceReport:
     backend: str
     device: str
     device_name: str
-    world_size: int
-    rounds: int
-    warmup: int
-    steps: int
-    batch_size: int
-    seq_len: int
+    world_size: Annotated[int, WORLD_SIZE]
+    rounds: Annotated[int, ROUNDS]
+    warmup: Annotated[int, WARMUP]
+    steps: Annotated[int, STEPS]
+    batch_size: Annotated[int, BATCH_SIZE]
+    seq_len: Annotated[int, SEQ_LEN]
     step_ms: float
     """Median step time as set up (every round)."""
     step_spread_ms: tuple[float, float]

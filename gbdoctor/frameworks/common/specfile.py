@@ -67,7 +67,10 @@ def typed_value(value: Any, tp: Any, section: str, key: str, ctx: SpecContext) -
         if type(value) in (int, float):
             return float(value)
     elif typing.get_origin(tp) is tuple:
-        if origin is not None and isinstance(value, str):
+        # --set compile.components=model,loss (bare words) is a list; a quoted TOML string
+        # (--set 'compile.components="model"') is a string, as the TOML file would read it.
+        bare = origin is not None and origin[1] is not None and origin[1][:1] not in "\"'"
+        if bare and isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if isinstance(value, list) and all(isinstance(v, str) for v in value):
             return tuple(value)

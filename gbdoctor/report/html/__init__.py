@@ -45,8 +45,8 @@ def _subject(doc: Document) -> str:
 
 
 def render_html(documents: Sequence[Document], source_roots: Sequence[Path] = ()) -> str:
-    """The page of ``documents``, in the order given; source lines are looked up under
-    ``source_roots`` first (see :class:`SourceReader`)."""
+    """The page of ``documents``, in the order given; source lines are read only under
+    ``source_roots`` and the installed packages (see :class:`SourceReader`)."""
     reader = SourceReader(tuple(source_roots))
     kinds = ", ".join(dict.fromkeys(_TITLES[d.kind].lower() for d in documents))
     page = Page(title=f"gbdoctor report: {kinds}")
@@ -102,4 +102,5 @@ class HtmlFormat:
     """Formatter for ``scan --format html``."""
 
     def render(self, report: ScanReport) -> str:
-        return render_html([scan_document(report)])
+        # The scan just ran here: its spec's files are under the working directory.
+        return render_html([scan_document(report)], source_roots=(Path.cwd(),))

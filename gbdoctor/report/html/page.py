@@ -159,9 +159,21 @@ class Chart:
         }
 
 
+_SCRIPT_DATA_ESCAPES = str.maketrans(
+    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+)
+"""What HTML's script-data states react to (``</script``, ``<!--``), escaped the way JSON
+allows inside a string (the only place JSON text can hold them), so the text parses as the same
+JSON (issue 45: ``<!--<script>`` in a break message swallowed the page's scripts)."""
+
+
+def script_safe_json(text: str) -> str:
+    """JSON text made safe inside ``<script type="application/json">``."""
+    return text.translate(_SCRIPT_DATA_ESCAPES)
+
+
 def _script_json(data: object) -> str:
-    """JSON safe inside ``<script type="application/json">`` (no ``</`` can close it)."""
-    return json.dumps(data, sort_keys=True).replace("</", "<\\/")
+    return script_safe_json(json.dumps(data, sort_keys=True))
 
 
 def _static(name: str) -> str:
@@ -199,7 +211,7 @@ class Page:
     def twin(self, text: str, name: str) -> str:
         """A link that downloads ``text`` (a document's JSON, embedded) as ``name``."""
         ident = f"twin-{len(self.scripts)}"
-        self.scripts.append((ident, text.replace("</", "<\\/")))
+        self.scripts.append((ident, script_safe_json(text)))
         return tag("a", h(f"JSON twin ({name})"), href="#", data_twin=ident, data_name=name)
 
     def render(self) -> str:
