@@ -10,6 +10,7 @@ import typer
 
 from gbdoctor.cli.inputs import choose_strategy, load_spec_options
 from gbdoctor.cli.options import (
+    DetailsOpt,
     OutputOpt,
     ScanFormatOpt,
     SetOpt,
@@ -18,7 +19,7 @@ from gbdoctor.cli.options import (
     StrictOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, notice, preflight
+from gbdoctor.cli.output import ProgressBar, emit, notice, preflight, table_width
 from gbdoctor.errors import ExitCode
 from gbdoctor.records import Clock
 
@@ -60,6 +61,7 @@ def price(
     ] = Clock.WALL,
     format: ScanFormatOpt = "table",
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     strict: StrictOpt = False,
     world_size: WorldSizeOpt = None,
 ) -> None:
@@ -104,6 +106,6 @@ def price(
                 clock=clock,
             )
     notice(priced.notes, output, format)
-    emit(render(priced, format), output)
+    emit(render(priced, format, details=details, width=table_width(output)), output)
     if strict and has_findings(priced):
         raise typer.Exit(int(ExitCode.FINDINGS))

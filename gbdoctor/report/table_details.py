@@ -92,8 +92,8 @@ def cudagraph_line(row: KindSummary) -> str:
     first = next((g for g in row.cudagraph_notable if g.finding.effect == "blocks"), None)
     if ready.status == "blocked" and first is not None:
         more = len({g.finding.kind for g in row.cudagraph_notable if g.finding.effect == "blocks"})
-        rest = f" (+{more - 1} more kinds)" if more > 1 else ""
-        return f"would not capture as set up; first: {first.finding.kind}{_where(first)}{rest}"
+        rest = f" (+{more - 1} more kinds of blocker)" if more > 1 else ""
+        return f"not ready as set up; first blocker: {first.finding.kind}{_where(first)}{rest}"
     first_part, *rest = one_line(ready.summary).split("; ")
     return first_part + (f" (+{len(rest)} more)" if rest else "")
 
@@ -143,7 +143,7 @@ def recompile_line(row: KindSummary) -> str:
     )
     guards = len({r.reason for r in row.recompiles})
     others = f" (+{guards - 1} other guards)" if guards > 1 else ""
-    return f"{len(row.recompiles)}, {steady}; {guard_in_words(first.reason)}{at}{others}"
+    return f"{len(row.recompiles)}, {steady}; first: {guard_in_words(first.reason)}{at}{others}"
 
 
 def render_recompile_details(report: ScanReport, console: Console) -> None:
