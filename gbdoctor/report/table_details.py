@@ -94,8 +94,8 @@ def cudagraph_line(row: KindSummary) -> str:
         more = len({g.finding.kind for g in row.cudagraph_notable if g.finding.effect == "blocks"})
         rest = f" (+{more - 1} more kinds of blocker)" if more > 1 else ""
         return f"not ready as set up; first blocker: {first.finding.kind}{_where(first)}{rest}"
-    first_part, *rest = one_line(ready.summary).split("; ")
-    return first_part + (f" (+{len(rest)} more)" if rest else "")
+    first_part, *others = one_line(ready.summary).split("; ")
+    return first_part + (f" (+{len(others)} more)" if others else "")
 
 
 def _where(group: NotableFinding) -> str:
