@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import fields, is_dataclass, replace
+from typing import Any, TypeVar
 
 from gbdoctor.records import (
     BlockerEffect,
@@ -24,9 +26,12 @@ from gbdoctor.records import (
     CudaGraphReadiness,
     KindSummary,
     NotableFinding,
+    Recompile,
     ScanReport,
     ScanSummary,
 )
+
+T = TypeVar("T")
 
 __all__ = [
     "KindSummary",
@@ -36,7 +41,10 @@ __all__ = [
     "fix_hint",
     "group_by_kind",
     "has_findings",
+    "recompile_location",
     "summarize",
+    "top_cause",
+    "with_user_names",
 ]
 
 
@@ -88,6 +96,7 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
     ready = next(
         (b.cudagraphs for b in blocks if b.same_as is None and b.cudagraphs is not None), None
     )
+    recompiles = tuple(rec for block in blocks if block.same_as is None for rec in block.recompiles)
     return KindSummary(
         kind=kind,
         layers=fqns,
@@ -108,6 +117,8 @@ def _kind_summary(kind: str, blocks: list[BlockReport]) -> KindSummary:
         error=errors[0] if errors else None,
         cudagraphs=ready,
         cudagraph_notable=_notable(ready),
+        recompiles=recompiles,
+        steady_recompiles=sum(1 for rec in recompiles if rec.measured),
     )
 
 
@@ -213,3 +224,58 @@ def summarize(report: ScanReport) -> ScanSummary:
         by_cause=tuple(sorted(by_cause.items())),
         kinds=tuple(_kind_summary(kind, blocks) for kind, blocks in group_by_kind(report).items()),
     )
+
+
+def top_cause(summary: ScanSummary) -> tuple[str, int] | None:
+    """(cause, breaks) of the cause with the most breaks (ties: the first by name); None when
+    there is no break."""
+    if not summary.by_cause:
+        return None
+    return max(summary.by_cause, key=lambda pair: (pair[1], [-ord(c) for c in pair[0]]))
+
+
+_CODE_AT = re.compile(r" at (?P<where>\S+:\d+)$")
+"""The end of a recompile's ``function``: ``forward at gbdoctor/models/decoder.py:47``."""
+
+
+def recompile_location(rec: Recompile) -> str | None:
+    """Where to look for a recompile: the user frame of its guard, else the first line of the
+    recompiled code (Dynamo gives a guard's user frame for few guards: a tensor's size guard has
+    none, and its code's line is where the tensor comes in)."""
+    if rec.location:
+        return rec.location
+    match = _CODE_AT.search(rec.function)
+    return match["where"] if match else None
+
+
+def recompiled_code(rec: Recompile) -> str:
+    """The recompiled function's name, without its ``at file:line``."""
+    return _CODE_AT.sub("", rec.function)
+
+
+def with_user_names(record: T) -> T:
+    """``record`` (a scan report, or any record) with Dynamo's generated names in its text said
+    in the user's terms (``causes.generated_names``: a resume function by the user's function,
+    a stack slot as the value carried across the break, a placeholder by its attribute path).
+    Every output format renders this; the records as captured keep Dynamo's words, which the
+    gate's baselines were written from. Unchanged parts are shared, not copied."""
+    return _named(record)
+
+
+def _named(value: Any) -> Any:
+    from gbdoctor.causes.generated_names import has_generated_name, user_names
+
+    if isinstance(value, str):
+        return user_names(value) if has_generated_name(value) else value
+    if isinstance(value, tuple):
+        items = tuple(_named(item) for item in value)
+        return value if all(a is b for a, b in zip(items, value)) else items
+    if is_dataclass(value) and not isinstance(value, type):
+        changed = {}
+        for field in fields(value):
+            old = getattr(value, field.name)
+            new = _named(old)
+            if new is not old:
+                changed[field.name] = new
+        return replace(value, **changed) if changed else value
+    return value

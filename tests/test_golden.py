@@ -119,6 +119,17 @@ CASES = (
     _scan("llama3_debug_dp2tp2", "fixtures/llama3_debug_dp2tp2.toml", full=True),
     _scan("llama4_debug_ep2", "fixtures/llama4_debug_ep2.toml", full=True),
     _scan("llama4_debug_tp2", "fixtures/llama4_debug_tp2.toml", full=True),
+    # The README's command, recompile probe on: tests/report/test_terminal_layout.py renders it.
+    _scan(
+        "llama4_debug_ep2_readme",
+        "fixtures/llama4_debug_ep2.toml",
+        "--strategy",
+        "titan-v0.2.0",
+        "--set",
+        "activation_checkpoint.mode=none",
+        "--recompile-probe",
+        full=True,
+    ),
     _scan("deepseek_v3_debug_ep2", "fixtures/deepseek_v3_debug_ep2.toml", full=True),
     _scan("deepspeed_zero1", "fixtures/deepspeed_zero1.toml", full=True, needs=DS),
     _scan("deepspeed_zero2", "fixtures/deepspeed_zero2.toml", slow=True, needs=DS),

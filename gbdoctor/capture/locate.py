@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from gbdoctor.causes import is_torch_file
+from gbdoctor.causes.generated_names import resume_names, user_function
 from gbdoctor.models.custom import portable_module_names
 from gbdoctor.models.structure import find_moe_layers, hidden_size
 from gbdoctor.records import Component, Location
@@ -90,19 +91,6 @@ def clean_fqn(name: str) -> str:
     return ".".join(p for p in name.split(".") if p and p not in _WRAPPER_ATTRS)
 
 
-_RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
-"""Dynamo's name for the continuation of a function after a break (``convert_frame``'s resume
-functions); a resume function's own resume nests the pattern."""
-
-
-def user_function(name: str) -> str:
-    """The user's function name behind a Dynamo-generated one
-    (``torch_dynamo_resume_in_forward_at_165`` -> ``forward``)."""
-    while (match := _RESUME.match(name)) is not None:
-        name = match.group(1)
-    return name
-
-
 def portable_path(path: str, root: str | None = None) -> str:
     """Report paths that depend neither on the machine, the virtual environment nor the working
     directory: an installed library's file from ``site-packages/`` on (also when the virtual
@@ -141,19 +129,13 @@ _ABSOLUTE_PATH = re.compile(r"(?<![\w./~-])(/[\w.+@~-]+(?:/[\w.+@~-]+)+)")
 """An absolute POSIX path inside free text (Dynamo's messages quote files and directories)."""
 
 
-_RESUME_IN_TEXT = re.compile(r"\btorch_dynamo_resume_in_(\w+?)_at_\d+\b")
-"""Dynamo's name for a function's continuation after a break, inside a message (``frame
-skipped: torch_dynamo_resume_in_forward_at_115 (...)``); nested resumes nest the pattern."""
-
-
 def portable_text(text: str, root: str | None = None) -> str:
     """``text`` with every absolute path of an existing file or directory made portable
     (:func:`portable_path`): Dynamo's contexts and messages quote them (``skip reason: file
     matches MOD_SKIPLIST (/.../site-packages/torch/_dynamo)``, a frame's file), factory
     modules by their file's name, and Dynamo's resume functions by the user's function."""
     text = portable_module_names(text)
-    while _RESUME_IN_TEXT.search(text):
-        text = _RESUME_IN_TEXT.sub(r"\1", text)
+    text = resume_names(text)
     if "/" not in text:
         return text
 

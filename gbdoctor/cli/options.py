@@ -49,6 +49,16 @@ OutputOpt = Annotated[Path | None, typer.Option("--output", "-o", help="Write th
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="Exit 1 when any break, event or error is found")
 ]
+DetailsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--details",
+        "-v",
+        help="Table: also the full setup, every CUDA-graph finding and every recompile (the "
+        "verdict, the breaks and one line per other finding otherwise); other formats hold "
+        "everything anyway",
+    ),
+]
 StrictImprovementsOpt = Annotated[
     bool,
     typer.Option(

@@ -43,6 +43,16 @@ def emit(text: str, output: Path | None) -> None:
         print_err(f"wrote {output}")
 
 
+def table_width(output: Path | None) -> int | None:
+    """The terminal's columns for a table printed to it; None (the report's fixed width) for a
+    file, so that a file reads the same on every machine."""
+    if output is not None:
+        return None
+    from gbdoctor.report.table import terminal_width
+
+    return terminal_width()
+
+
 def notice(notes: Iterable[str], output: Path | None, format: str) -> None:
     """An automatic simulation's notice, also on stderr when the report does not go to the
     terminal as a table (whose header carries it)."""

@@ -11,6 +11,7 @@ import typer
 from gbdoctor.cli.bounds import check_measuring
 from gbdoctor.cli.inputs import choose_strategy, load_spec_options
 from gbdoctor.cli.options import (
+    DetailsOpt,
     OutputOpt,
     ScanFormatOpt,
     SetOpt,
@@ -19,7 +20,14 @@ from gbdoctor.cli.options import (
     StrictOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, notice, preflight, spare_model_code
+from gbdoctor.cli.output import (
+    ProgressBar,
+    emit,
+    notice,
+    preflight,
+    spare_model_code,
+    table_width,
+)
 from gbdoctor.errors import ExitCode
 from gbdoctor.records import Clock
 
@@ -61,6 +69,7 @@ def price(
     ] = Clock.WALL,
     format: ScanFormatOpt = "table",
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     strict: StrictOpt = False,
     world_size: WorldSizeOpt = None,
 ) -> None:
@@ -109,6 +118,6 @@ def price(
                 clock=clock,
             )
     notice(priced.notes, output, format)
-    emit(render(priced, format), output)
+    emit(render(priced, format, details=details, width=table_width(output)), output)
     if strict and has_findings(priced):
         raise typer.Exit(int(ExitCode.FINDINGS))

@@ -11,6 +11,7 @@ import typer
 from gbdoctor.cli.bounds import check_measuring
 from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
+    DetailsOpt,
     OutputOpt,
     RunFormatOpt,
     SetOpt,
@@ -91,6 +92,7 @@ def run(
         Path | None, typer.Option("--csv", help="Also write one CSV row per mode")
     ] = None,
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     strict: StrictOpt = False,
     world_size: WorldSizeOpt = None,
 ) -> None:
@@ -138,7 +140,7 @@ def run(
         )
     if priced is not None:
         report = with_price_check(report, priced)
-    emit(render_run(report, format), output)
+    emit(render_run(report, format, details=details), output)
     if csv is not None:
         write_csv(report, csv)
     # A mode that failed by a graph break or a compile error is a finding about that mode;

@@ -9,6 +9,7 @@ import typer
 
 from gbdoctor.cli.inputs import choose_strategy, load_spec_args
 from gbdoctor.cli.options import (
+    DetailsOpt,
     OutputOpt,
     ScanFormatOpt,
     SetOpt,
@@ -19,7 +20,14 @@ from gbdoctor.cli.options import (
     TorchtitanOpt,
     WorldSizeOpt,
 )
-from gbdoctor.cli.output import ProgressBar, emit, notice, preflight, spare_model_code
+from gbdoctor.cli.output import (
+    ProgressBar,
+    emit,
+    notice,
+    preflight,
+    spare_model_code,
+    table_width,
+)
 from gbdoctor.errors import ExitCode
 
 if TYPE_CHECKING:
@@ -36,6 +44,7 @@ def scan(
     ] = None,
     format: ScanFormatOpt = "table",
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     strict: StrictOpt = False,
     simulate: SimulateOpt = False,
     world_size: WorldSizeOpt = None,
@@ -80,7 +89,7 @@ def scan(
         recompiles=recompile_probe,
     )
     notice(report.notes, output, format)
-    emit(render(report, format), output)
+    emit(render(report, format, details=details, width=table_width(output)), output)
     disagrees = oracle and not _oracle_agrees(loaded, report)
     if (strict and has_findings(report)) or disagrees:
         raise typer.Exit(int(ExitCode.FINDINGS))

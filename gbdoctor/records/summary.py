@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gbdoctor.records.base import record
-from gbdoctor.records.scan import Break, CudaGraphFinding, CudaGraphReadiness, Event
+from gbdoctor.records.scan import Break, CudaGraphFinding, CudaGraphReadiness, Event, Recompile
 
 
 @record
@@ -74,6 +74,10 @@ class KindSummary:
     cudagraph_notable: tuple[NotableFinding, ...] = ()
     """The readiness findings worth a row, merged where they differ only in the node: all but
     the per-input copies (which are counted)."""
+    recompiles: tuple[Recompile, ...] = ()
+    """The recompiles of the kind's captured blocks (probe steps, or engine steps), in order."""
+    steady_recompiles: int = 0
+    """How many of them happened on every step (``measured``)."""
 
     @property
     def clean(self) -> bool:

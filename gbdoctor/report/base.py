@@ -17,6 +17,7 @@ from gbdoctor.report.json import JsonFormat
 from gbdoctor.report.junit import JunitFormat
 from gbdoctor.report.markdown import MarkdownFormat
 from gbdoctor.report.table import TableFormat
+from gbdoctor.summary import with_user_names
 
 __all__ = ["FORMATS", "FORMAT_NAMES", "Formatter", "formatter_for", "render"]
 
@@ -50,6 +51,13 @@ def formatter_for(fmt: str) -> Formatter:
         ) from None
 
 
-def render(report: ScanReport, fmt: str) -> str:
-    """The report rendered in format ``fmt`` (``table`` renders plain text at width 120)."""
-    return formatter_for(fmt).render(report)
+def render(report: ScanReport, fmt: str, *, details: bool = True, width: int | None = None) -> str:
+    """The report rendered in format ``fmt``, with Dynamo's generated names said in the user's
+    terms (``summary.with_user_names``). ``details``: ``table``'s full readiness and recompile
+    tables (``scan --details``); the other formats always hold everything. ``width``: the
+    table's columns (the CLI passes the terminal's; 100 otherwise, the same on every machine)."""
+    formatter = formatter_for(fmt)
+    if isinstance(formatter, TableFormat):
+        formatter.details = details
+        formatter.width = width or formatter.width
+    return formatter.render(with_user_names(report))

@@ -9,9 +9,12 @@ from gbdoctor.records import Location, ScanReport, SetupInfo
 __all__ = [
     "ac_label",
     "dynamo_label",
+    "fit_path",
+    "location_label",
     "header_fields",
     "one_line",
     "parallel_label",
+    "setup_line",
     "short_location",
 ]
 
@@ -22,6 +25,31 @@ def short_location(loc: Location | None) -> str:
         return "-"
     name = PurePath(loc.file.replace("\\", "/")).name
     return f"{name}:{loc.line}"
+
+
+ELLIPSIS = "\u2026"
+
+
+def fit_path(where: str, width: int, sep: str = "/") -> str:
+    """``where`` (``path/to/file.py:47``) in at most ``width`` characters, shortened from the
+    left by whole directories (``\u2026/models/decoder.py:47``): the file and line stay whole, so
+    a terminal never breaks the name a user searches for. A file name longer than ``width``
+    keeps its end. ``sep="."``: a module path (``\u2026self_attn.q_proj``)."""
+    if len(where) <= width:
+        return where
+    parts = where.split(sep)
+    for start in range(1, len(parts)):
+        shortened = ELLIPSIS + ("/" if sep == "/" else "") + sep.join(parts[start:])
+        if len(shortened) <= width:
+            return shortened
+    return ELLIPSIS + where[len(where) - width + 1 :]
+
+
+def location_label(loc: Location | None, width: int) -> str:
+    """``path:line`` of a location in at most ``width`` characters (:func:`fit_path`)."""
+    if loc is None:
+        return "-"
+    return fit_path(f"{loc.file.replace(chr(92), '/')}:{loc.line}", width)
 
 
 def one_line(text: str) -> str:
@@ -73,3 +101,19 @@ def header_fields(report: ScanReport) -> list[tuple[str, str]]:
         fields.append(("input", f"batch {s.batch_size} x seq {s.seq_len}"))
     fields.extend(("note", note) for note in report.notes)
     return fields
+
+
+def setup_line(report: ScanReport) -> str:
+    """The header's essentials on one line: what was scanned, on what, set up how."""
+    s = report.setup
+    parts = [
+        report.model,
+        f"torch {report.torch_version}",
+        s.strategy + (f" + plan {s.plan}" if s.plan else ""),
+        f"{s.device}{' (simulated)' if s.simulated else ''} x {s.world_size}",
+        parallel_label(s),
+        f"AC {ac_label(report)}",
+    ]
+    if s.dynamo_config:
+        parts.append(dynamo_label(report))
+    return f"{report.spec}: " + ", ".join(parts)

@@ -22,14 +22,15 @@ __all__ = ["CSV_COLUMNS", "RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_
 RUN_FORMAT_NAMES: tuple[str, ...] = ("table", "json", "markdown", "html")
 
 
-def render_run(report: RunReport, fmt: str) -> str:
-    """The report in ``fmt`` (``table``, ``json`` or ``markdown``); SpecError for other names."""
+def render_run(report: RunReport, fmt: str, *, details: bool = True) -> str:
+    """The report in ``fmt`` (``table``, ``json`` or ``markdown``); SpecError for other names.
+    ``details``: the table's secondary sections (``run --details``; the others hold all)."""
     if fmt == "json":
         return dumps(report)
     if fmt == "markdown":
         return render_markdown(report)
     if fmt == "table":
-        return render_table(report)
+        return render_table(report, details)
     if fmt == "html":
         from gbdoctor.report.html import render_html, run_document
 

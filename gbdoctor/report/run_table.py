@@ -4,7 +4,7 @@ and notes."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from gbdoctor.records import ModeResult, ModeStatus, RunReport
 from gbdoctor.report.price_rows import run_price_check
@@ -37,7 +37,10 @@ def tokens_bar(value: float | None, best: float | None, width: int = BAR_WIDTH) 
     return "█" * full + (_EIGHTHS[rest] if rest else "")
 
 
-def render_table(report: RunReport) -> str:
+def render_table(report: RunReport, details: bool = True) -> str:
+    """The throughput per mode, the plan's verdict and the findings; with ``details`` (a
+    library caller's default; ``run --details``) also the setup, where the time goes, the
+    tokens/s chart, the losses, each mode's notes and the price check."""
     from rich import box
     from rich.markup import escape
     from rich.table import Table
@@ -47,12 +50,13 @@ def render_table(report: RunReport) -> str:
 
     console = recording_console()
     console.print(Text("gbdoctor run", style="bold"))
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column(overflow="fold")
-    for label, value in header_fields(report):
-        grid.add_row(label, Text(value))
-    console.print(grid)
+    if details:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column(overflow="fold")
+        for label, value in header_fields(report):
+            grid.add_row(label, Text(value))
+        console.print(grid)
 
     table = Table(
         title=escape(
@@ -97,6 +101,29 @@ def render_table(report: RunReport) -> str:
         console.print(f"* best baseline: {report.best_baseline}")
     if report.plan_verdict:
         console.print(Text(f"plan: {report.plan_verdict}", style="bold"))
+    if details:
+        _render_details(report, console)
+    _render_findings(report, console)
+    if details:
+        for note in report.notes:
+            console.print(Text(f"note: {note}"))
+        if report.price_check is not None:
+            console.print(Text(run_price_check(report.price_check)))
+    else:
+        console.print(
+            Text(
+                "Details: --details (-v) for the setup, where the time goes, tokens/s, losses "
+                "and notes; --format json|markdown|html for everything.",
+                style="dim",
+            )
+        )
+    return plain_text(console)
+
+
+def _render_details(report: RunReport, console: Any) -> None:
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
 
     split = Table(
         title="Where the time goes (medians in s: forward, backward, optimizer; compile s, first round "
@@ -183,11 +210,16 @@ def render_table(report: RunReport) -> str:
         console.print(losses)
 
     for m in report.modes:
-        details = mode_details(m)
-        if details:
+        lines = mode_details(m)
+        if lines:
             console.print(Text(m.mode, style="bold"))
-            for line in details:
+            for line in lines:
                 console.print(Text("  " + line))
+
+
+def _render_findings(report: RunReport, console: Any) -> None:
+    from rich.text import Text
+
     if report.findings:
         console.print(Text(f"Findings ({len(report.findings)})", style="bold red"))
         for f in report.findings:
@@ -200,11 +232,6 @@ def render_table(report: RunReport) -> str:
                 style="green",
             )
         )
-    for note in report.notes:
-        console.print(Text(f"note: {note}"))
-    if report.price_check is not None:
-        console.print(Text(run_price_check(report.price_check)))
-    return plain_text(console)
 
 
 def _opt_share(mode: ModeResult) -> str:

@@ -6,24 +6,35 @@ Also renders gate results as a table (``gate_formats`` delegates here so rich st
 from __future__ import annotations
 
 import io
+import shutil
 from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from gbdoctor.records import PriceReport, ScanReport, ScanSummary
-from gbdoctor.report.layout import header_fields, one_line, short_location
-from gbdoctor.report.price_rows import (
-    KIND_HEADERS,
-    PRICE_HEADERS,
-    break_rows,
-    cause_totals,
-    kind_rows,
-    price_check,
-    price_headline,
+from gbdoctor.records import ScanReport, ScanSummary
+from gbdoctor.report.layout import (
+    fit_path,
+    header_fields,
+    location_label,
+    one_line,
+    setup_line,
+    short_location,
 )
-from gbdoctor.summary import fix_hint, summarize
+from gbdoctor.report.table_details import (
+    CUDAGRAPHS_LABEL,
+    MODULE_WIDTH,
+    WHERE_WIDTH,
+    compact_table,
+    cudagraph_line,
+    keep_words_whole,
+    recompile_line,
+    render_cudagraph_details,
+    render_price,
+    render_recompile_details,
+)
+from gbdoctor.summary import fix_hint, summarize, top_cause, with_user_names
 
 if TYPE_CHECKING:
     from gbdoctor.records import GateResult
@@ -35,15 +46,29 @@ __all__ = [
     "recording_console",
     "render_gate_table",
     "render_table",
+    "terminal_width",
+    "verdict",
 ]
 
 WIDTH = 120
+"""Width of the recorded console for every table but ``scan``'s (plan, run, causes, gate)."""
 
 
-def recording_console() -> Console:
+SCAN_WIDTH = 100
+"""``scan``'s table where no terminal says otherwise: what a log or a file gets."""
+
+
+def terminal_width() -> int:
+    """Columns for ``scan``'s table: the terminal's (``COLUMNS`` first, as the shell sets it),
+    100 when the output is not a terminal, so that a log or file reads the same on every
+    machine; between 80 and 160."""
+    return min(max(shutil.get_terminal_size((100, 24)).columns, 80), 160)
+
+
+def recording_console(width: int = WIDTH) -> Console:
     """A console that renders plain text at a fixed width, for ``render()`` and the tests."""
     return Console(
-        width=WIDTH,
+        width=width,
         record=True,
         file=io.StringIO(),
         force_terminal=False,
@@ -67,18 +92,48 @@ def _header(report: ScanReport) -> Table:
     return grid
 
 
-def render_table(report: ScanReport, console: Console) -> None:
-    """Print the header, the per-kind table, one row per break and per event, or "all clean"."""
-    summary = summarize(report)
-    console.print(Text("gbdoctor scan", style="bold"))
-    console.print(_header(report))
+def verdict(report: ScanReport, summary: ScanSummary) -> str:
+    """The answer in one line: breaks, the kinds they are in, events, errors, the top fix."""
+    kinds = len(summary.kinds)
+    if summary.clean:
+        return (
+            f"gbdoctor scan: all clean: {kinds} block kind(s), {summary.graphs} graph(s), "
+            "no graph breaks."
+        )
+    broken = [row.kind for row in summary.kinds if row.breaks]
+    distinct = sum(len(row.break_records) for row in summary.kinds)
+    text = (
+        f"gbdoctor scan: {summary.breaks} graph break(s) ({distinct} distinct) in "
+        f"{len(broken)} of {kinds} block kind(s)"
+        + (f" ({', '.join(broken)})" if broken else "")
+        + f", {summary.events} event(s), {summary.errors} error(s)."
+    )
+    top = top_cause(summary)
+    if top is not None and (fix := fix_hint(top[0])):
+        text += f" Top fix ({top[0]}, {top[1]} of {summary.breaks}): {fix}"
+    return text
 
-    kinds = Table(title="Block kinds", title_justify="left", expand=False)
+
+def render_table(report: ScanReport, console: Console, *, details: bool = True) -> None:
+    """The verdict, what was scanned, the per-kind table, the distinct breaks with each cause's
+    fix once, events and errors, the price; then, with ``details``, the full readiness and
+    recompile tables and the totals, else one line per kind for each of them and where the
+    details are."""
+    report = with_user_names(report)
+    summary = summarize(report)
+    console.print(Text(verdict(report, summary), style="bold green" if summary.clean else "bold"))
+    if details:
+        console.print(_header(report))
+    else:
+        console.print(Text(setup_line(report), style="dim"))
+        for note in report.notes:
+            if note.startswith("notice:"):
+                console.print(Text(note))
+
+    kinds = compact_table("Block kinds")
     for name in ("kind", "layers", "graphs", "breaks", "events", "causes"):
         kinds.add_column(
-            name,
-            justify="right" if name in ("graphs", "breaks", "events") else "left",
-            overflow="fold",
+            name, justify="right" if name in ("graphs", "breaks", "events") else "left"
         )
     for row in summary.kinds:
         style = "green" if row.clean else ("red" if row.errors or row.events else "yellow")
@@ -91,8 +146,6 @@ def render_table(report: ScanReport, console: Console) -> None:
             Text(", ".join(row.causes) or "-"),
         )
     console.print(kinds)
-    _render_cudagraphs(summary, console)
-    _render_recompiles(report, console)
 
     if summary.clean:
         console.print(
@@ -101,166 +154,125 @@ def render_table(report: ScanReport, console: Console) -> None:
                 style="bold green",
             )
         )
-        return
-
-    if summary.breaks:
-        breaks = Table(
-            title=f"Graph breaks ({summary.breaks} over all layers)",
-            title_justify="left",
-            expand=True,
-        )
-        ratios = {"gb_type": 2, "fix hint": 3}
-        for name in ("kind", "cause", "gb id", "gb_type", "location", "module", "fix hint"):
-            breaks.add_column(
-                name,
-                overflow="fold",
-                ratio=ratios.get(name),
-                no_wrap=name in ("cause", "gb id", "location"),
-            )
-        for row in summary.kinds:
-            for brk in row.break_records:
-                gb_type = one_line(brk.gb_type) + (f" (x{brk.count})" if brk.count > 1 else "")
-                breaks.add_row(
-                    Text(row.kind),
-                    Text(brk.cause, style="yellow"),
-                    Text(brk.gb_id or "-"),
-                    Text(gb_type),
-                    Text(short_location(brk.location)),
-                    Text(brk.module),
-                    Text(fix_hint(brk.cause)),
-                )
-        console.print(breaks)
-
-    if summary.events or summary.errors:
-        events = Table(title="Events and errors", title_justify="left", expand=True)
-        ratios = {"module": 2, "gb_type": 3, "detail": 4}
-        for name in ("kind", "event", "module", "gb_type", "location", "detail"):
-            events.add_column(
-                name, overflow="fold", ratio=ratios.get(name), no_wrap=name in ("event", "location")
-            )
-        for row in summary.kinds:
-            for event in row.event_records:
-                events.add_row(
-                    Text(row.kind),
-                    Text(event.kind, style="red"),
-                    Text(event.module),
-                    Text(one_line(event.gb_type) or "-"),
-                    Text(short_location(event.location)),
-                    Text(one_line(event.detail)),
-                )
-            if row.error is not None:
-                events.add_row(
-                    Text(row.kind),
-                    Text("error", style="red"),
-                    Text(row.layers_label),
-                    "-",
-                    "-",
-                    Text(one_line(row.error)),
-                )
-        console.print(events)
-
+    _render_breaks(summary, console)
+    _render_events(summary, console)
     if report.price is not None:
-        _render_price(report.price, console)
+        render_price(report.price, console)
 
-    by_cause = ", ".join(f"{cause} {n}" for cause, n in summary.by_cause) or "none"
+    if details:
+        render_cudagraph_details(summary, console)
+        render_recompile_details(report, console)
+        if not summary.clean:
+            by_cause = ", ".join(f"{cause} {n}" for cause, n in summary.by_cause) or "none"
+            console.print(
+                Text(
+                    f"Totals: {summary.breaks} break(s) [{by_cause}], {summary.events} event(s), "
+                    f"{summary.errors} error(s), {summary.graphs} graph(s) over "
+                    f"{summary.blocks} block(s)."
+                )
+            )
+        return
+    _render_other_findings(report, summary, console)
     console.print(
         Text(
-            f"Totals: {summary.breaks} break(s) [{by_cause}], {summary.events} event(s), "
-            f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."
+            "Details: --details (-v) for the setup, every CUDA-graph finding and recompile; "
+            "--format json|markdown|html for everything.",
+            style="dim",
         )
     )
 
 
-def _render_price(price: PriceReport, console: Console) -> None:
-    for title, headers, rows in (
-        ("Price per block kind", KIND_HEADERS, kind_rows(price)),
-        ("Price per distinct break (ms per training step)", PRICE_HEADERS, break_rows(price)),
-    ):
-        if not rows:
-            continue
-        table = Table(title=title, title_justify="left", expand=True)
-        for name in headers:
-            table.add_column(name, overflow="fold", no_wrap=name in ("cause", "gb id", "share"))
-        for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
-        console.print(table)
-    for line in (cause_totals(price), price_headline(price), price_check(price), *price.notes):
-        if line:
-            console.print(Text(line))
-
-
-_NOTABLE_ROWS = 12
-"""Readiness findings shown per kind in the table (the JSON has them all)."""
-
-
-def _render_cudagraphs(summary: ScanSummary, console: Console) -> None:
-    """CUDA-graph readiness per kind, then its blockers and caveats (copies are only counted)."""
-    rows = [row for row in summary.kinds if row.cudagraphs is not None]
-    if not rows:
+def _render_breaks(summary: ScanSummary, console: Console) -> None:
+    """One row per distinct break, then each cause's fix once (ruff's one line per finding)."""
+    if not summary.breaks:
         return
-    table = Table(title="CUDA-graph readiness", title_justify="left", expand=True)
-    for name, ratio in (("kind", 1), ("readiness / finding", 3), ("where", 3), ("detail", 4)):
-        table.add_column(name, overflow="fold", ratio=ratio)
-    for row in rows:
-        ready = row.cudagraphs
-        style = {"ready": "green", "blocked": "red"}.get(ready.status, "yellow")
-        table.add_row(Text(row.kind), Text(ready.summary, style=style), "", "")
-        for group in row.cudagraph_notable[:_NOTABLE_ROWS]:
-            f = group.finding
-            where = f"{short_location(f.location)} ({f.region} {f.graph}: {group.node_label})"
+    distinct = sum(len(row.break_records) for row in summary.kinds)
+    table = compact_table(f"Graph breaks ({summary.breaks} over all layers, {distinct} distinct)")
+    for name in ("kind", "cause", "location", "module", "gb id", "gb_type"):
+        table.add_column(name, no_wrap=name != "gb_type")
+    causes: list[str] = []
+    for row in summary.kinds:
+        for brk in row.break_records:
+            gb_type = one_line(brk.gb_type) + (f" (x{brk.count})" if brk.count > 1 else "")
             table.add_row(
-                "",
-                Text(f"{f.kind} ({f.effect})", style="red" if f.effect == "blocks" else "dim"),
-                Text(where),
-                Text(one_line(group.detail)),
+                Text(row.kind),
+                Text(brk.cause, style="yellow"),
+                Text(location_label(brk.location, WHERE_WIDTH)),
+                Text(fit_path(brk.module, MODULE_WIDTH, sep=".")),
+                Text(brk.gb_id or "-"),
+                Text(gb_type),
             )
-        hidden = len(row.cudagraph_notable) - _NOTABLE_ROWS
-        if hidden > 0:
-            table.add_row("", Text(f"... {hidden} more (--format json)"), "", "")
-    console.print(table)
+            causes.append(brk.cause)
+    console.print(keep_words_whole(table))
+    fixes = Table.grid(padding=(0, 2))
+    fixes.add_column(no_wrap=True)
+    fixes.add_column()
+    for cause in dict.fromkeys(causes):
+        fixes.add_row(Text(f"fix {cause}", style="yellow"), Text(fix_hint(cause) or "-"))
+    console.print(fixes)
 
 
-def _render_recompiles(report: ScanReport, console: Console) -> None:
-    """The probe's recompiles per captured block (step 1: new data and length; step 2: again)."""
-    if not report.setup.probed_recompiles:
-        console.print(
-            Text("Recompiles: not probed (scan with --recompile-probe to record them)", style="dim")
-        )
+def _render_events(summary: ScanSummary, console: Console) -> None:
+    if not (summary.events or summary.errors):
         return
-    rows = [(b, rec) for b in report.blocks if b.same_as is None for rec in b.recompiles]
-    if not rows:
-        return
-    table = Table(
-        title="Recompiles when a block runs again with changed inputs (probe steps 1 and 2; "
-        "step 2 = on every step)",
-        title_justify="left",
-        expand=True,
-    )
-    for name, ratio in (
-        ("kind", None),
-        ("step", None),
-        ("guard that failed", 4),
-        ("location", 2),
-        ("code", 2),
-    ):
-        table.add_column(name, overflow="fold", ratio=ratio, no_wrap=name == "step")
-    for block, rec in rows:
-        step = Text(
-            f"{rec.step}" + (" (every step)" if rec.measured else ""),
-            style="red" if rec.measured else "yellow",
-        )
-        table.add_row(
-            Text(block.kind), step, Text(rec.reason), Text(rec.location or "-"), Text(rec.function)
-        )
-    console.print(table)
+    events = compact_table("Events and errors")
+    for name in ("kind", "event", "location", "module", "what"):
+        events.add_column(name, no_wrap=name != "what")
+    for row in summary.kinds:
+        for event in row.event_records:
+            what = one_line(event.gb_type)
+            detail = one_line(event.detail)
+            events.add_row(
+                Text(row.kind),
+                Text(event.kind, style="red"),
+                Text(location_label(event.location, WHERE_WIDTH)),
+                Text(fit_path(event.module, MODULE_WIDTH, sep=".")),
+                Text(f"{what}: {detail}" if what and detail else what or detail or "-"),
+            )
+        if row.error is not None:
+            events.add_row(
+                Text(row.kind),
+                Text("error", style="red"),
+                "-",
+                Text(row.layers_label),
+                Text(one_line(row.error)),
+            )
+    console.print(keep_words_whole(events))
+
+
+def _render_other_findings(report: ScanReport, summary: ScanSummary, console: Console) -> None:
+    """One line per kind for recompiles and for CUDA-graph readiness."""
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    if any(row.recompiles for row in summary.kinds) or report.setup.probed_recompiles:
+        label = "Recompiles" + (" (probe)" if report.setup.probed_recompiles else "")
+        for row in summary.kinds:
+            grid.add_row(Text(label), Text(row.kind), Text(recompile_line(row)))
+            label = ""
+    else:
+        grid.add_row(Text("Recompiles"), Text("-"), Text("not probed (--recompile-probe)"))
+    label = CUDAGRAPHS_LABEL
+    for row in summary.kinds:
+        if row.cudagraphs is not None:
+            grid.add_row(Text(label), Text(row.kind), Text(cudagraph_line(row)))
+            label = ""
+    console.print(grid)
 
 
 class TableFormat:
-    """Formatter for ``--format table`` (plain text when rendered through the registry)."""
+    """Formatter for ``--format table`` (plain text when rendered through the registry):
+    everything by default, as a library caller wants it; the CLI passes ``details=False``
+    unless ``--details``."""
+
+    def __init__(self, details: bool = True, width: int = SCAN_WIDTH) -> None:
+        self.details = details
+        self.width = width
 
     def render(self, report: ScanReport) -> str:
-        console = recording_console()
-        render_table(report, console)
+        console = recording_console(self.width)
+        render_table(report, console, details=self.details)
         return plain_text(console)
 
 

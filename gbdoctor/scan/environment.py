@@ -93,13 +93,22 @@ def scan(
             ranks = [scan_rank(job, progress)]
     else:
         if progress:
-            progress(f"capturing on {world} ranks", 0, 1)
+            progress(f"starting {world} ranks", 0, 1)
         ranks = run_ranks(
             scan_rank_entry,
             job,
             world_size=world,
             device_type=device,
             timeout_s=spec.gbdoctor.timeout_s,
+            progress=(
+                (
+                    lambda message, done, total: progress(
+                        f"rank 0 of {world}: {message}", done, total
+                    )
+                )
+                if progress
+                else None
+            ),
         )
         if progress:
             progress(f"captured on {world} ranks", 1, 1)

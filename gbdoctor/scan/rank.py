@@ -55,7 +55,10 @@ from gbdoctor.setup.train import step_batch
 
 
 def scan_rank_entry(job: ScanJob) -> RankScan:
-    return scan_rank(job, None)
+    """A spawned rank's scan; its stages go to the parent's progress (rank 0's)."""
+    from gbdoctor.setup.rank_protocol import rank_progress
+
+    return scan_rank(job, rank_progress())
 
 
 def build_and_setup(
@@ -96,6 +99,8 @@ def scan_rank(job: ScanJob, progress: Progress | None, fake_mode: Any = None) ->
 
     ``fake_mode`` (simulated scans): build fake, and run the warm-up and captures under it."""
     session = CaptureSession()
+    if progress:
+        progress("setup: building the model and applying the training setup", 0, 1)
     setup, meshes = build_and_setup(job, session, fake_mode)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         return _scan_set_up(job, session, setup, meshes, progress)
@@ -174,6 +179,8 @@ def capture_set_up(
     notes: list[str] = []
     # Only representatives are captured: repeated layers need not compute in the warm-up.
     restore = shortcut_repeated_blocks(setup) if dedupe else (lambda: None)
+    if progress:
+        progress("warm-up: one eager training step", 0, 1)
     try:
         run_warm_up(setup, attempts, notes)
     finally:
@@ -186,16 +193,18 @@ def capture_set_up(
     shares: list[tuple[str, list[str]]] = []
     """(representative, the layers proven to share its capture), in capture order."""
     proofs: dict[str, Proof] = {}
-    for members in groups:
+    for number, members in enumerate(groups, 1):
         pending = list(members)
         while pending:
             rep, pending = pending[0], pending[1:]
-            if progress:
-                progress(
-                    f"capturing {rep} ({len(pending) + 1} candidate layer(s))",
-                    len(reps),
-                    len(reps) + 1,
-                )
+
+            def stage(what: str, rep: str = rep, number: int = number) -> None:
+                if progress:
+                    progress(
+                        f"kind {number} of {len(groups)} ({rep}): {what}", number - 1, len(groups)
+                    )
+
+            stage(f"capture ({len(pending) + 1} candidate layer(s))")
             proven: dict[str, Proof] = {}
             reps[rep] = capture_block(
                 session,
@@ -206,6 +215,7 @@ def capture_set_up(
                 root=root,
                 probe=probe,
                 notes=notes,
+                stage=stage,
                 prove=_prover(session, setup, slots, store, rep, pending, proven)
                 if pending
                 else None,
@@ -351,6 +361,7 @@ def capture_block(
     probe: RecompileProbe | None = None,
     notes: list[str] | None = None,
     prove: Callable[[RawCapture], None] | None = None,
+    stage: Callable[[str], None] = lambda what: None,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
 
@@ -360,6 +371,8 @@ def capture_block(
     ``strict``: when every compiled region of the block is fullgraph, run it under
     ``error_on_graph_break(True)`` (``fullgraph=True`` alone silently allows data-dependent
     capture), so any break becomes an error of the block.
+
+    ``stage``: told each step after the capture (recompile probe, dedupe proof, readiness).
     """
     if inputs is None:
         return BlockReport(
@@ -390,11 +403,14 @@ def capture_block(
         recompiles: tuple[Recompile, ...] = ()
         if probe is not None and raw.error is None:
             # Same Dynamo state as the capture: which guards fail when the inputs change.
+            stage("recompile probe (2 steps with changed inputs)")
             with session.paused():
                 recompiles = probe.run(slot, notes if notes is not None else [])
         if prove is not None and raw.error is None and not raw.frame_skips:
+            stage("proving the other layers share this capture")
             with session.paused():
                 prove(raw)
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
+    stage("records and CUDA-graph readiness")
     return replace(block_report(slot, raw, root=root), recompiles=recompiles)

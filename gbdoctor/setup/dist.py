@@ -75,6 +75,7 @@ def run_ranks(
     world_size: int,
     device_type: str,
     timeout_s: float,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[Any]:
     """Run ``target(payload)`` on ``world_size`` freshly spawned ranks and return the per-rank
     results in rank order. ``target`` must be a module-level function (spawned ranks unpickle
@@ -87,7 +88,7 @@ def run_ranks(
     Inside :func:`shared_ranks` the ranks are not fresh: the scope's pool for this world size
     and device runs the job. Under a launcher (``setup.launched``) the launcher's ranks run it
     instead, this process being rank 0; a world size that is not the launcher's is a SpecError
-    (exit 2).
+    (exit 2). ``progress``: what rank 0's job reports (``rank_protocol.rank_progress``).
     """
     if _shared_pools is not None:
         key = (world_size, device_type)
@@ -95,9 +96,9 @@ def run_ranks(
             _shared_pools[key] = RankPool(
                 world_size=world_size, device_type=device_type, timeout_s=timeout_s
             )
-        return _shared_pools[key].run(target, payload, timeout_s=timeout_s)
+        return _shared_pools[key].run(target, payload, timeout_s=timeout_s, progress=progress)
     with RankPool(world_size=world_size, device_type=device_type, timeout_s=timeout_s) as pool:
-        return pool.run(target, payload)
+        return pool.run(target, payload, progress=progress)
 
 
 _shared_pools: dict[tuple[int, str], RankPool] | None = None

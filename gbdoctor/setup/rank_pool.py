@@ -35,6 +35,7 @@ from gbdoctor.setup.rank_protocol import (
     failure_message,
     loopback_interface,
     pg_timeout,
+    set_rank_progress,
 )
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -170,6 +171,16 @@ def _rank_main(
             if job is None:
                 break
             target, payload = job
+            # Rank 0 says what it is doing; its peers run the same stages in step with it.
+            set_rank_progress(
+                (
+                    lambda message, done, total: results.send(
+                        ("progress", rank, (message, done, total))
+                    )
+                )
+                if rank == 0
+                else None
+            )
             try:
                 # stdout is the report: whatever a rank prints (the model, DeepSpeed) goes to
                 # stderr.
@@ -255,6 +266,8 @@ class _Ranks:
         self.messages: dict[int, tuple[Any, ...]] = {}
         self.silent: list[int] = []
         """Ranks that ended without sending a message, in the order they were seen to end."""
+        self.on_progress: Callable[[str, int, int], None] | None = None
+        """Where a rank's ``progress`` messages go during a job (none are answers)."""
 
     def pending(self) -> list[int]:
         return [
@@ -284,7 +297,12 @@ class _Ranks:
             reader, ended = self.readers[r], obj is self.procs[r].sentinel
             try:
                 if reader.poll():
-                    self.messages[r] = reader.recv()
+                    message = reader.recv()
+                    if message[0] == "progress":
+                        if self.on_progress is not None:
+                            self.on_progress(*message[2])
+                        continue
+                    self.messages[r] = message
                     continue
             except (EOFError, OSError):
                 ended = True  # the pipe closed with nothing in it: the rank is ending silently
@@ -383,10 +401,16 @@ class RankPool:
         return [p.pid for p in self._ranks.procs] if self._ranks is not None else []
 
     def run(
-        self, target: Callable[[Any], Any], payload: Any, *, timeout_s: float | None = None
+        self,
+        target: Callable[[Any], Any],
+        payload: Any,
+        *,
+        timeout_s: float | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
     ) -> list[Any]:
         """``target(payload)`` on every rank; the per-rank results in rank order. ``target``
-        must be a module-level function (ranks unpickle it by its qualified name)."""
+        must be a module-level function (ranks unpickle it by its qualified name). ``progress``
+        gets what rank 0's job reports (``rank_protocol.rank_progress``) while it runs."""
         from gbdoctor.setup import launched
 
         limit = self.timeout_s if timeout_s is None else timeout_s
@@ -398,7 +422,12 @@ class RankPool:
                 self._ranks = self._start()
                 self._ranks.collect(deadline, limit)
             self._ranks.send((target, payload))
-            return self._ranks.collect(deadline, limit)
+            self._ranks.on_progress = progress
+            try:
+                return self._ranks.collect(deadline, limit)
+            finally:
+                if self._ranks is not None:
+                    self._ranks.on_progress = None
         except BaseException:
             self.close(gracefully=False)
             raise

@@ -12,9 +12,26 @@ import re
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from gbdoctor.errors import DeadlineError, GbdoctorError, SetupError
+
+ProgressSink = Callable[[str, int, int], None]
+"""(message, done, total): what a rank says it is doing, for the waiting process's progress."""
+
+_progress_sink: ProgressSink | None = None
+
+
+def set_rank_progress(sink: ProgressSink | None) -> None:
+    """Where this rank's job reports its stages (its pipe to the parent); None: nowhere."""
+    global _progress_sink
+    _progress_sink = sink
+
+
+def rank_progress() -> ProgressSink | None:
+    """The current job's progress callback on this rank, or None (a launcher's rank, a test)."""
+    return _progress_sink
 
 
 def pg_timeout(timeout_s: float) -> float:
