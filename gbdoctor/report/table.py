@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gbdoctor.records import PriceReport, ScanReport, ScanSummary
+from gbdoctor.report.divergence import divergence_lines
 from gbdoctor.report.layout import header_fields, one_line, short_location
 from gbdoctor.report.price_rows import (
     KIND_HEADERS,
@@ -158,6 +159,9 @@ def render_table(report: ScanReport, console: Console) -> None:
                     Text(one_line(row.error)),
                 )
         console.print(events)
+
+    for line in divergence_lines(report):
+        console.print(Text(line))
 
     if report.price is not None:
         _render_price(report.price, console)

@@ -26,6 +26,7 @@ from gbdoctor.capture import (
     describe_error,
     error_traceback,
     fresh_inputs,
+    held_unsharded,
     reset_fsdp_state,
     run_block,
     strict_breaks,
@@ -180,6 +181,27 @@ def capture_set_up(
         restore()
         remove()
     session.locator = Locator(setup.model, setup.hooks)
+    # From here each rank works on its own, and ranks that compile differently do different
+    # work (re-traces, failed proofs, more representatives): no FSDP collective may run.
+    with held_unsharded(setup.model):
+        reports = _capture_kinds(
+            session, setup, store, progress, notes, dedupe, strict, root, probe
+        )
+    return reports, tuple(dict.fromkeys(notes))
+
+
+def _capture_kinds(
+    session: CaptureSession,
+    setup: Any,
+    store: dict[str, Any],
+    progress: Progress | None,
+    notes: list[str],
+    dedupe: bool,
+    strict: bool,
+    root: str | None,
+    probe: RecompileProbe | None,
+) -> tuple[BlockReport, ...]:
+    """``capture_set_up`` after the warm-up: each distinct kind captured, the rest proven."""
     groups = group_blocks(setup, store) if dedupe else [[s.fqn] for s in setup.blocks]
     slots = {s.fqn: s for s in setup.blocks}
     reps: dict[str, BlockReport] = {}
@@ -244,7 +266,7 @@ def capture_set_up(
                 )
             )
     reports.sort(key=lambda r: _layer_order(r.fqn))
-    return tuple(reports), tuple(dict.fromkeys(notes))
+    return tuple(reports)
 
 
 def _prover(
