@@ -14,8 +14,8 @@ FSDP module's parameters once, in lock-step (every rank holds the same FSDP modu
 order), and keeps them gathered, with gradient reduction off, until the phase ends. A block run
 then issues no FSDP collective at all, and computes on the real gathered weights, so what Dynamo
 sees is what it sees in training right after FSDP's pre-forward all-gather. The price: every
-rank holds the full parameters of the model for the phase (the scan's memory estimate counts a
-gathered block already; ``scan.memory_estimate``). Collectives of the model's own code (tensor
+rank holds the full parameters of the model (not one block's) for the phase, which
+``scan.memory_estimate`` does not count yet. Collectives of the model's own code (tensor
 parallel, expert parallel) still cross ranks: ``setup.rank_protocol.capture_wait_s`` bounds them.
 """
 

@@ -51,7 +51,9 @@ from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
 from gbdoctor.setup.apply import Setup
+from gbdoctor.setup.collectives import rank_local_collectives
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
+from gbdoctor.setup.rank_pool import report_stage
 from gbdoctor.setup.train import step_batch
 
 
@@ -176,14 +178,16 @@ def capture_set_up(
     # Only representatives are captured: repeated layers need not compute in the warm-up.
     restore = shortcut_repeated_blocks(setup) if dedupe else (lambda: None)
     try:
+        report_stage("the warm-up step")
         run_warm_up(setup, attempts, notes)
     finally:
         restore()
         remove()
     session.locator = Locator(setup.model, setup.hooks)
     # From here each rank works on its own, and ranks that compile differently do different
-    # work (re-traces, failed proofs, more representatives): no FSDP collective may run.
-    with held_unsharded(setup.model):
+    # work (re-traces, failed proofs, more representatives, so more recompile probe steps): no
+    # FSDP collective may run, and gbdoctor's own (the probe steps' loss) stay on the rank.
+    with held_unsharded(setup.model), rank_local_collectives():
         reports = _capture_kinds(
             session, setup, store, progress, notes, dedupe, strict, root, probe
         )
@@ -212,6 +216,7 @@ def _capture_kinds(
         pending = list(members)
         while pending:
             rep, pending = pending[0], pending[1:]
+            report_stage(f"capturing {rep}")
             if progress:
                 progress(
                     f"capturing {rep} ({len(pending) + 1} candidate layer(s))",
@@ -413,6 +418,7 @@ def capture_block(
         if probe is not None and raw.error is None:
             # Same Dynamo state as the capture: which guards fail when the inputs change.
             with session.paused():
+                report_stage(f"probing recompiles of {slot.fqn}")
                 recompiles = probe.run(slot, notes if notes is not None else [])
         if prove is not None and raw.error is None and not raw.frame_skips:
             with session.paused():
