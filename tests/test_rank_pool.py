@@ -7,7 +7,14 @@ from __future__ import annotations
 import sys
 
 import pytest
-from corpus.pool_jobs import fail_on_rank1, hang, leave_state, state_found
+from corpus.pool_jobs import (
+    fail_on_rank1,
+    hang,
+    leave_state,
+    state_found,
+    uneven_block_runs_under_held_fsdp,
+    wait_in_a_collective_rank1_never_joins,
+)
 
 from gbdoctor.errors import DeadlineError, SpecError
 from gbdoctor.setup.dist import RankPool, run_ranks, shared_ranks
@@ -69,3 +76,33 @@ def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
             assert pids() == first
     assert not any(_alive(p) for p in first)
     assert pids() != first
+
+
+def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_its_block():
+    """The cross-rank wait a rank-divergent capture could fall into: bounded by the job's
+    deadline, and the error names where each unfinished rank was (``report_stage``)."""
+    import time
+
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        ranks = [r[0] for r in pool.run(state_found, None)]
+        start = time.monotonic()
+        with pytest.raises(DeadlineError) as raised:
+            pool.run(wait_in_a_collective_rank1_never_joins, None, timeout_s=5)
+        assert time.monotonic() - start < 5 + 15  # the deadline, plus killing the ranks
+        message = str(raised.value)
+        assert "rank(s) [0, 1] did not finish within 5 s" in message
+        assert (
+            "rank 0 at capturing layers.1" in message and "rank 1 at capturing layers.0" in message
+        )
+        assert not any(_alive(p) for p in ranks)
+
+
+def test_ranks_that_run_blocks_a_different_number_of_times_under_held_fsdp_do_not_wait():
+    """The scan's capture phase (``capture.held_unsharded`` + ``rank_local_collectives``): FSDP
+    issues no collective and gbdoctor's own all-reduces stay on the rank, so uneven per-rank work
+    finishes well within the bound (it waited forever before: rank 0 in an all-gather, rank 1 in
+    a reduce-scatter), and real collectives pair up again after it."""
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        pool.run(state_found, None)  # the ranks' start, outside the bound below
+        rank0, rank1 = pool.run(uneven_block_runs_under_held_fsdp, None, timeout_s=60)
+    assert len(rank0) == 3 and len(rank1) == 1

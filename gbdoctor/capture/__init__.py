@@ -11,7 +11,8 @@ forward/backward graphs; ``cudagraph_verdict`` the verdict of a block kind), ``r
 (the ``recompiles`` log stream as records, for ``run``, the scan's probe and any other recipe's
 training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``), ``settings``
 (Dynamo settings without a public switch, for the training setup), ``break_log`` (Dynamo's
-graph-break log as messages, for the oracle check and the capture's fallback).
+graph-break log as messages, for the oracle check and the capture's fallback), ``rank_local``
+(FSDP held unsharded, so per-rank capture work never waits on another rank).
 Stages above receive records and plain values, never Dynamo objects.
 """
 
@@ -32,6 +33,7 @@ from gbdoctor.capture.locate import (
     innermost_user_location,
     within,
 )
+from gbdoctor.capture.rank_local import held_unsharded
 from gbdoctor.capture.raw_capture import RawCapture
 from gbdoctor.capture.recompiles import RecompileWatch, parse_recompile, watch_recompiles
 from gbdoctor.capture.recording_backend import count_ops
@@ -54,6 +56,7 @@ __all__ = [
     "innermost_user_location",
     "parse_recompile",
     "reset_fsdp_state",
+    "held_unsharded",
     "run_block",
     "strict_breaks",
     "tokens_dynamic",

@@ -6,7 +6,7 @@ import posixpath
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from gbdoctor.records import Break, BreakCount, KindCounts, ScanReport
+from gbdoctor.records import Break, BreakCount, EventKind, KindCounts, ScanReport
 from gbdoctor.summary import group_by_kind
 
 
@@ -55,6 +55,10 @@ def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
                 breaks[key] = max(breaks.get(key, 0), n)
             for event, n in Counter(e.kind for e in block.events).items():
                 events[event] = max(events.get(event, 0), n)
+        diverging = sum(d.layers for d in report.divergence if d.kind == kind)
+        if diverging:
+            # Layers x differing breaks: a print that now diverges in one more layer counts.
+            events[EventKind.DIVERGENCE] = diverging
         out[kind] = KindCounts(
             layers=len(blocks),
             graph_count=max(block.graph_count for block in blocks),

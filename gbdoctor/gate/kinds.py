@@ -22,8 +22,14 @@ from gbdoctor.records import (
 from gbdoctor.summary import fix_hint
 from gbdoctor.torch_compat import release_name
 
-FAILING_EVENTS = (EventKind.REGION_EAGER, EventKind.FRAME_SKIPPED, EventKind.RECOMPILE_LIMIT)
-"""Event kinds whose rising count fails the gate; other kinds (rank_divergence) warn."""
+FAILING_EVENTS = (
+    EventKind.REGION_EAGER,
+    EventKind.FRAME_SKIPPED,
+    EventKind.RECOMPILE_LIMIT,
+    EventKind.DIVERGENCE,
+)
+"""Event kinds whose rising count fails the gate; other kinds warn (``rank_divergence``, the
+per-block flag that ranks differ at all: ``divergence`` counts the breaks that differ)."""
 
 _EMPTY = KindCounts(layers=0, graph_count=0)
 
@@ -37,6 +43,8 @@ def _locations(
     if report is None:
         return ()
     found: dict[Location, None] = {}
+    if event == EventKind.DIVERGENCE:
+        found.update((d.location, None) for d in report.divergence if d.kind == kind and d.location)
     for block in report.blocks:
         if block.kind != kind:
             continue
@@ -232,9 +240,7 @@ def _compare_kind(
                 Severity.REGRESSION if name in FAILING_EVENTS else Severity.WARNING,
                 what,
                 locations=_locations(new_report, kind, event=name),
-                hint="a break inside the region sent it to eager; fix the breaks listed for this kind"
-                if name in FAILING_EVENTS
-                else "",
+                hint=_event_hint(name),
             )
         elif now < was:
             what = f"event {name} gone" if now == 0 else f"event {name} count {was} -> {now}"
@@ -373,3 +379,14 @@ def compare_spec(
                 "the block kinds changed (setup or model edit?); " + UPDATE_HINT,
             )
     return out
+
+
+def _event_hint(name: str) -> str:
+    if name == EventKind.DIVERGENCE:
+        return (
+            "ranks now compile this kind differently: see the scan's divergence section "
+            "(docs/divergence.md)"
+        )
+    if name in FAILING_EVENTS:
+        return "a break inside the region sent it to eager; fix the breaks listed for this kind"
+    return ""

@@ -108,6 +108,36 @@ class EventKind(StrEnum):
     """Ranks captured different graphs or breaks."""
     RECOMPILE_LIMIT = "recompile_limit"
     """Dynamo hit ``recompile_limit`` on some code, which runs eagerly from then on."""
+    DIVERGENCE = "divergence"
+    """Not a block's event: the gate's count, per kind, of the breaks some ranks meet and others
+    do not (``ScanReport.divergence``), kept with the events in a baseline; a rise fails."""
+
+
+class DivergenceCause(StrEnum):
+    """``RankDivergence.cause``: why a rank compiles a block differently from another."""
+
+    RANK_CONDITIONAL = "rank-conditional"
+    """Code that runs on some ranks only (``if rank == 0: print(...)``, a rank-0 metric): a
+    break that the other ranks never meet, at a statement they never run."""
+    PER_RANK_DATA = "per-rank-data"
+    """Every rank meets the same data-dependent break (``.item()``, a branch on a tensor),
+    then the ranks' data sends them down different code with different breaks."""
+    PER_RANK_SHAPE = "per-rank-shape"
+    """The ranks' inputs have different shapes, so their graphs are guarded (or broken) on
+    different sizes."""
+
+
+class CollectiveHazard(StrEnum):
+    """``RankDivergence.hazard``: can this divergence desynchronize collectives in training?"""
+
+    CAN_DESYNC = "can-desync"
+    """Collectives run inside the block's compiled regions (tensor or expert parallel), or the
+    differing break is a collective: a rank that breaks or recompiles there where another does
+    not issues them from other graphs, in another order or count, and the job can hang."""
+    CANNOT_DESYNC = "cannot-desync"
+    """The block's collectives run outside its compiled regions (FSDP's all-gather and
+    reduce-scatter in its hooks): the extra break only splits one rank's graph between
+    collectives, which run the same on every rank."""
 
 
 class DedupeProof(StrEnum):

@@ -5,11 +5,19 @@ consume. Field names are the JSON contract (see docs/json-schema.md). No torch i
 from __future__ import annotations
 
 from gbdoctor.records.base import record
-from gbdoctor.records.enums import BlockerEffect, BlockerKind, DedupeProof, Readiness
+from gbdoctor.records.enums import (
+    BlockerEffect,
+    BlockerKind,
+    CollectiveHazard,
+    DedupeProof,
+    DivergenceCause,
+    Readiness,
+)
 from gbdoctor.records.price import PriceReport
 
-SCHEMA_VERSION = 7
-"""Version of the scan and inspect JSON documents. 7: ``price.clock`` (prices in wall or CPU
+SCHEMA_VERSION = 8
+"""Version of the scan and inspect JSON documents. 8: scan reports carry ``divergence`` (where
+ranks compile a block differently: ``RankDivergence``). 7: ``price.clock`` (prices in wall or CPU
 time). 6: a break carries ``via`` (the library
 frame its line called into), paths inside messages are portable too, and blocks carry
 ``dedupe`` (how a layer that shares a capture was proven identical). 5: scan reports carry
@@ -21,9 +29,10 @@ resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_st
 blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
 capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
 spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
-setup its ``tp_degree``. Readers accept 1 to 7 (the new fields take their defaults: no
-recompiles recorded, no price, no via, no dedupe proof, prices in wall time)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
+setup its ``tp_degree``. Readers accept 1 to 8 (the new fields take their defaults: no
+recompiles recorded, no price, no via, no dedupe proof, prices in wall time, no divergence
+recorded)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
 
 
 @record
@@ -247,6 +256,31 @@ class SetupInfo:
 
 
 @record
+class RankDivergence:
+    """One break that some ranks meet in a block and others do not (``scan.divergence``)."""
+
+    block: str
+    """FQN of the block (its first layer where every layer of a kind diverges alike)."""
+    kind: str
+    """The block's kind label, as in ``BlockReport.kind`` (gates key divergences by it)."""
+    ranks: tuple[int, ...]
+    """The ranks that meet the break."""
+    without: tuple[int, ...]
+    """The ranks that do not."""
+    gb_type: str
+    location: Location | None
+    break_cause: str
+    """The break's cause id (``causes.CAUSES``), as in ``Break.cause``."""
+    cause: DivergenceCause
+    hazard: CollectiveHazard
+    fix: str
+    """What makes every rank compile the same here."""
+    layers: int = 1
+    """How many layers of the kind diverge the same way (the rank-0 print with the layer index
+    diverges in every layer)."""
+
+
+@record
 class ScanReport:
     spec: str
     model: str
@@ -257,6 +291,8 @@ class ScanReport:
     """What the capture could not see (simulation, stand-ins), and other caveats."""
     price: PriceReport | None = None
     """What each distinct break costs a training step (``gbdoctor price``); None for a scan."""
+    divergence: tuple[RankDivergence, ...] = ()
+    """Breaks some ranks meet and others do not, across all blocks (multi-rank scans)."""
     schema_version: int = SCHEMA_VERSION
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from gbdoctor.records import ScanReport
+from gbdoctor.report.divergence import divergence_lines
 from gbdoctor.report.layout import header_fields, one_line, short_location
 from gbdoctor.report.price_rows import (
     KIND_HEADERS,
@@ -134,6 +135,9 @@ def render_markdown(report: ScanReport) -> str:
         lines += ["### Events and errors", ""]
         lines += md_table(("kind", "event", "module", "gb_type", "location", "detail"), rows)
         lines.append("")
+    section = divergence_lines(report)
+    if section:
+        lines += [f"### {section[0]}", "", *section[1:], ""]
     if report.price is not None:
         lines += ["### Price per block kind", ""]
         lines += md_table(KIND_HEADERS, kind_rows(report.price))

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gbdoctor.records import ScanReport, ScanSummary
+from gbdoctor.report.divergence import divergence_lines
 from gbdoctor.report.layout import (
     fit_path,
     header_fields,
@@ -156,6 +157,8 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
         )
     _render_breaks(summary, console)
     _render_events(summary, console)
+    for line in divergence_lines(report):
+        console.print(Text(line))
     if report.price is not None:
         render_price(report.price, console)
 

@@ -8,6 +8,7 @@ from typing import Any, TypeVar
 from gbdoctor.capture import torch_version
 from gbdoctor.records import BlockReport, Event, ScanReport, Spec
 from gbdoctor.scan.block_report import event_order
+from gbdoctor.scan.divergence import rank_divergences
 from gbdoctor.scan.job import RankScan, ScanJob
 from gbdoctor.setup import launched
 
@@ -57,6 +58,7 @@ def merged_report(
         notes += (
             f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",
         )
+    divergence = rank_divergences([blocks for blocks, _, _ in ranks], info)
     report = ScanReport(
         spec=spec_label,
         model=model_label,
@@ -64,6 +66,7 @@ def merged_report(
         setup=info,
         blocks=tuple(merged),
         notes=notes,
+        divergence=divergence if len(ranks) > 1 else (),
     )
     return with_layout(report, len(ranks))
 

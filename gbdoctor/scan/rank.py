@@ -26,6 +26,7 @@ from gbdoctor.capture import (
     describe_error,
     error_traceback,
     fresh_inputs,
+    held_unsharded,
     reset_fsdp_state,
     run_block,
     strict_breaks,
@@ -50,7 +51,9 @@ from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
 from gbdoctor.setup.apply import Setup
+from gbdoctor.setup.collectives import rank_local_collectives
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
+from gbdoctor.setup.rank_pool import report_stage
 from gbdoctor.setup.train import step_batch
 
 
@@ -182,11 +185,34 @@ def capture_set_up(
     if progress:
         progress("warm-up: one eager training step", 0, 1)
     try:
+        report_stage("the warm-up step")
         run_warm_up(setup, attempts, notes)
     finally:
         restore()
         remove()
     session.locator = Locator(setup.model, setup.hooks)
+    # From here each rank works on its own, and ranks that compile differently do different
+    # work (re-traces, failed proofs, more representatives, so more recompile probe steps): no
+    # FSDP collective may run, and gbdoctor's own (the probe steps' loss) stay on the rank.
+    with held_unsharded(setup.model), rank_local_collectives():
+        reports = _capture_kinds(
+            session, setup, store, progress, notes, dedupe, strict, root, probe
+        )
+    return reports, tuple(dict.fromkeys(notes))
+
+
+def _capture_kinds(
+    session: CaptureSession,
+    setup: Any,
+    store: dict[str, Any],
+    progress: Progress | None,
+    notes: list[str],
+    dedupe: bool,
+    strict: bool,
+    root: str | None,
+    probe: RecompileProbe | None,
+) -> tuple[BlockReport, ...]:
+    """``capture_set_up`` after the warm-up: each distinct kind captured, the rest proven."""
     groups = group_blocks(setup, store) if dedupe else [[s.fqn] for s in setup.blocks]
     slots = {s.fqn: s for s in setup.blocks}
     reps: dict[str, BlockReport] = {}
@@ -204,6 +230,7 @@ def capture_set_up(
                         f"kind {number} of {len(groups)} ({rep}): {what}", number - 1, len(groups)
                     )
 
+            report_stage(f"capturing {rep}")
             stage(f"capture ({len(pending) + 1} candidate layer(s))")
             proven: dict[str, Proof] = {}
             reps[rep] = capture_block(
@@ -254,7 +281,7 @@ def capture_set_up(
                 )
             )
     reports.sort(key=lambda r: _layer_order(r.fqn))
-    return tuple(reports), tuple(dict.fromkeys(notes))
+    return tuple(reports)
 
 
 def _prover(
@@ -405,6 +432,7 @@ def capture_block(
             # Same Dynamo state as the capture: which guards fail when the inputs change.
             stage("recompile probe (2 steps with changed inputs)")
             with session.paused():
+                report_stage(f"probing recompiles of {slot.fqn}")
                 recompiles = probe.run(slot, notes if notes is not None else [])
         if prove is not None and raw.error is None and not raw.frame_skips:
             stage("proving the other layers share this capture")

@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from gbdoctor.setup.collectives import all_reduce_sum
+
 
 def load_balanced_moes(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Modules carrying both load-balancing buffers and a non-None coefficient."""
@@ -41,7 +43,7 @@ def update_expert_bias(
         halve = torch.tensor(recomputed, device=counts.device).unsqueeze(1)
         counts = torch.where(halve, counts // 2, counts)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
-            dist.all_reduce(counts, op=dist.ReduceOp.SUM, group=group)
+            all_reduce_sum(counts, group)
         for (_, moe), c in zip(moes, counts):
             delta = moe.load_balance_coeff * torch.sign(c.mean() - c)
             moe.expert_bias.add_(delta - delta.mean())

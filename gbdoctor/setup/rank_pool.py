@@ -40,6 +40,31 @@ from gbdoctor.setup.rank_protocol import (
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
+_STAGE_KEY = "gbdoctor/stage/{rank}"
+_stage_store: Any = None
+"""This spawned rank's client of the job's store (None in the parent and under a launcher)."""
+
+
+def report_stage(stage: str) -> None:
+    """Say where this rank is (``capturing layers.3``), so that a job that reaches its deadline
+    names the block each unfinished rank was at. A store write, never a wait on another rank;
+    a no-op outside a spawned rank."""
+    if _stage_store is not None:
+        with contextlib.suppress(Exception):
+            _stage_store.set(_STAGE_KEY.format(rank=os.environ.get("RANK", "0")), stage)
+
+
+def _stages(store: Any, ranks: list[int]) -> dict[int, str]:
+    """What ``report_stage`` last said for each of ``ranks`` (``check`` first: a ``get`` of a
+    missing key would wait for it)."""
+    found = {}
+    for rank in ranks:
+        key = _STAGE_KEY.format(rank=rank)
+        with contextlib.suppress(Exception):
+            if store is not None and store.check([key]):
+                found[rank] = store.get(key).decode(errors="replace")
+    return found
+
 
 def _loopback_store(timeout_s: float) -> Any:
     """A TCPStore served by this process on a socket bound to 127.0.0.1 (never ``*:PORT``).
@@ -153,6 +178,8 @@ def _rank_main(
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
+        global _stage_store
+        _stage_store = store
     except BaseException as exc:  # noqa: BLE001 - a rank's failure is reported, never swallowed
         results.send(failure_message(rank, exc))
         results.close()
@@ -344,7 +371,7 @@ class _Ranks:
         while self.pending() and not self.failures():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise deadline_error(self.pending(), timeout_s)
+                raise deadline_error(self.pending(), timeout_s, _stages(self.store, self.pending()))
             self.poll(min(1.0, remaining))
         if self.failures():
             grace = min(time.monotonic() + FAILURE_GRACE_S, deadline)

@@ -110,10 +110,15 @@ def failure_error(message: tuple[Any, ...]) -> GbdoctorError:
     return err
 
 
-def deadline_error(missing: list[int], timeout_s: float) -> DeadlineError:
-    """The error of a job whose ranks ``missing`` had not finished at its deadline."""
+def deadline_error(
+    missing: list[int], timeout_s: float, stages: dict[int, str] | None = None
+) -> DeadlineError:
+    """The error of a job whose ranks ``missing`` had not finished at its deadline; ``stages``:
+    where each rank said it was (``rank_pool.report_stage``: the block it was capturing)."""
+    where = "; ".join(f"rank {r} at {stages[r]}" for r in missing if stages and r in stages)
     return DeadlineError(
-        f"rank(s) {missing} did not finish within {timeout_s:g} s",
+        f"rank(s) {missing} did not finish within {timeout_s:g} s"
+        + (f" ({where})" if where else ""),
         hint="a rank hung or is very slow; raise --set gbdoctor.timeout_s=... or use "
         "`gbdoctor --debug ...`",
     )

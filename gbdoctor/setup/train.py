@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gbdoctor.setup.collectives import all_reduce_sum
 from gbdoctor.setup.outputs import embedding_vocab, training_loss
 
 
@@ -131,7 +132,7 @@ def timed_train_step(
     reported = (reported.full_tensor() if hasattr(reported, "full_tensor") else reported).clone()
     if shares > 1:
         group = setup.meshes.dp_group if getattr(setup, "meshes", None) is not None else None
-        dist.all_reduce(reported, op=dist.ReduceOp.SUM, group=group)
+        all_reduce_sum(reported, group)
     return float(reported), (t1 - t0, t2 - t1, t3 - t2)
 
 

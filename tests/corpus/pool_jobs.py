@@ -51,3 +51,51 @@ def fail_on_rank1(payload: object) -> int:
 
 def hang(payload: object) -> None:
     time.sleep(3600)
+
+
+def wait_in_a_collective_rank1_never_joins(payload: object) -> None:
+    """Rank 0 says which block it captures, then all-reduces; rank 1 is busy with other work (a
+    rank that compiles the block differently): rank 0 waits on a peer that never comes."""
+    import torch
+    import torch.distributed as dist
+
+    from gbdoctor.setup.rank_pool import report_stage
+
+    if dist.get_rank() == 0:
+        report_stage("capturing layers.1")
+        dist.all_reduce(torch.ones(1))
+    else:
+        report_stage("capturing layers.0")
+        time.sleep(3600)
+
+
+def uneven_block_runs_under_held_fsdp(payload: object) -> list[float]:
+    """A model under FSDP2 on every rank: one training step, then, inside the scan's capture
+    phase (FSDP held unsharded, gbdoctor's own collectives rank-local), rank 0 runs a block and
+    sums a loss three times, the other ranks once: the ranks' work differs, as when they compile
+    differently. Returns rank 0's losses summed the rank-local way."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.fsdp import fully_shard
+
+    from gbdoctor.capture import held_unsharded
+    from gbdoctor.setup.collectives import all_reduce_sum, rank_local_collectives
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    model(torch.randn(2, 8)).sum().backward()  # the warm-up: the same collectives everywhere
+    losses = []
+    with held_unsharded(model), rank_local_collectives():
+        for _ in range(3 if dist.get_rank() == 0 else 1):
+            loss = model[1](torch.randn(2, 8)).square().mean()
+            loss.backward()
+            reported = loss.detach().clone()
+            all_reduce_sum(reported)
+            losses.append(float(reported))
+    # Out of the phase: real collectives again, paired on every rank.
+    model(torch.randn(2, 8)).sum().backward()
+    return losses
