@@ -530,8 +530,8 @@ def test_prices_in_cpu_time_are_checked_against_the_runs_cpu_time():
 def test_price_in_cpu_time_is_refused_off_cpu(monkeypatch):
     """``--clock cpu`` measures the host's work: on a CUDA device it is bad input (exit 2)."""
     from gbdoctor.errors import SpecError
-    from gbdoctor.records import Clock
     from gbdoctor.price import driver as price_module
+    from gbdoctor.records import Clock
     from gbdoctor.setup import dist
 
     monkeypatch.setattr(dist, "resolve_device", lambda device: "cuda")
