@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from gbdoctor.errors import BaselineError, SpecError
+from gbdoctor.frameworks.interface import Planner
 from gbdoctor.frameworks.registry import (
     all_frameworks,
+    can_simulate,
     framework_for,
     framework_named,
     framework_names,
+    planner_of,
 )
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
@@ -52,12 +55,12 @@ def propose_plan(
     framework = framework_for(spec)
     if scan_fn is None:
         scan_fn = scan
-        if framework.simulates:
+        if can_simulate(framework):
             decision = decide(spec)
             spec = pin(spec, decision)
             # Re-scans keep the first decision (and its reason, for the notice).
             scan_fn = functools.partial(scan, decision=decision)
-    return framework.propose_plan(spec, scan_fn=scan_fn, progress=progress)
+    return planner_of(framework).propose_plan(spec, scan_fn=scan_fn, progress=progress)
 
 
 def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Any:
@@ -75,7 +78,7 @@ def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None 
             f"framework '{spec.gbdoctor.framework}'",
             hint="make the plan for this spec with `gbdoctor plan SPEC --emit-config json -o FILE`",
         )
-    strategy = framework.plan_strategy(plan)
+    strategy = planner_of(framework, "scan --plan").plan_strategy(plan)
     return replace(strategy, plan=identity) if identity else strategy
 
 
@@ -114,15 +117,16 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
         )
     for other in all_frameworks():
         # A framework's own plan section is there exactly when the plan is that framework's.
-        section = other.plan_section
+        section = other.plan_section if isinstance(other, Planner) else None
         if section and (plan.framework == other.name) != (getattr(plan, section) is not None):
             raise BaselineError(
                 f"{name}: $.{section}: a plan has it exactly when its framework is '{other.name}'",
                 hint=hint,
             )
     framework = framework_named(plan.framework)
-    framework.check_plan(plan, name, hint)
-    modes = framework.plan_modes
+    planner = planner_of(framework)
+    planner.check_plan(plan, name, hint)
+    modes = planner.plan_modes
     for i, kind in enumerate(plan.kinds):
         if kind.mode not in modes:
             raise BaselineError(

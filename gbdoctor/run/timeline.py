@@ -176,6 +176,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         compile_log,
         recompile_limit,
     )
+    from gbdoctor.frameworks.interface import GradientAccumulation
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
     from gbdoctor.setup.train import step_batch
@@ -200,7 +201,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as the run's failure
             raise ModeFailure(f"setup: {exception_line(exc)}", "setup") from exc
-        accumulation = getattr(recipe, "accumulation", None)
+        accumulation = recipe.accumulation if isinstance(recipe, GradientAccumulation) else None
         sync = torch.cuda.synchronize if job.device == "cuda" else None
         steps: list[RawStep] = []
         first_acc = accumulation(setup) if accumulation is not None else None
