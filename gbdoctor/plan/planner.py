@@ -92,7 +92,9 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
     """Read and check a plan JSON file: (plan, identity). BaselineError (exit 2) for a missing,
     unreadable, binary, malformed or impossible plan: unknown keys, wrong types, negative counts,
     a flags entry that is not [name, bool], a Dynamo flag that does not exist, an unknown mode."""
-    import torch._dynamo
+    import torch
+
+    from gbdoctor.torch_compat import dynamo_config
 
     hint = "regenerate the plan with `gbdoctor plan SPEC --emit-config json -o FILE`"
     name = str(path)
@@ -101,7 +103,7 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
     check_schema_version(data, READABLE_PLAN_SCHEMA_VERSIONS, name, "plan", hint=hint)
     plan = load_record(Plan, data | {"schema_version": PLAN_SCHEMA_VERSION}, name, counts=True)
     for flag, _ in plan.flags:
-        if not hasattr(torch._dynamo.config, flag):
+        if not hasattr(dynamo_config(), flag):
             raise BaselineError(
                 f"{name}: $.flags: {flag!r} is not a torch._dynamo.config setting of torch "
                 f"{torch.__version__}",

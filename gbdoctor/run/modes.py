@@ -74,9 +74,9 @@ def resolve_modes(
 
 
 def check_backend(backend: str) -> None:
-    import torch._dynamo
+    import torch
 
-    known = torch._dynamo.list_backends(exclude_tags=())
+    known = torch.compiler.list_backends(exclude_tags=())
     if backend not in known:
         raise SpecError(
             f"unknown compile backend {backend!r}",

@@ -101,14 +101,15 @@ def _parse_value(text: str) -> Any:
 @contextlib.contextmanager
 def dynamo_settings(settings: tuple[tuple[str, str], ...]) -> Iterator[None]:
     """``torch._dynamo.config`` set to ``settings`` for the block (SpecError for an unknown name)."""
-    import torch._dynamo
+    from gbdoctor.torch_compat import dynamo_config
 
+    config = dynamo_config()
     values = {}
     for name, value in settings:
-        if not hasattr(torch._dynamo.config, name):
+        if not hasattr(config, name):
             raise SpecError(f"unknown torch._dynamo.config setting {name!r}")
         values[name] = _parse_value(value)
-    with torch._dynamo.config.patch(**values) if values else contextlib.nullcontext():
+    with config.patch(**values) if values else contextlib.nullcontext():
         yield
 
 
