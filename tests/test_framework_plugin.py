@@ -138,6 +138,15 @@ def test_gbdoctor_scan_finds_the_installed_toy_and_agrees_with_plain_torch_compi
     assert len(report["blocks"]) == 2 and len(breaks) == 2  # one planted print per block kind
     assert {b["cause"] for b in breaks} == {"python-side-effect"}  # planted.EXPECTED_CAUSE
     assert "2/2 layers agree with the scan" in done.stdout + done.stderr
+    refused = subprocess.run(
+        [sys.executable, "-m", "gbdoctor", "plan", str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("Error: framework 'toy' has no planner"), refused.stderr
 
 
 # ------------------------------------------------------------------ loading and its errors
@@ -234,3 +243,15 @@ def test_the_cli_reports_a_broken_plugin_in_one_line_exit_2(tmp_path):
     )
     assert lines[1].startswith("Hint: install a release of gbdoctor-future")
     assert "Traceback" not in done.stderr
+
+
+def test_docs_plugins_quotes_the_toy_distribution_verbatim():
+    """docs/plugins.md's example is the distribution these tests install and scan."""
+    page = (REPO / "docs" / "plugins.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", page, re.S)
+    assert {path for path, _ in quoted} == {
+        "tests/plugins/gbdoctor_toy/pyproject.toml",
+        "tests/plugins/gbdoctor_toy/gbdoctor_toy/__init__.py",
+    }
+    for path, text in quoted:
+        assert text == (REPO / path).read_text(encoding="utf-8"), path
