@@ -109,16 +109,6 @@ FRAMEWORK_ALLOWED = {
 }
 """(module, framework name or module) pairs allowed outside ``frameworks/`` (see each reason)."""
 FRAMEWORK_NOT_MOVED = {
-    # The `--torchtitan MODULE:CONFIG` option (typer declares options statically): to be made
-    # from the RegistryRuns frameworks' `flag`s.
-    ("gbdoctor.cli.gate", "torchtitan"),
-    ("gbdoctor.cli.inputs", "torchtitan"),
-    ("gbdoctor.cli.inspect", "torchtitan"),
-    ("gbdoctor.cli.options", "torchtitan"),
-    ("gbdoctor.cli.plan", "torchtitan"),
-    ("gbdoctor.cli.run", "torchtitan"),
-    ("gbdoctor.cli.scan", "torchtitan"),
-    ("gbdoctor.cli.plan", "deepspeed"),
     # ZeRO's hook files (a location signal of the zero-hook cause): to be contributed by the
     # framework through the interface.
     ("gbdoctor.causes.rules", "deepspeed"),

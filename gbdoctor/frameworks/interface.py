@@ -277,13 +277,15 @@ class MetaModelBuilder(Protocol):
 
 
 @runtime_checkable
-class RegistryRuns(Protocol):
+class RegistryRuns(Framework, Protocol):
     """A framework that names runs by its own config registry instead of a spec file: its
     ``flag`` (``--torchtitan``) on a command, with the framework's own overrides, becomes a
     ``Spec`` whose ``registry_run`` holds the name (``registry.spec_for_run``)."""
 
     flag: str
     """The command-line option that names a run (``MODULE:CONFIG``)."""
+    flag_help: str
+    """The option's help: what it sets up, what it takes and what follows it."""
 
     def spec_for_run(
         self,

@@ -72,6 +72,10 @@ class InstalledTorchtitan(FrameworkBase):
     run_modes = TitanRunModes()
     plan_modes: tuple[str, ...] = ("block", "eager")
     flag = FLAG
+    flag_help = (
+        "Set up with the installed torchtitan (>= 0.3): MODULE:CONFIG of its config registry, "
+        "followed by torchtitan's own --section.key overrides"
+    )
 
     @property
     def strategies(self) -> Mapping[str, Any]:
