@@ -43,6 +43,13 @@ class BaselineError(GbdoctorError):
     exit_code = ExitCode.BAD_INPUT
 
 
+class PluginError(GbdoctorError):
+    """An installed framework plug-in cannot be used: it fails to import, was written for
+    another plug-in API version, or does not implement the framework interface."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
 class SetupError(GbdoctorError):
     """The training setup (process group, sharding, workers) could not be built or run."""
 

@@ -16,6 +16,7 @@ one, so the records, the gate and the cause rules use it without torch.
 from __future__ import annotations
 
 import re
+import types
 from typing import Any
 
 SUPPORTED = ((2, 11), (2, 15))
@@ -67,3 +68,13 @@ def higher_order_op(name: str) -> Any | None:
     import torch
 
     return getattr(torch._higher_order_ops, name, None)
+
+
+def dynamo_config() -> types.ModuleType:
+    """``torch._dynamo.config``: the Dynamo settings training sets (torchtitan's
+    ``apply_compile``), plans and baselines pin, and ``--dynamo`` overrides; read, set and
+    ``patch``-ed by name. torch has no public name for it; every stage outside ``capture/``
+    reaches it here (``tests/test_layering.py``)."""
+    import torch._dynamo
+
+    return torch._dynamo.config

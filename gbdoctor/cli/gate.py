@@ -10,13 +10,14 @@ import typer
 
 from gbdoctor.cli.inputs import choose_strategy, load_spec_args, load_spec_options, spec_path
 from gbdoctor.cli.options import (
+    RUN_FLAG,
     GateFormatOpt,
     OutputOpt,
+    RegistryRunOpt,
     SetOpt,
     SimulateOpt,
     StrategyOpt,
     StrictImprovementsOpt,
-    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err, spare_model_code
@@ -31,12 +32,12 @@ def gate(
         list[str] | None,
         typer.Argument(
             metavar="SPEC...",
-            help="Spec TOMLs to scan and gate; with --torchtitan, torchtitan's own --section.key "
-            "overrides instead",
+            help=f"Spec TOMLs to scan and gate; with {RUN_FLAG}, the --section.key overrides of "
+            "its framework instead",
             show_default=False,
         ),
     ] = None,
-    torchtitan: TorchtitanOpt = None,
+    registry_run: RegistryRunOpt = None,
     baseline: Annotated[
         Path,
         typer.Option(
@@ -82,9 +83,9 @@ def gate(
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
-    if not specs and not scan_json and torchtitan is None:
+    if not specs and not scan_json and registry_run is None:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    files = [spec_path([s]) for s in specs or []] if torchtitan is None else []
+    files = [spec_path([s]) for s in specs or []] if registry_run is None else []
     preflight(format, "gate", output, html, inputs=(baseline, *files, *(scan_json or [])))
     # Everything that can be wrong with the inputs is found before the first scan starts.
     accepted = open_baseline(baseline, update=update_baseline)
@@ -92,8 +93,8 @@ def gate(
     scanned: list[ScanReport] = []
     # With --torchtitan the run (name + overrides) is the one spec; its key in the baseline.
     loaded_specs = (
-        [load_spec_args(specs, torchtitan, set_, simulate=simulate, world_size=world_size)]
-        if torchtitan is not None
+        [load_spec_args(specs, registry_run, set_, simulate=simulate, world_size=world_size)]
+        if registry_run is not None
         else [
             load_spec_options(path, set_, simulate=simulate, world_size=world_size)
             for path in files

@@ -44,10 +44,10 @@ def load_spec_args(
     ``--torchtitan MODULE:CONFIG`` a run of its config registry (``args``: torchtitan's own
     overrides, which the command passes through unparsed)."""
     if run is not None:
-        from gbdoctor.frameworks.registry import spec_for_run
+        from gbdoctor.frameworks.registry import command_line_run, spec_for_run
 
         return spec_for_run(
-            RUN_FLAG,
+            command_line_run().flag,
             run,
             tuple(args or ()),
             tuple(overrides or ()),
@@ -57,19 +57,18 @@ def load_spec_args(
     return load_spec_options(spec_path(args), overrides, simulate=simulate, world_size=world_size)
 
 
-RUN_FLAG = "--torchtitan"
-"""The option that names a run by a framework's config registry (``options.TorchtitanOpt``)."""
-
-
 def spec_path(args: list[str] | None) -> Path:
     """The one SPEC.toml of ``args``; an option-like leftover is a framework override given
     without the run it belongs to."""
     if not args or len(args) != 1 or args[0].startswith("-"):
+        from gbdoctor.frameworks.registry import command_line_run
+
+        runs = command_line_run()
         options = [a for a in args or [] if a.startswith("-")]
         unknown = f"no such option: {' '.join(options)}; " if options else ""
         raise typer.BadParameter(
-            f"{unknown}give one SPEC.toml (unknown options such as --section.key are torchtitan "
-            f"overrides: they need {RUN_FLAG} MODULE:CONFIG)"
+            f"{unknown}give one SPEC.toml (unknown options such as --section.key are overrides "
+            f"of {runs.title}: they need {runs.flag} MODULE:CONFIG)"
         )
     return Path(args[0])
 

@@ -9,11 +9,11 @@ from gbdoctor.cli.inputs import choose_strategy, load_spec_args
 from gbdoctor.cli.options import (
     InspectFormatOpt,
     OutputOpt,
+    RegistryRunOpt,
     SetOpt,
     SimulateOpt,
     SpecArgs,
     StrategyOpt,
-    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import emit, notice, preflight, spare_model_code
@@ -21,7 +21,7 @@ from gbdoctor.cli.output import emit, notice, preflight, spare_model_code
 
 def inspect(
     spec: SpecArgs = None,
-    torchtitan: TorchtitanOpt = None,
+    registry_run: RegistryRunOpt = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     format: InspectFormatOpt = "table",
@@ -33,8 +33,8 @@ def inspect(
     from gbdoctor.report.inspect import render_inspect
     from gbdoctor.scan.inspect import inspect_spec
 
-    preflight(format, "inspect", output, inputs=tuple(spec or ()) if torchtitan is None else ())
-    loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
+    preflight(format, "inspect", output, inputs=tuple(spec or ()) if registry_run is None else ())
+    loaded = load_spec_args(spec, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
     # The model's own prints go to stderr: stdout holds only the report.
     with contextlib.redirect_stdout(sys.stderr):

@@ -9,28 +9,25 @@ from typing import Annotated
 import typer
 from typer.models import OptionInfo
 
+from gbdoctor.frameworks.registry import command_line_run
 from gbdoctor.report import COMMAND_FORMATS
 
+_REGISTRY_RUN = command_line_run()
+RUN_FLAG = _REGISTRY_RUN.flag
+"""The option that names a run by a framework's config registry (``RegistryRuns.flag``)."""
+SPECS_HELP = (
+    f"TOML train config (docs/specs.md); with {RUN_FLAG}, the --section.key overrides of "
+    f"{_REGISTRY_RUN.title} instead"
+)
+
 SpecArg = Annotated[
-    Path, typer.Argument(help="torchtitan v0.2.x TOML train config", show_default=False)
+    Path, typer.Argument(help="TOML train config (docs/specs.md)", show_default=False)
 ]
 SpecArgs = Annotated[
-    list[str] | None,
-    typer.Argument(
-        metavar="SPEC",
-        help="torchtitan v0.2.x TOML train config; with --torchtitan, torchtitan's own "
-        "--section.key overrides instead",
-        show_default=False,
-    ),
+    list[str] | None, typer.Argument(metavar="SPEC", help=SPECS_HELP, show_default=False)
 ]
-TorchtitanOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--torchtitan",
-        help="Set up with the installed torchtitan (>= 0.3): MODULE:CONFIG of its config "
-        "registry, followed by torchtitan's own --section.key overrides",
-        show_default=False,
-    ),
+RegistryRunOpt = Annotated[
+    str | None, typer.Option(RUN_FLAG, help=_REGISTRY_RUN.flag_help, show_default=False)
 ]
 SetOpt = Annotated[
     list[str] | None,

@@ -11,10 +11,10 @@ from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     OutputOpt,
     PlanFormatOpt,
+    RegistryRunOpt,
     SetOpt,
     SimulateOpt,
     SpecArgs,
-    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, spare_model_code
@@ -23,10 +23,14 @@ from gbdoctor.errors import ExitCode
 
 def plan(
     spec: SpecArgs = None,
-    torchtitan: TorchtitanOpt = None,
+    registry_run: RegistryRunOpt = None,
     set_: SetOpt = None,
     emit_config: Annotated[
-        str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
+        str | None,
+        typer.Option(
+            "--emit-config",
+            help="json|python|a format the spec's framework adds (the error lists them)",
+        ),
     ] = None,
     price_file: Annotated[
         Path | None,
@@ -50,10 +54,10 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    files = tuple(spec or ()) if torchtitan is None else ()
+    files = tuple(spec or ()) if registry_run is None else ()
     preflight(format, "plan", output, inputs=(*files, price_file))
     price = read_priced_scan(price_file).price if price_file is not None else None
-    loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
+    loaded = load_spec_args(spec, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)

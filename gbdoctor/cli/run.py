@@ -13,11 +13,11 @@ from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     DetailsOpt,
     OutputOpt,
+    RegistryRunOpt,
     RunFormatOpt,
     SetOpt,
     SpecArgs,
     StrictOpt,
-    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import ProgressBar, emit, err_console, preflight, say, spare_model_code
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def run(
     spec: SpecArgs = None,
-    torchtitan: TorchtitanOpt = None,
+    registry_run: RegistryRunOpt = None,
     set_: SetOpt = None,
     modes: Annotated[
         str | None,
@@ -107,14 +107,14 @@ def run(
     from gbdoctor.run import run_modes
 
     check_measuring(rounds, steps, warmup, batch_size, seq_len)
-    files = tuple(spec or ()) if torchtitan is None else ()
+    files = tuple(spec or ()) if registry_run is None else ()
     preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))
     priced = read_priced_scan(price_file) if price_file is not None else None
     if priced is not None and no_plan:
         raise typer.BadParameter(
             "--price compares the plan with the mode as set up: drop --no-plan"
         )
-    loaded = load_spec_args(spec, torchtitan, set_, world_size=world_size)
+    loaded = load_spec_args(spec, registry_run, set_, world_size=world_size)
     spare_model_code(loaded, output, csv)
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 

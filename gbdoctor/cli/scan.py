@@ -11,13 +11,13 @@ from gbdoctor.cli.inputs import choose_strategy, load_spec_args
 from gbdoctor.cli.options import (
     DetailsOpt,
     OutputOpt,
+    RegistryRunOpt,
     ScanFormatOpt,
     SetOpt,
     SimulateOpt,
     SpecArgs,
     StrategyOpt,
     StrictOpt,
-    TorchtitanOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import (
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 def scan(
     spec_args: SpecArgs = None,
-    torchtitan: TorchtitanOpt = None,
+    registry_run: RegistryRunOpt = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     plan: Annotated[
@@ -73,14 +73,14 @@ def scan(
     from gbdoctor.report import render
     from gbdoctor.summary import has_findings
 
-    files = () if torchtitan is not None else tuple((spec_args or [])[:1])
+    files = () if registry_run is not None else tuple((spec_args or [])[:1])
     preflight(format, "scan", output, inputs=(*files, plan))
-    if oracle and (torchtitan is not None or simulate):
+    if oracle and (registry_run is not None or simulate):
         raise typer.BadParameter(
             "--oracle compiles every layer of a SPEC.toml's bare model for real: it takes no "
-            "--torchtitan and no --simulate"
+            f"{RUN_FLAG} and no --simulate"
         )
-    loaded = load_spec_args(spec_args, torchtitan, set_, simulate=simulate, world_size=world_size)
+    loaded = load_spec_args(spec_args, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
     report = scan_with_progress(
         loaded,

@@ -1,10 +1,25 @@
-"""The seam every training framework implements (:class:`Framework`).
+"""The public seam every training framework implements: a narrow core (:class:`Framework`) and
+optional capabilities, each a ``runtime_checkable`` Protocol that callers test with
+``isinstance`` (never ``getattr``).
 
 A framework turns a spec into a model set up for training the way that framework does it, and
-answers everything the stages above ask that differs between frameworks: which compile
-strategies and run modes it has, how a spec of it is checked, how a scan captures its step, how
-a plan is proposed and applied. scan, plan, run, inspect, spec loading and the CLI call only
-this interface (``registry.framework_for(spec)``), never a framework by name.
+answers everything the stages above ask that differs between frameworks. scan, plan, run,
+inspect, spec loading and the CLI call only this interface (``registry.framework_for(spec)``),
+never a framework by name. Frameworks are found through the ``gbdoctor.frameworks`` entry-point
+group (``registry``; ``docs/plugins.md``), and declare the :data:`PLUGIN_API_VERSION` they were
+written for.
+
+The core (:class:`Framework`): its spec section, ``build``, ``set_up`` and the training step.
+The capabilities a framework may add:
+
+- :class:`Planner`: ``plan`` proposes and applies plans of it;
+- :class:`HasEmitters`: ``plan --emit-config`` formats of its own;
+- :class:`HasRunModes`: what ``run`` measures for it;
+- :class:`Simulation`: a spec too large for local ranks may be simulated (fake process group);
+- :class:`MetaModelBuilder`: it builds its own models, on meta too (memory estimates);
+- :class:`RegistryRuns`: it names runs by its own config registry, on the command line;
+- :class:`EngineStepFramework`: its scans capture whole engine steps;
+- :class:`GradientAccumulation`: ``timeline`` reads its accumulation boundaries.
 
 How a scan captures a step (:class:`CaptureStyle`):
 
@@ -18,9 +33,10 @@ How a scan captures a step (:class:`CaptureStyle`):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import Field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, ClassVar, NoReturn, Protocol, runtime_checkable
 
 from gbdoctor.records import Plan, ScanReport, SetupInfo, Spec
 
@@ -31,12 +47,24 @@ if TYPE_CHECKING:  # spec loading reads framework objects and must not import to
     from gbdoctor.setup.apply import CompileFn, Setup
     from gbdoctor.setup.mesh import Meshes
 
+PLUGIN_API_VERSION = 1
+"""The version of this interface. A plug-in declares the one it was written for
+(``Framework.api_version``); gbdoctor refuses to load one written for another (exit 2). Raised
+when a change to this module would break a plug-in written against the previous one."""
+
 ScanFn = Callable[..., ScanReport]
 """``scan(spec, *, strategy=..., strict=..., recompiles=...)`` as the planner calls it."""
 Progress = Callable[[str, int, int], None]
 """(message, done, total) callback for progress bars."""
 Emitter = Callable[[Plan], str]
 """A plan as text a user merges into their training code (``plan --emit-config NAME``)."""
+TomlTable = Mapping[str, object]
+"""A spec file's TOML, as read (section -> table)."""
+Backend = str | Callable[..., object]
+"""A ``torch.compile`` backend: its registered name, or the backend callable itself."""
+Sync = Callable[[], None]
+"""Called before each clock read so a phase's time includes its device work
+(``torch.cuda.synchronize``)."""
 
 
 class CaptureStyle(StrEnum):
@@ -44,6 +72,29 @@ class CaptureStyle(StrEnum):
 
     PER_BLOCK = "per-block"
     ENGINE_STEPS = "engine-steps"
+
+
+class CompileStrategy(Protocol):
+    """What every framework's compile strategy is: a frozen dataclass of its own (``plan``
+    applies a plan file by ``dataclasses.replace(strategy, plan=identity)``); the fields below
+    are what the stages above read, the rest is the framework's."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[object]]]
+
+    @property
+    def name(self) -> str:
+        """The name ``[gbdoctor] strategy`` and ``--strategy`` accept."""
+        ...
+
+    @property
+    def summary(self) -> str:
+        """One line for notes and reports."""
+        ...
+
+    @property
+    def plan(self) -> str | None:
+        """The identity of the plan file this strategy applies (None: not from a plan)."""
+        ...
 
 
 class SpecContext(Protocol):
@@ -71,24 +122,25 @@ class RunModes(Protocol):
     """Modes that compete for "best baseline"."""
 
 
+@runtime_checkable
 class Framework(Protocol):
-    """One training framework's setup, step, capture style, planner and spec section."""
+    """The core every framework implements: one training framework's spec section, build, set
+    up and training step."""
 
+    api_version: int
+    """The :data:`PLUGIN_API_VERSION` this framework was written for (checked on load)."""
     name: str
     """``[gbdoctor] framework`` value (and ``Plan.framework``, ``SetupInfo.framework``)."""
     title: str
     """How messages name it ("DeepSpeed")."""
     capture_style: CaptureStyle
-    simulates: bool
-    """Whether a spec too large for local ranks may be simulated (fake process group and
-    tensors). A framework that cannot is refused with the shrink hint (``require_real``)."""
     spec_sections: tuple[str, ...]
     """TOML sections this framework owns besides the common ones (``[deepspeed]``)."""
 
     # ---------------------------------------------------------------- strategies and spec
 
     @property
-    def strategies(self) -> Mapping[str, Any]:
+    def strategies(self) -> Mapping[str, CompileStrategy]:
         """Strategy name -> strategy (the names ``[gbdoctor] strategy`` and ``--strategy``
         accept, in the order messages list them)."""
         ...
@@ -98,14 +150,14 @@ class Framework(Protocol):
     default_strategy: str
 
     def check_spec(
-        self, spec: Spec, data: Mapping[str, Any], strategy_set: bool, spec_dir: str, ctx: Any
+        self, spec: Spec, data: TomlTable, strategy_set: bool, spec_dir: str, ctx: SpecContext
     ) -> Spec:
         """The loaded spec completed and checked for this framework (its own sections read,
         what it cannot set up refused with ``ctx.fail``). ``strategy_set``: the spec names a
         strategy (else the framework's default applies)."""
         ...
 
-    def check_foreign_spec(self, spec: Spec, data: Mapping[str, Any], ctx: Any) -> None:
+    def check_foreign_spec(self, spec: Spec, data: TomlTable, ctx: SpecContext) -> None:
         """Refuse this framework's own sections and keys in a spec of another framework."""
         ...
 
@@ -129,11 +181,11 @@ class Framework(Protocol):
         spec: Spec,
         meshes: Meshes,
         *,
-        strategy: Any,
+        strategy: CompileStrategy,
         compile_fn: CompileFn | None = None,
-        backend: str | None = None,
+        backend: Backend | None = None,
         build_optimizer: bool | None = None,
-        backend_for: Callable[[str], Any] | None = None,
+        backend_for: Callable[[str], Backend] | None = None,
     ) -> Setup:
         """Apply the framework's setup: compile regions with ``compile_fn`` (scans pass a
         recording backend) or ``torch.compile(backend=backend)`` (``None``: the spec's backend).
@@ -150,7 +202,7 @@ class Framework(Protocol):
         ...
 
     def timed_train_step(
-        self, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
+        self, setup: Setup, tokens: torch.Tensor, labels: torch.Tensor, sync: Sync | None = None
     ) -> tuple[float, tuple[float, float, float]]:
         """``train_step`` split into (forward, backward, optimizer) seconds."""
         ...
@@ -163,15 +215,19 @@ class Framework(Protocol):
         """On each rank after its last step: what the framework leaves behind."""
         ...
 
-    # ---------------------------------------------------------------- run and plan
 
-    run_modes: RunModes
+# -------------------------------------------------------------------- optional capabilities
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """``plan`` proposes plans of this framework and applies them (``scan --plan``, ``run``)."""
 
     def propose_plan(self, spec: Spec, *, scan_fn: ScanFn, progress: Progress | None) -> Plan:
         """Scan, propose, verify by re-scanning with ``scan_fn``; the plan."""
         ...
 
-    def plan_strategy(self, plan: Plan) -> Any:
+    def plan_strategy(self, plan: Plan) -> CompileStrategy:
         """The strategy that applies ``plan`` (a plan of this framework)."""
         ...
 
@@ -186,10 +242,66 @@ class Framework(Protocol):
     """The ``Plan`` field this framework's plans fill (``Plan.deepspeed``), if any: a plan has
     it exactly when it is this framework's."""
 
-    emitters: Mapping[str, Emitter]
-    """``plan --emit-config`` formats this framework adds."""
+
+@runtime_checkable
+class HasEmitters(Protocol):
+    """``plan --emit-config`` formats this framework adds (beside ``json`` and ``python``)."""
+
+    @property
+    def emitters(self) -> Mapping[str, Emitter]: ...
 
 
+@runtime_checkable
+class HasRunModes(Protocol):
+    """What ``run`` measures for this framework."""
+
+    run_modes: RunModes
+
+
+@runtime_checkable
+class Simulation(Protocol):
+    """Whether a spec too large for local ranks may be simulated (fake process group and
+    tensors: ``build(meta=True)`` and ``set_up`` work on a fake process group). A framework
+    without it, or with ``simulates`` False, is refused with the shrink hint
+    (``scan.estimate.require_real``)."""
+
+    simulates: bool
+
+
+@runtime_checkable
+class MetaModelBuilder(Protocol):
+    """A framework that builds its own models (not ``models.build_model``) builds them on meta
+    for memory estimates."""
+
+    def meta_model(self, spec: Spec) -> nn.Module: ...
+
+
+@runtime_checkable
+class RegistryRuns(Framework, Protocol):
+    """A framework that names runs by its own config registry instead of a spec file: its
+    ``flag`` (``--torchtitan``) on a command, with the framework's own overrides, becomes a
+    ``Spec`` whose ``registry_run`` holds the name (``registry.spec_for_run``)."""
+
+    flag: str
+    """The command-line option that names a run (``MODULE:CONFIG``)."""
+    flag_help: str
+    """The option's help: what it sets up, what it takes and what follows it."""
+
+    def spec_for_run(
+        self,
+        name: str,
+        args: Sequence[str],
+        overrides: Sequence[str] = (),
+        *,
+        simulate: bool = False,
+        world_size: int | None = None,
+    ) -> Spec:
+        """The spec of the run ``name`` with the framework's own overrides (``args``), ``--set``
+        capture settings (``overrides``) and ``simulate``/``world_size`` (which it may refuse)."""
+        ...
+
+
+@runtime_checkable
 class EngineStepFramework(Framework, Protocol):
     """A framework whose scans capture whole engine steps (``CaptureStyle.ENGINE_STEPS``)."""
 
@@ -199,13 +311,24 @@ class EngineStepFramework(Framework, Protocol):
     """How progress names the setup call ("deepspeed.initialize")."""
 
     def engine_setup_info(
-        self, spec: Spec, strategy: Any, device: str, setup: Setup, steps: int
+        self, spec: Spec, strategy: CompileStrategy, device: str, setup: Setup, steps: int
     ) -> SetupInfo:
         """The setup record of a whole-step capture on this rank."""
         ...
 
     def engine_notes(
-        self, spec: Spec, strategy: Any, steps: int, losses: list[float]
+        self, spec: Spec, strategy: CompileStrategy, steps: int, losses: list[float]
     ) -> tuple[str, ...]:
         """What a whole-step capture's report says about the setup it captured."""
+        ...
+
+
+@runtime_checkable
+class GradientAccumulation(Protocol):
+    """A framework that accumulates gradients over micro-steps (``timeline`` marks the steps
+    that end at a boundary)."""
+
+    def accumulation(self, setup: Setup) -> tuple[int, bool]:
+        """(gradient_accumulation_steps, whether the next micro-step ends at the accumulation
+        boundary)."""
         ...

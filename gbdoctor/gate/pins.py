@@ -8,6 +8,8 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+from gbdoctor.torch_compat import dynamo_config
+
 PINNED_DYNAMO = ("nested_graph_breaks",)
 """Dynamo settings a baseline pins: their defaults move between torch releases and change
 where and how often Dynamo breaks (``nested_graph_breaks`` turns a break in a nested call into
@@ -20,9 +22,7 @@ PINS_ENV = "GBDOCTOR_DYNAMO_PINS"
 
 def current_pins() -> tuple[tuple[str, Any], ...]:
     """This torch's values of the pinned settings it knows."""
-    import torch._dynamo
-
-    config = torch._dynamo.config
+    config = dynamo_config()
     return tuple(sorted((k, getattr(config, k)) for k in PINNED_DYNAMO if hasattr(config, k)))
 
 
@@ -30,14 +30,13 @@ def current_pins() -> tuple[tuple[str, Any], ...]:
 def pinned_dynamo(pins: tuple[tuple[str, Any], ...]) -> Iterator[tuple[str, ...]]:
     """Scan under the baseline's pinned settings (here and in spawned ranks); yields the pinned
     names this torch does not know (the counts may then differ for that reason)."""
-    import torch._dynamo
-
-    known = {k: v for k, v in pins if hasattr(torch._dynamo.config, k)}
+    config = dynamo_config()
+    known = {k: v for k, v in pins if hasattr(config, k)}
     unknown = tuple(k for k, _ in pins if k not in known)
     old_env = os.environ.get(PINS_ENV)
     os.environ[PINS_ENV] = json.dumps(known, sort_keys=True)
     try:
-        with torch._dynamo.config.patch(**known):
+        with config.patch(**known):
             yield unknown
     finally:
         if old_env is None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.common.emit import emit_python
-from gbdoctor.frameworks.registry import all_frameworks, framework_named
+from gbdoctor.frameworks.registry import all_frameworks, emitters_of, framework_named
 from gbdoctor.plan.planner import dump_plan
 from gbdoctor.records import Plan
 
@@ -17,7 +17,7 @@ from gbdoctor.records import Plan
 # plan's own framework's emitter is used, else the first framework's that offers it.
 _FRAMEWORK_EMITTERS: dict[str, Callable[[Plan], str]] = {}
 for _framework in all_frameworks():
-    for _name, _emitter in _framework.emitters.items():
+    for _name, _emitter in emitters_of(_framework).items():
         _FRAMEWORK_EMITTERS.setdefault(_name, _emitter)
 EMITTERS = ("json", *_FRAMEWORK_EMITTERS, "python")
 
@@ -27,7 +27,7 @@ def emit(plan: Plan, fmt: str) -> str:
         return dump_plan(plan)
     if fmt == "python":
         return emit_python(plan)
-    own = framework_named(plan.framework).emitters
+    own = emitters_of(framework_named(plan.framework))
     if fmt in own:
         return own[fmt](plan)
     if fmt in _FRAMEWORK_EMITTERS:

@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from gbdoctor.errors import BaselineError, SpecError
+from gbdoctor.frameworks.interface import Planner
 from gbdoctor.frameworks.registry import (
     all_frameworks,
+    can_simulate,
     framework_for,
     framework_named,
     framework_names,
+    planner_of,
 )
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
@@ -52,12 +55,12 @@ def propose_plan(
     framework = framework_for(spec)
     if scan_fn is None:
         scan_fn = scan
-        if framework.simulates:
+        if can_simulate(framework):
             decision = decide(spec)
             spec = pin(spec, decision)
             # Re-scans keep the first decision (and its reason, for the notice).
             scan_fn = functools.partial(scan, decision=decision)
-    return framework.propose_plan(spec, scan_fn=scan_fn, progress=progress)
+    return planner_of(framework).propose_plan(spec, scan_fn=scan_fn, progress=progress)
 
 
 def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Any:
@@ -75,7 +78,7 @@ def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None 
             f"framework '{spec.gbdoctor.framework}'",
             hint="make the plan for this spec with `gbdoctor plan SPEC --emit-config json -o FILE`",
         )
-    strategy = framework.plan_strategy(plan)
+    strategy = planner_of(framework, "scan --plan").plan_strategy(plan)
     return replace(strategy, plan=identity) if identity else strategy
 
 
@@ -89,7 +92,9 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
     """Read and check a plan JSON file: (plan, identity). BaselineError (exit 2) for a missing,
     unreadable, binary, malformed or impossible plan: unknown keys, wrong types, negative counts,
     a flags entry that is not [name, bool], a Dynamo flag that does not exist, an unknown mode."""
-    import torch._dynamo
+    import torch
+
+    from gbdoctor.torch_compat import dynamo_config
 
     hint = "regenerate the plan with `gbdoctor plan SPEC --emit-config json -o FILE`"
     name = str(path)
@@ -98,7 +103,7 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
     check_schema_version(data, READABLE_PLAN_SCHEMA_VERSIONS, name, "plan", hint=hint)
     plan = load_record(Plan, data | {"schema_version": PLAN_SCHEMA_VERSION}, name, counts=True)
     for flag, _ in plan.flags:
-        if not hasattr(torch._dynamo.config, flag):
+        if not hasattr(dynamo_config(), flag):
             raise BaselineError(
                 f"{name}: $.flags: {flag!r} is not a torch._dynamo.config setting of torch "
                 f"{torch.__version__}",
@@ -114,15 +119,16 @@ def read_plan(path: str | Path) -> tuple[Plan, str]:
         )
     for other in all_frameworks():
         # A framework's own plan section is there exactly when the plan is that framework's.
-        section = other.plan_section
+        section = other.plan_section if isinstance(other, Planner) else None
         if section and (plan.framework == other.name) != (getattr(plan, section) is not None):
             raise BaselineError(
                 f"{name}: $.{section}: a plan has it exactly when its framework is '{other.name}'",
                 hint=hint,
             )
     framework = framework_named(plan.framework)
-    framework.check_plan(plan, name, hint)
-    modes = framework.plan_modes
+    planner = planner_of(framework)
+    planner.check_plan(plan, name, hint)
+    modes = planner.plan_modes
     for i, kind in enumerate(plan.kinds):
         if kind.mode not in modes:
             raise BaselineError(

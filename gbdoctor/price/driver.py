@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gbdoctor.errors import SetupError, SpecError
-from gbdoctor.frameworks.interface import CaptureStyle
+from gbdoctor.frameworks.interface import CaptureStyle, CompileStrategy
 from gbdoctor.frameworks.registry import framework_for
 from gbdoctor.records import (
     BlockKind,
@@ -190,9 +190,15 @@ def price_scan(
     )
 
 
-def breaks_tolerated(strategy: Strategy) -> tuple[Strategy, bool]:
+def breaks_tolerated(strategy: CompileStrategy) -> tuple[Strategy, bool]:
     """``strategy`` with fullgraph off everywhere (a break must split the graph, not fail the
-    step), and whether anything changed."""
+    step), and whether anything changed. SpecError (exit 2) for a strategy that is not made of
+    ``setup.compile``'s block recipes (a framework set up by its own code)."""
+    if not isinstance(strategy, Strategy):
+        raise SpecError(
+            f"price relaxes block recipes; strategy {strategy.name!r} is not made of them",
+            hint="price a spec whose framework compiles with setup/'s block recipes",
+        )
 
     def relax(recipe: BlockRecipe) -> BlockRecipe:
         return replace(recipe, fullgraph=False)

@@ -106,12 +106,14 @@ def predicted_gains(plan: Plan, price: PriceReport) -> list[str]:
 def _cudagraph_usage(plan: Plan) -> str:
     """How to use the ready kinds: the python emitter serves every framework; a run mode that
     measures them exists only where the plan's framework has one."""
+    from gbdoctor.frameworks.interface import HasRunModes
     from gbdoctor.frameworks.registry import framework_named
 
     line = (
         "  CUDA graphs: `--emit-config python` code takes cudagraphs=True to compile the ready "
         'kinds with mode="reduce-overhead"'
     )
-    if "cudagraphs" in framework_named(plan.framework).run_modes.modes:
+    framework = framework_named(plan.framework)
+    if isinstance(framework, HasRunModes) and "cudagraphs" in framework.run_modes.modes:
         line += "; `gbdoctor run --plan ... --modes plan,cudagraphs` measures it on CUDA"
     return line

@@ -4,11 +4,11 @@ its options, the benchmark shape and parameter dtype on this device, and the bac
 from __future__ import annotations
 
 from gbdoctor.errors import SpecError
-from gbdoctor.frameworks.registry import default_framework, framework_for
+from gbdoctor.frameworks.registry import default_framework, framework_for, run_modes_of
 from gbdoctor.records import Spec
 from gbdoctor.spec import with_overrides
 
-_DEFAULT_MODES = default_framework().run_modes
+_DEFAULT_MODES = run_modes_of(default_framework())
 
 MODE_STRATEGIES: dict[str, str] = dict(_DEFAULT_MODES.strategies)
 """Mode name -> compile strategy of the default framework. ``plan`` comes from the planner."""
@@ -25,7 +25,7 @@ BASELINES: tuple[str, ...] = _DEFAULT_MODES.baselines
 
 def framework_modes(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """(mode -> strategy name, every mode, the baselines) of the spec's training framework."""
-    modes = framework_for(spec).run_modes
+    modes = run_modes_of(framework_for(spec))
     return dict(modes.strategies), modes.modes, modes.baselines
 
 
@@ -74,9 +74,9 @@ def resolve_modes(
 
 
 def check_backend(backend: str) -> None:
-    import torch._dynamo
+    import torch
 
-    known = torch._dynamo.list_backends(exclude_tags=())
+    known = torch.compiler.list_backends(exclude_tags=())
     if backend not in known:
         raise SpecError(
             f"unknown compile backend {backend!r}",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any
 
 from gbdoctor.capture import (
     CaptureSession,
@@ -84,7 +84,13 @@ def _engine_framework(spec: Spec) -> EngineStepFramework:
     framework = framework_for(spec)
     if framework.capture_style != CaptureStyle.ENGINE_STEPS:
         raise SetupError(f"{framework.name} scans capture per block, not whole engine steps")
-    return cast(EngineStepFramework, framework)
+    if not isinstance(framework, EngineStepFramework):
+        raise SetupError(
+            f"framework '{framework.name}' captures whole engine steps but does not implement "
+            "gbdoctor.frameworks.interface.EngineStepFramework (root_region, set_up_words, "
+            "engine_setup_info, engine_notes)"
+        )
+    return framework
 
 
 def scan_engine_steps_rank(job: ScanJob) -> RankScan:

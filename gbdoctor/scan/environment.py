@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from gbdoctor.frameworks import CaptureStyle, framework_for
+from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import Decision, ScanReport, Spec
 from gbdoctor.scan.estimate import decide, pin, require_real
 from gbdoctor.scan.job import Progress, ScanJob, probe_by_default, strategy_for
@@ -65,7 +66,7 @@ def scan(
     if decision is None:
         decision = (
             decide(spec)
-            if framework.simulates
+            if can_simulate(framework)
             else Decision(simulate=False, estimate=require_real(spec, command="scan"))
         )
     spec = pin(spec, decision)

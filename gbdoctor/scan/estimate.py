@@ -119,13 +119,14 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
 
 
 def _meta_model(spec: Spec) -> Any:
+    from gbdoctor.frameworks.interface import MetaModelBuilder
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import build_model
 
     # A framework that builds its own models (the installed torchtitan) builds them on meta too.
-    own = getattr(framework_for(spec), "meta_model", None)
-    if own is not None:
-        return own(spec)
+    framework = framework_for(spec)
+    if isinstance(framework, MetaModelBuilder):
+        return framework.meta_model(spec)
     return build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
 
 

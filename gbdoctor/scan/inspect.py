@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from gbdoctor.capture import clean_fqn, find_hooks, torch_version, within
 from gbdoctor.frameworks import CaptureStyle, framework_for
+from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
 from gbdoctor.scan.estimate import decide
 from gbdoctor.scan.job import ScanJob, strategy_for
@@ -31,7 +32,7 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
     # A whole-engine-step framework (DeepSpeed) sets up on real local ranks only (no
     # simulation), always in fresh processes: its engine keeps process-wide state.
     own_processes = framework.capture_style == CaptureStyle.ENGINE_STEPS
-    if not framework.simulates:
+    if not can_simulate(framework):
         from gbdoctor.scan.estimate import require_real
 
         require_real(spec, command="inspect")

@@ -30,6 +30,7 @@ from gbdoctor.capture.break_log import graph_break_log
 from gbdoctor.capture.locate import portable_path
 from gbdoctor.records import BlockReport, Component, EventKind, ScanReport, Spec
 from gbdoctor.records.oracle import OracleBlock, OracleDifference, OracleReport, OracleStatement
+from gbdoctor.torch_compat import dynamo_config
 
 _SITE = re.compile(r"in user code at (?P<file>.+):(?P<line>\d+)\s*$", re.MULTILINE)
 _SETUP_COMPONENTS = frozenset(
@@ -49,14 +50,14 @@ def plain_compile_statements(
 ) -> tuple[OracleStatement, ...]:
     """The statements plain ``torch.compile(block, backend="eager")`` logs a break at, once
     each, in log order; under the Dynamo settings ``flags`` (the training setup's)."""
-    torch._dynamo.reset()
+    torch.compiler.reset()
     compiled = torch.compile(block, backend="eager")
     args, kwargs = fresh_inputs(inputs)
     try:
-        with graph_break_log() as log, torch._dynamo.config.patch(**(flags or {})):
+        with graph_break_log() as log, dynamo_config().patch(**(flags or {})):
             compiled(*args, **kwargs)
     finally:
-        torch._dynamo.reset()
+        torch.compiler.reset()
     found: dict[tuple[str, int], OracleStatement] = {}
     for message in log.messages:
         site = _SITE.search(message.split("\n", 1)[0] + "\n")
@@ -101,7 +102,7 @@ def oracle_check(spec: Spec, report: ScanReport) -> OracleReport:
     flags = {
         name: ast.literal_eval(value)
         for name, value in report.setup.dynamo_config
-        if hasattr(torch._dynamo.config, name)
+        if hasattr(dynamo_config(), name)
     }
     by_fqn = {b.fqn: b for b in report.blocks}
     results = []

@@ -316,11 +316,10 @@ def recipe_context(flags: tuple[tuple[str, Any], ...], *, ac_enabled: bool) -> I
 
     torchtitan also disables Dynamo's LRU cache whenever AC is on (SAC + recompiles).
     """
-    import torch._dynamo
-
     from gbdoctor.capture.settings import set_lru_cache as set_lru
+    from gbdoctor.torch_compat import dynamo_config
 
-    with torch._dynamo.config.patch(**dict(flags)):
+    with dynamo_config().patch(**dict(flags)):
         if ac_enabled:
             set_lru(False)
         try:

@@ -311,11 +311,11 @@ def _watch(session: Session, store: Any, silence_s: float) -> None:
 def _job(session: Session, timeout_s: float) -> Iterator[int]:
     """One job on this rank: fresh Dynamo state, the report's stdout kept clean, SIGTERM (the
     launcher stopping the job after a peer died) ending the rank even inside a collective."""
-    import torch._dynamo
+    import torch
 
     n = session.jobs
     session.jobs += 1
-    torch._dynamo.reset()
+    torch.compiler.reset()
     session.deadline = (n, time.monotonic() + timeout_s, timeout_s)
     previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:

@@ -56,10 +56,11 @@ def apply_dynamo_pins() -> None:
     if pins:
         import json
 
-        import torch._dynamo
+        from gbdoctor.torch_compat import dynamo_config
 
+        config = dynamo_config()
         for name, value in json.loads(pins).items():
-            setattr(torch._dynamo.config, name, value)
+            setattr(config, name, value)
 
 
 def failure_message(rank: int | None, exc: BaseException) -> tuple[Any, ...]:

@@ -105,9 +105,9 @@ def typed_dynamo_settings(settings: tuple[tuple[str, str], ...]) -> dict[str, An
     be one of them (``__class__`` is an attribute, not a setting) and the value must have the
     type of its default. SpecError naming the setting otherwise, before any rank starts (issue
     45: ``recompile_limit=abc`` failed inside the ranks)."""
-    import torch._dynamo
+    from gbdoctor.torch_compat import dynamo_config
 
-    defaults = torch._dynamo.config.get_config_copy()
+    defaults = dynamo_config().get_config_copy()
     values = {}
     for name, text in settings:
         if name not in defaults:
@@ -157,10 +157,10 @@ def _typed_setting(name: str, text: str, default: Any) -> Any:
 @contextlib.contextmanager
 def dynamo_settings(settings: tuple[tuple[str, str], ...]) -> Iterator[None]:
     """``torch._dynamo.config`` set to ``settings`` for the block (:func:`typed_dynamo_settings`)."""
-    import torch._dynamo
+    from gbdoctor.torch_compat import dynamo_config
 
     values = typed_dynamo_settings(settings)
-    with torch._dynamo.config.patch(**values) if values else contextlib.nullcontext():
+    with dynamo_config().patch(**values) if values else contextlib.nullcontext():
         yield
 
 
@@ -228,6 +228,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         compile_log,
         recompile_limit,
     )
+    from gbdoctor.frameworks.interface import GradientAccumulation
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
     from gbdoctor.setup.train import step_batch
@@ -252,7 +253,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             raise
         except Exception as exc:  # noqa: BLE001 - reported as the run's failure
             raise ModeFailure(f"setup: {exception_line(exc)}", "setup") from exc
-        accumulation = getattr(recipe, "accumulation", None)
+        accumulation = recipe.accumulation if isinstance(recipe, GradientAccumulation) else None
         sync = torch.cuda.synchronize if job.device == "cuda" else None
         steps: list[RawStep] = []
         first_acc = accumulation(setup) if accumulation is not None else None

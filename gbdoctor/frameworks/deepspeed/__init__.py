@@ -15,7 +15,7 @@ from typing import Any
 
 from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
 from gbdoctor.frameworks.deepspeed.setup import ROOT_REGION
-from gbdoctor.frameworks.interface import CaptureStyle
+from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
 
 NAME = "deepspeed"
 
@@ -36,6 +36,7 @@ class DeepSpeed(FrameworkBase):
     with the spec's DeepSpeed config, then the strategy's compile (``engine.compile()``,
     ``block.compile()``, or each block's forward between its ZeRO hooks)."""
 
+    api_version = PLUGIN_API_VERSION  # built in: always the current API
     name = NAME
     title = "DeepSpeed"
     capture_style = CaptureStyle.ENGINE_STEPS

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
-from gbdoctor.frameworks.interface import CaptureStyle
+from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
 
 NAME = "torchtitan-installed"
 FLAG = "--torchtitan"
@@ -62,6 +62,7 @@ class InstalledTorchtitan(FrameworkBase):
     """torchtitan >= 0.3 as installed: its config registry, model registry, ``parallelize_fn``,
     loss, optimizer and training-step body."""
 
+    api_version = PLUGIN_API_VERSION  # built in: always the current API
     name = NAME
     title = "torchtitan (installed)"
     capture_style = CaptureStyle.PER_BLOCK
@@ -71,6 +72,10 @@ class InstalledTorchtitan(FrameworkBase):
     run_modes = TitanRunModes()
     plan_modes: tuple[str, ...] = ("block", "eager")
     flag = FLAG
+    flag_help = (
+        "Set up with the installed torchtitan (>= 0.3): MODULE:CONFIG of its config registry, "
+        "followed by torchtitan's own --section.key overrides"
+    )
 
     @property
     def strategies(self) -> Mapping[str, Any]:

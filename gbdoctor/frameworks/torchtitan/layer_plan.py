@@ -26,7 +26,7 @@ def apply_layer_plan(
 ) -> None:
     """Per ``(layer, mode)`` of ``model.layers``: ``eager`` undoes the block's in-place compile,
     ``nofullgraph`` compiles it again with ``fullgraph=False``; then each Dynamo flag is set."""
-    import torch._dynamo
+    from gbdoctor.torch_compat import dynamo_config
 
     for name, mode in layers:
         block = model.layers.get_submodule(name)
@@ -37,4 +37,4 @@ def apply_layer_plan(
         else:
             raise ValueError(f"unknown layer mode {mode!r} for layers.{name}")
     for flag, value in flags:
-        setattr(torch._dynamo.config, flag, value)
+        setattr(dynamo_config(), flag, value)

@@ -97,11 +97,11 @@ class TitanSetup:
 
 
 def _dynamo_settings() -> dict[str, Any]:
-    import torch._dynamo
+    from gbdoctor.torch_compat import dynamo_config
 
     return {
         k: v
-        for k, v in torch._dynamo.config.get_config_copy().items()
+        for k, v in dynamo_config().get_config_copy().items()
         if isinstance(v, (bool, int, float, str, type(None)))
     }
 
@@ -295,10 +295,11 @@ def step_context(setup: TitanSetup) -> Iterator[None]:
 
 
 def _set_dynamo(settings: tuple[tuple[str, Any], ...]) -> None:
-    import torch._dynamo
+    from gbdoctor.torch_compat import dynamo_config
 
+    config = dynamo_config()
     for name, value in settings:
-        setattr(torch._dynamo.config, name, value)
+        setattr(config, name, value)
 
 
 def timed_train_step(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gbdoctor.frameworks.common.base import BuildingBlocksFramework
-from gbdoctor.frameworks.interface import CaptureStyle
+from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
 
 NAME = "torchtitan"
 
@@ -46,6 +46,7 @@ class TorchtitanV02(BuildingBlocksFramework):
     """torchtitan v0.2.x: its model zoo (or a custom factory), EP, AC/SAC, per-block compile,
     FSDP2 and the MoE load-balancing optimizer hook, in ``setup.apply``'s order."""
 
+    api_version = PLUGIN_API_VERSION  # built in: always the current API
     name = NAME
     title = "torchtitan"
     capture_style = CaptureStyle.PER_BLOCK

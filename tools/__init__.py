@@ -1,0 +1,1 @@
+"""Maintainer scripts run from the repository root (``python -m tools.NAME``)."""

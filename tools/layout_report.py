@@ -1,0 +1,226 @@
+"""How far the tree is from the layout issue 41 asks for: ``python -m tools.layout_report``.
+
+Prints one count per line (what issue 41's "Done when" names), each followed by what it counted,
+read from the source with ``ast`` (nothing of gbdoctor is imported):
+
+- format registries: module-level tables of output formats (a name ending in ``FORMATS``) and
+  format enums (a ``StrEnum`` named ``...Format``); an if-chain over format names is not seen;
+- modules outside ``frameworks/`` naming a framework in code or strings: the layering test's
+  rule (``tests/test_layering.py``), with how many it allows with a reason and how many have not
+  moved behind the seam yet;
+- duck-typed framework members: ``getattr``/``hasattr`` with the name of an optional framework
+  member (of a capability protocol, or of a framework class, and not of the core), and
+  ``type: ignore`` in the registry;
+- ``Any`` in ``frameworks/interface.py``;
+- mypy ``ignore_errors`` modules (``pyproject.toml``);
+- modules missing from ``docs/architecture.md``'s layout: a module whose file name does not
+  appear in its top-level package's entry (a lower bound: a name listed elsewhere counts).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Count:
+    what: str
+    items: tuple[str, ...]
+    detail: str = ""
+
+    @property
+    def value(self) -> int:
+        return len(self.items)
+
+
+def _modules(package: Path) -> Iterator[tuple[str, Path, ast.Module]]:
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        yield ".".join(parts), path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def format_registries(package: Path) -> Count:
+    found = []
+    for mod, _path, tree in _modules(package):
+        for node in tree.body:
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                targets = [node.target.id]
+            found += [f"{mod}.{t}" for t in targets if t.endswith("FORMATS")]
+            if isinstance(node, ast.ClassDef) and node.name.endswith("Format"):
+                bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+                if "StrEnum" in bases:
+                    found.append(f"{mod}.{node.name}")
+    return Count("format registries", tuple(found))
+
+
+def _layering():  # the layering test's own rules, so the count and the check cannot disagree
+    sys.path.insert(0, str(REPO / "tests"))
+    import test_layering
+
+    return test_layering
+
+
+def framework_naming_modules(package: Path) -> Count:
+    layering = _layering()
+    names = layering.framework_names(package)
+    naming: dict[str, set[str]] = {}
+    for mod, path, _tree in _modules(package):
+        if mod.split(".")[1:2] == ["frameworks"]:
+            continue
+        for name in layering.framework_mentions(path, names):
+            naming.setdefault(mod, set()).add(name)
+    allowed = {m for m, _ in layering.FRAMEWORK_ALLOWED}
+    not_moved = {m for m, _ in layering.FRAMEWORK_NOT_MOVED}
+    waiting = sorted(m for m in naming if m in not_moved)
+    detail = (
+        f"{len(naming)} in all: {len(set(naming) & allowed - not_moved)} allowed with a reason "
+        f"(JSON vocabulary, launcher, --version, locator), {len(waiting)} not moved behind the "
+        "seam yet (listed)"
+    )
+    return Count(
+        "modules outside frameworks/ naming a framework (not moved yet)", tuple(waiting), detail
+    )
+
+
+def _optional_members(package: Path) -> set[str]:
+    """Members a framework may or may not have: those of the interface's capability protocols
+    and of the framework classes under ``frameworks/``, less the core every framework has."""
+    protocols: dict[str, set[str]] = {}
+    framework_classes: set[str] = set()
+    for mod, _path, tree in _modules(package / "frameworks"):
+        for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+            bases = {b.id for b in cls.bases if isinstance(b, ast.Name)}
+            if mod.endswith(".interface") and "Protocol" in bases:
+                protocols[cls.name] = _class_members(cls)
+            elif any(b.endswith(("Framework", "FrameworkBase")) for b in bases):
+                framework_classes |= _class_members(cls)
+    core = protocols.get("Framework", set())
+    data = ("Framework", "CompileStrategy", "SpecContext", "RunModes")
+    capabilities = set().union(*(m for name, m in protocols.items() if name not in data))
+    return {m for m in (capabilities | framework_classes) - core if not m.startswith("_")}
+
+
+def _class_members(cls: ast.ClassDef) -> set[str]:
+    members: set[str] = set()
+    for node in cls.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            members.add(node.name)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            members.add(node.target.id)
+        elif isinstance(node, ast.Assign):
+            members.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return members
+
+
+def duck_typed_members(package: Path) -> Count:
+    members = _optional_members(package)
+    found = []
+    for mod, path, tree in _modules(package):
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in members
+            ):
+                found.append(f"{mod}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})")
+        if mod == "gbdoctor.frameworks.registry":
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                if "type: ignore" in line:
+                    found.append(f"{mod}:{n} type: ignore")
+    return Count("duck-typed framework members", tuple(found))
+
+
+def any_in_interface(package: Path) -> Count:
+    path = package / "frameworks" / "interface.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = [
+        f"interface.py:{node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name)
+        and node.id == "Any"
+        or isinstance(node, ast.Attribute)
+        and node.attr == "Any"
+    ]
+    return Count("Any in frameworks/interface.py", tuple(found))
+
+
+def mypy_ignore_errors(pyproject: Path) -> Count:
+    config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    found: list[str] = []
+    for override in config.get("tool", {}).get("mypy", {}).get("overrides", []):
+        if override.get("ignore_errors"):
+            modules = override["module"]
+            found += [modules] if isinstance(modules, str) else modules
+    return Count("mypy ignore_errors modules", tuple(found))
+
+
+def _layout_entries(doc: str) -> dict[str, str]:
+    """``docs/architecture.md``'s layout block: top-level entry (``scan/``, ``spec.py``) ->
+    its text."""
+    block = re.search(r"## Layout\s*```(.*?)```", doc, re.S)
+    entries: dict[str, str] = {}
+    current = None
+    for line in (block.group(1) if block else "").splitlines():
+        head = re.match(r"^(?:gbdoctor/)?\s{0,11}([\w.]+/?)\s", line + " ")
+        if head and not line.startswith(" " * 12):
+            current = head.group(1)
+            entries[current] = ""
+        if current:
+            entries[current] += line + "\n"
+    return entries
+
+
+def modules_missing_from_architecture(package: Path, doc_path: Path) -> Count:
+    entries = _layout_entries(doc_path.read_text(encoding="utf-8"))
+    layout = "".join(entries.values())
+    missing = []
+    for mod, path, _tree in _modules(package):
+        rel = path.relative_to(package)
+        if len(rel.parts) == 1:
+            if path.name not in layout:
+                missing.append(mod)
+            continue
+        top = rel.parts[0] + ("/" if len(rel.parts) > 1 else "")
+        text = entries.get(top, "")
+        name = rel.parts[-2] + "/" if path.name == "__init__.py" else path.name
+        if name not in text:
+            missing.append(mod)
+    return Count("modules missing from docs/architecture.md", tuple(missing))
+
+
+def report(repo: Path = REPO) -> list[Count]:
+    package = repo / "gbdoctor"
+    return [
+        format_registries(package),
+        framework_naming_modules(package),
+        duck_typed_members(package),
+        any_in_interface(package),
+        mypy_ignore_errors(repo / "pyproject.toml"),
+        modules_missing_from_architecture(package, repo / "docs" / "architecture.md"),
+    ]
+
+
+def main() -> None:
+    for count in report():
+        print(f"{count.what}: {count.value}" + (f" ({count.detail})" if count.detail else ""))
+        for item in count.items:
+            print(f"    {item}")
+
+
+if __name__ == "__main__":
+    main()
