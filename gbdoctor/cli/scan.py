@@ -9,6 +9,7 @@ import typer
 
 from gbdoctor.cli.inputs import choose_strategy, load_spec_args
 from gbdoctor.cli.options import (
+    RUN_FLAG,
     DetailsOpt,
     OutputOpt,
     RegistryRunOpt,
