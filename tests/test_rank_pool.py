@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from corpus.pool_jobs import fail_on_rank1, hang, leave_state, state_found
+from corpus.pool_jobs import fail_on_rank1, hang, leave_state, report_stages, state_found
 
 from gbdoctor.errors import DeadlineError, SpecError
 from gbdoctor.setup.dist import RankPool, run_ranks, shared_ranks
@@ -69,3 +69,14 @@ def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
             assert pids() == first
     assert not any(_alive(p) for p in first)
     assert pids() != first
+
+
+def test_rank_0_reports_its_stages_to_the_parent_while_the_job_runs():
+    said: list[tuple[str, int, int]] = []
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        answers = pool.run(report_stages, None, progress=lambda *message: said.append(message))
+        # Progress messages are not answers: each rank's answer is its rank.
+        assert answers == [0, 1]
+        assert said == [("stage 1 on rank 0", 0, 2), ("stage 2 on rank 0", 1, 2)]
+        # Without a receiver the messages are dropped, and the next job still answers.
+        assert pool.run(report_stages, None) == [0, 1]
