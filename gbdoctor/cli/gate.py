@@ -10,6 +10,7 @@ import typer
 
 from gbdoctor.cli.inputs import choose_strategy, load_spec_args, load_spec_options, spec_path
 from gbdoctor.cli.options import (
+    DetailsOpt,
     GateFormatOpt,
     OutputOpt,
     SetOpt,
@@ -65,6 +66,7 @@ def gate(
     strategy: StrategyOpt = None,
     format: GateFormatOpt = "table",
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     html: Annotated[
         Path | None,
         typer.Option(
@@ -127,7 +129,12 @@ def gate(
         print_err(f"baseline written: {baseline}")
         return
     gated = [*reports, *scanned]
-    emit(gate_html(result, gated) if format == "html" else render_gate(result, format), output)
+    text = (
+        gate_html(result, gated)
+        if format == "html"
+        else render_gate(result, format, details=details)
+    )
+    emit(text, output)
     if html is not None:
         emit(gate_html(result, gated), html)
     write_step_summary(result, html if html is not None else output if format == "html" else None)

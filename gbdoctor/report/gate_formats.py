@@ -191,9 +191,12 @@ GATE_FORMATS: dict[str, type[GateFormatter]] = {
 GATE_FORMAT_NAMES: tuple[str, ...] = tuple(GATE_FORMATS)
 
 
-def render_gate(result: GateResult, fmt: str, title: str = GATE_TITLE) -> str:
+def render_gate(
+    result: GateResult, fmt: str, title: str = GATE_TITLE, *, details: bool = True
+) -> str:
     """The gate result in format ``fmt`` under ``title`` (``gbdoctor diff`` for diff);
-    :class:`SpecError` (exit 2) for an unknown format."""
+    :class:`SpecError` (exit 2) for an unknown format. ``details``: the table's informational
+    findings too (``gate --details``); the other formats hold every finding."""
     try:
         formatter = GATE_FORMATS[fmt]()
     except KeyError:
@@ -201,4 +204,6 @@ def render_gate(result: GateResult, fmt: str, title: str = GATE_TITLE) -> str:
             f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}"
         ) from None
     formatter.title = title
+    if isinstance(formatter, GateTableFormat):
+        formatter.details = details
     return formatter.render(result)

@@ -290,8 +290,11 @@ GATE_TITLE = "gbdoctor gate"
 """The gate formats' title; ``gbdoctor diff`` renders the same result under its own."""
 
 
-def render_gate_table(result: GateResult, console: Console, title: str = GATE_TITLE) -> None:
-    """Print the gate verdict and one row per finding."""
+def render_gate_table(
+    result: GateResult, console: Console, title: str = GATE_TITLE, *, details: bool = True
+) -> None:
+    """Print the gate verdict and one row per finding; without ``details``, the informational
+    findings that do not fail the gate are only counted."""
     verdict = Text(
         f"{title}: PASSED" if result.passed else f"{title}: FAILED",
         style="bold green" if result.passed else "bold red",
@@ -300,11 +303,18 @@ def render_gate_table(result: GateResult, console: Console, title: str = GATE_TI
     if not result.findings:
         console.print(Text("No change against the baseline."))
         return
+    shown = [f for f in result.findings if details or f.severity != "info" or result.fails(f)]
     specs = list(dict.fromkeys([*result.specs, *(f.spec for f in result.findings)]))
     for spec in specs:
-        findings = [f for f in result.findings if f.spec == spec]
+        findings = [f for f in shown if f.spec == spec]
         if not findings:
-            console.print(Text(f"{spec}: no change against the baseline."))
+            some = any(f.spec == spec for f in result.findings)
+            console.print(
+                Text(
+                    f"{spec}: "
+                    + ("informational changes only." if some else "no change against the baseline.")
+                )
+            )
             continue
         table = Table(title=spec, title_justify="left", expand=True)
         ratios = {"change": 3, "hint": 3}
@@ -324,6 +334,9 @@ def render_gate_table(result: GateResult, console: Console, title: str = GATE_TI
                 Text(f.hint or "-"),
             )
         console.print(table)
+    if len(shown) < len(result.findings):
+        hidden = len(result.findings) - len(shown)
+        console.print(Text(f"{hidden} informational change(s): --details (-v)", style="dim"))
     console.print(Text(result.headline))
 
 
@@ -331,8 +344,9 @@ class GateTableFormat:
     """Gate formatter for ``--format table``."""
 
     title = GATE_TITLE
+    details = True
 
     def render(self, result: GateResult) -> str:
         console = recording_console()
-        render_gate_table(result, console, self.title)
+        render_gate_table(result, console, self.title, details=self.details)
         return plain_text(console)
