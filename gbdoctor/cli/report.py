@@ -83,7 +83,10 @@ def gate_html(result: GateResult, scans: Sequence[ScanReport]) -> str:
     """The gate's page: its verdict and findings first, then every scan it gated."""
     from gbdoctor.report.gate_formats import GateJsonFormat
     from gbdoctor.report.html import gate_document, render_html, scan_document
+    from gbdoctor.summary import with_user_names
 
+    # Every output says Dynamo's generated names in the user's terms (report.render's rule).
+    result, scans = with_user_names(result), [with_user_names(s) for s in scans]
     gate_doc = gate_document(result, GateJsonFormat().render(result))
     return render_html([gate_doc, *(scan_document(s, f"scan-{i}") for i, s in enumerate(scans))])
 

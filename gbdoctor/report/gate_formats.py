@@ -18,6 +18,7 @@ from gbdoctor.report.junit import element, xml_safe, xml_text
 from gbdoctor.report.layout import short_location
 from gbdoctor.report.markdown import code, md_table
 from gbdoctor.report.table import GATE_TITLE, GateTableFormat
+from gbdoctor.summary import with_user_names
 
 __all__ = ["GATE_FORMATS", "GATE_FORMAT_NAMES", "GateFormatter", "render_gate"]
 
@@ -206,4 +207,5 @@ def render_gate(
     formatter.title = title
     if isinstance(formatter, GateTableFormat):
         formatter.details = details
-    return formatter.render(result)
+    # A recompile finding quotes its guard, which may name Dynamo's stack slots.
+    return formatter.render(with_user_names(result))
