@@ -232,7 +232,7 @@ def top_cause(summary: ScanSummary) -> tuple[str, int] | None:
     there is no break."""
     if not summary.by_cause:
         return None
-    return max(summary.by_cause, key=lambda pair: (pair[1], [-ord(c) for c in pair[0]]))
+    return min(summary.by_cause, key=lambda pair: (-pair[1], pair[0]))
 
 
 _CODE_AT = re.compile(r" at (?P<where>\S+:\d+)$")

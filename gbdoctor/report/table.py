@@ -92,7 +92,7 @@ def _header(report: ScanReport) -> Table:
     return grid
 
 
-def verdict(report: ScanReport, summary: ScanSummary) -> str:
+def verdict(summary: ScanSummary) -> str:
     """The answer in one line: breaks, the kinds they are in, events, errors, the top fix."""
     kinds = len(summary.kinds)
     if summary.clean:
@@ -121,7 +121,7 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
     details are."""
     report = with_user_names(report)
     summary = summarize(report)
-    console.print(Text(verdict(report, summary), style="bold green" if summary.clean else "bold"))
+    console.print(Text(verdict(summary), style="bold green" if summary.clean else "bold"))
     if details:
         console.print(_header(report))
     else:
