@@ -173,9 +173,12 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
             )
         return
     _render_other_findings(report, summary, console)
+    notes = sum(1 for note in report.notes if not note.startswith("notice:"))
     console.print(
         Text(
-            "Details: --details (-v) for the setup, every CUDA-graph finding and recompile; "
+            "Details: --details (-v) for the setup"
+            + (f" and its {notes} note(s)" if notes else "")
+            + ", every CUDA-graph finding and recompile; "
             "--format json|markdown|html for everything.",
             style="dim",
         )
