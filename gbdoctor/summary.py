@@ -42,6 +42,7 @@ __all__ = [
     "group_by_kind",
     "has_findings",
     "recompile_location",
+    "recompiled_code",
     "summarize",
     "top_cause",
     "with_user_names",
@@ -231,7 +232,7 @@ def top_cause(summary: ScanSummary) -> tuple[str, int] | None:
     there is no break."""
     if not summary.by_cause:
         return None
-    return max(summary.by_cause, key=lambda pair: (pair[1], [-ord(c) for c in pair[0]]))
+    return min(summary.by_cause, key=lambda pair: (-pair[1], pair[0]))
 
 
 _CODE_AT = re.compile(r" at (?P<where>\S+:\d+)$")
@@ -259,23 +260,22 @@ def with_user_names(record: T) -> T:
     a stack slot as the value carried across the break, a placeholder by its attribute path).
     Every output format renders this; the records as captured keep Dynamo's words, which the
     gate's baselines were written from. Unchanged parts are shared, not copied."""
-    return _named(record)
-
-
-def _named(value: Any) -> Any:
     from gbdoctor.causes.generated_names import has_generated_name, user_names
 
-    if isinstance(value, str):
-        return user_names(value) if has_generated_name(value) else value
-    if isinstance(value, tuple):
-        items = tuple(_named(item) for item in value)
-        return value if all(a is b for a, b in zip(items, value)) else items
-    if is_dataclass(value) and not isinstance(value, type):
-        changed = {}
-        for field in fields(value):
-            old = getattr(value, field.name)
-            new = _named(old)
-            if new is not old:
-                changed[field.name] = new
-        return replace(value, **changed) if changed else value
-    return value
+    def named(value: Any) -> Any:
+        if isinstance(value, str):
+            return user_names(value) if has_generated_name(value) else value
+        if isinstance(value, tuple):
+            items = tuple(named(item) for item in value)
+            return value if all(a is b for a, b in zip(items, value)) else items
+        if is_dataclass(value) and not isinstance(value, type):
+            changed = {}
+            for field in fields(value):
+                old = getattr(value, field.name)
+                new = named(old)
+                if new is not old:
+                    changed[field.name] = new
+            return replace(value, **changed) if changed else value
+        return value
+
+    return named(record)

@@ -11,6 +11,7 @@ from corpus.pool_jobs import (
     fail_on_rank1,
     hang,
     leave_state,
+    report_stages,
     state_found,
     uneven_block_runs_under_held_fsdp,
     wait_in_a_collective_rank1_never_joins,
@@ -106,3 +107,14 @@ def test_ranks_that_run_blocks_a_different_number_of_times_under_held_fsdp_do_no
         pool.run(state_found, None)  # the ranks' start, outside the bound below
         rank0, rank1 = pool.run(uneven_block_runs_under_held_fsdp, None, timeout_s=60)
     assert len(rank0) == 3 and len(rank1) == 1
+
+
+def test_rank_0_reports_its_stages_to_the_parent_while_the_job_runs():
+    said: list[tuple[str, int, int]] = []
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        answers = pool.run(report_stages, None, progress=lambda *message: said.append(message))
+        # Progress messages are not answers: each rank's answer is its rank.
+        assert answers == [0, 1]
+        assert said == [("stage 1 on rank 0", 0, 2), ("stage 2 on rank 0", 1, 2)]
+        # Without a receiver the messages are dropped, and the next job still answers.
+        assert pool.run(report_stages, None) == [0, 1]

@@ -178,3 +178,16 @@ def test_bad_timeline_options_exit_2_with_one_line(args: list[str], needle: str)
     result = CliRunner().invoke(app, ["timeline", spec, *args])
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
+
+
+def test_the_default_table_says_the_verdict_first_and_leaves_the_steps_to_details() -> None:
+    frame = "forward at m.py:3"
+    c = StepCompile(frame=frame, attempt=1, compile_s=0.5, guard="self.x == 1")
+    report = _report([_step(0), _step(1, compiles=(c,)), _step(2)])
+    full = render_table(report)
+    short = render_table(report, details=False)
+    assert "recompile forward at m.py:3: self.x == 1" in full  # a step row
+    assert "recompile forward at m.py:3: self.x == 1" not in short
+    assert short.splitlines()[1].startswith("verdict:")
+    assert full.splitlines()[1] != short.splitlines()[1]
+    assert "Details: --details (-v)" in short and strip(report) in short

@@ -11,6 +11,7 @@ import typer
 from gbdoctor.cli.inputs import choose_strategy, load_spec_args, load_spec_options, spec_path
 from gbdoctor.cli.options import (
     RUN_FLAG,
+    DetailsOpt,
     GateFormatOpt,
     OutputOpt,
     RegistryRunOpt,
@@ -66,6 +67,7 @@ def gate(
     strategy: StrategyOpt = None,
     format: GateFormatOpt = "table",
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     html: Annotated[
         Path | None,
         typer.Option(
@@ -131,7 +133,7 @@ def gate(
         return
     gated = [*reports, *scanned]
     page = functools.partial(gate_html, result, gated, scan_json or ())
-    emit(page() if format == "html" else render_gate(result, format), output)
+    emit(page() if format == "html" else render_gate(result, format, details=details), output)
     if html is not None:
         emit(page(), html)
     write_step_summary(result, html if html is not None else output if format == "html" else None)

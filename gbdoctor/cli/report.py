@@ -106,7 +106,10 @@ def gate_html(
     from the roots :func:`source_roots` allows, ``scan_files`` being the ``--scan`` JSONs)."""
     from gbdoctor.report.gate_formats import GateJsonFormat
     from gbdoctor.report.html import gate_document, render_html, scan_document
+    from gbdoctor.summary import with_user_names
 
+    # Every output says Dynamo's generated names in the user's terms (report.render's rule).
+    result, scans = with_user_names(result), [with_user_names(s) for s in scans]
     gate_doc = gate_document(result, GateJsonFormat().render(result))
     roots = source_roots([p.parent for p in scan_files], [s.spec for s in scans])
     documents = [gate_doc, *(scan_document(s, f"scan-{i}") for i, s in enumerate(scans))]

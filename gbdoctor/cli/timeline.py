@@ -10,7 +10,14 @@ import typer
 
 from gbdoctor.cli.bounds import check_timeline
 from gbdoctor.cli.inputs import load_spec_options
-from gbdoctor.cli.options import OutputOpt, SetOpt, SpecArg, StrictOpt, WorldSizeOpt
+from gbdoctor.cli.options import (
+    DetailsOpt,
+    OutputOpt,
+    SetOpt,
+    SpecArg,
+    StrictOpt,
+    WorldSizeOpt,
+)
 from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
 
@@ -91,6 +98,7 @@ def timeline(
         Path | None, typer.Option("--plot", help="Also write the step times as an SVG plot")
     ] = None,
     output: OutputOpt = None,
+    details: DetailsOpt = False,
     strict: StrictOpt = False,
     world_size: WorldSizeOpt = None,
 ) -> None:
@@ -125,7 +133,7 @@ def timeline(
         dynamo_config=settings,
         fix=fix,
     )
-    emit(render_json(report) if format == "json" else render_table(report), output)
+    emit(render_json(report) if format == "json" else render_table(report, details=details), output)
     if plot is not None:
         from gbdoctor.records.atomic_write import write_atomic
 

@@ -18,6 +18,7 @@ from gbdoctor.report.junit import element, xml_safe, xml_text
 from gbdoctor.report.layout import short_location
 from gbdoctor.report.markdown import code, md_table
 from gbdoctor.report.table import GATE_TITLE, GateTableFormat
+from gbdoctor.summary import with_user_names
 
 __all__ = ["GATE_FORMATS", "GATE_FORMAT_NAMES", "GateFormatter", "render_gate"]
 
@@ -191,9 +192,12 @@ GATE_FORMATS: dict[str, type[GateFormatter]] = {
 GATE_FORMAT_NAMES: tuple[str, ...] = tuple(GATE_FORMATS)
 
 
-def render_gate(result: GateResult, fmt: str, title: str = GATE_TITLE) -> str:
+def render_gate(
+    result: GateResult, fmt: str, title: str = GATE_TITLE, *, details: bool = True
+) -> str:
     """The gate result in format ``fmt`` under ``title`` (``gbdoctor diff`` for diff);
-    :class:`SpecError` (exit 2) for an unknown format."""
+    :class:`SpecError` (exit 2) for an unknown format. ``details``: the table's informational
+    findings too (``gate --details``); the other formats hold every finding."""
     try:
         formatter = GATE_FORMATS[fmt]()
     except KeyError:
@@ -201,4 +205,7 @@ def render_gate(result: GateResult, fmt: str, title: str = GATE_TITLE) -> str:
             f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}"
         ) from None
     formatter.title = title
-    return formatter.render(result)
+    if isinstance(formatter, GateTableFormat):
+        formatter.details = details
+    # A recompile finding quotes its guard, which may name Dynamo's stack slots.
+    return formatter.render(with_user_names(result))

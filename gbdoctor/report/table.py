@@ -93,7 +93,7 @@ def _header(report: ScanReport) -> Table:
     return grid
 
 
-def verdict(report: ScanReport, summary: ScanSummary) -> str:
+def verdict(summary: ScanSummary) -> str:
     """The answer in one line: breaks, the kinds they are in, events, errors, the top fix."""
     kinds = len(summary.kinds)
     if summary.clean:
@@ -122,7 +122,7 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
     details are."""
     report = with_user_names(report)
     summary = summarize(report)
-    console.print(Text(verdict(report, summary), style="bold green" if summary.clean else "bold"))
+    console.print(Text(verdict(summary), style="bold green" if summary.clean else "bold"))
     if details:
         console.print(_header(report))
     else:
@@ -176,9 +176,12 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
             )
         return
     _render_other_findings(report, summary, console)
+    notes = sum(1 for note in report.notes if not note.startswith("notice:"))
     console.print(
         Text(
-            "Details: --details (-v) for the setup, every CUDA-graph finding and recompile; "
+            "Details: --details (-v) for the setup"
+            + (f" and its {notes} note(s)" if notes else "")
+            + ", every CUDA-graph finding and recompile; "
             "--format json|markdown|html for everything.",
             style="dim",
         )
@@ -293,8 +296,11 @@ GATE_TITLE = "gbdoctor gate"
 """The gate formats' title; ``gbdoctor diff`` renders the same result under its own."""
 
 
-def render_gate_table(result: GateResult, console: Console, title: str = GATE_TITLE) -> None:
-    """Print the gate verdict and one row per finding."""
+def render_gate_table(
+    result: GateResult, console: Console, title: str = GATE_TITLE, *, details: bool = True
+) -> None:
+    """Print the gate verdict and one row per finding; without ``details``, the informational
+    findings that do not fail the gate are only counted."""
     verdict = Text(
         f"{title}: PASSED" if result.passed else f"{title}: FAILED",
         style="bold green" if result.passed else "bold red",
@@ -303,11 +309,18 @@ def render_gate_table(result: GateResult, console: Console, title: str = GATE_TI
     if not result.findings:
         console.print(Text("No change against the baseline."))
         return
+    shown = [f for f in result.findings if details or f.severity != "info" or result.fails(f)]
     specs = list(dict.fromkeys([*result.specs, *(f.spec for f in result.findings)]))
     for spec in specs:
-        findings = [f for f in result.findings if f.spec == spec]
+        findings = [f for f in shown if f.spec == spec]
         if not findings:
-            console.print(Text(f"{spec}: no change against the baseline."))
+            some = any(f.spec == spec for f in result.findings)
+            console.print(
+                Text(
+                    f"{spec}: "
+                    + ("informational changes only." if some else "no change against the baseline.")
+                )
+            )
             continue
         table = Table(title=spec, title_justify="left", expand=True)
         ratios = {"change": 3, "hint": 3}
@@ -327,6 +340,9 @@ def render_gate_table(result: GateResult, console: Console, title: str = GATE_TI
                 Text(f.hint or "-"),
             )
         console.print(table)
+    if len(shown) < len(result.findings):
+        hidden = len(result.findings) - len(shown)
+        console.print(Text(f"{hidden} informational change(s): --details (-v)", style="dim"))
     console.print(Text(result.headline))
 
 
@@ -334,8 +350,9 @@ class GateTableFormat:
     """Gate formatter for ``--format table``."""
 
     title = GATE_TITLE
+    details = True
 
     def render(self, result: GateResult) -> str:
         console = recording_console()
-        render_gate_table(result, console, self.title)
+        render_gate_table(result, console, self.title, details=self.details)
         return plain_text(console)

@@ -214,8 +214,13 @@ def render_price(price: PriceReport, console: Console) -> None:
         for name in headers:
             table.add_column(name, no_wrap=name in ("cause", "gb id", "share", "location"))
         for row in rows:
-            table.add_row(*(Text(cell) for cell in row))
-        console.print(keep_words_whole(table))
+            table.add_row(
+                *(
+                    Text(fit_path(cell, WHERE_WIDTH) if name == "location" else cell)
+                    for name, cell in zip(headers, row, strict=True)
+                )
+            )
+        console.print(keep_words_whole(table, most=10))
     for line in (cause_totals(price), price_headline(price), price_check(price), *price.notes):
         if line:
             console.print(Text(line))

@@ -47,7 +47,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}"
 
 
-def render_table(report: TimelineReport, *, width: int = 160) -> str:
+def render_table(report: TimelineReport, *, width: int = 160, details: bool = True) -> str:
+    """The run's setup, each step (``details``: a library caller's default, ``timeline
+    --details``), the strip, the periods, the findings with their fixes and the verdict; without
+    ``details`` the verdict comes right after the setup and the per-step table is left out."""
     from rich.console import Console
     from rich.table import Table
 
@@ -68,34 +71,38 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
         highlight=False,
         soft_wrap=True,
     )
-    table = Table(show_edge=False)
-    for col in ("step", "ms", "fwd", "bwd", "opt", "coll", "compile", "graphs", "cache", ""):
-        table.add_column(col, justify="right" if col and col != "" else "left")
-    for s in report.steps:
-        events = []
-        for c in s.compiles:
-            if c.limit_hit:
-                events.append(f"LIMIT {c.frame}")
-            elif c.attempt > 0:
-                events.append(f"recompile {c.frame}: {c.guard}")
-        if any(c.attempt == 0 and not c.limit_hit for c in s.compiles):
-            events.append(f"{sum(1 for c in s.compiles if c.attempt == 0)} first compile(s)")
-        events += [f"eager {f}" for f in s.eager_frames]
-        if s.boundary:
-            events.append("accumulation boundary")
-        table.add_row(
-            str(s.step) + ("" if s.step >= report.warmup_steps else " w"),
-            _ms(s.time_s),
-            _ms(s.forward_s),
-            _ms(s.backward_s),
-            _ms(s.optimizer_s),
-            _ms(s.collective_s) + (f" ({s.collective_calls})" if s.collective_calls else ""),
-            _ms(s.compile_s),
-            str(s.graph_runs),
-            str(s.cache_entries),
-            "; ".join(events)[:200],
-        )
-    console.print(table)
+    if not details:
+        # The answer first; the per-step table is the long part (one row per step).
+        console.print(f"verdict: {report.verdict}", markup=False, highlight=False, soft_wrap=True)
+    else:
+        table = Table(show_edge=False)
+        for col in ("step", "ms", "fwd", "bwd", "opt", "coll", "compile", "graphs", "cache", ""):
+            table.add_column(col, justify="right" if col and col != "" else "left")
+        for s in report.steps:
+            events = []
+            for c in s.compiles:
+                if c.limit_hit:
+                    events.append(f"LIMIT {c.frame}")
+                elif c.attempt > 0:
+                    events.append(f"recompile {c.frame}: {c.guard}")
+            if any(c.attempt == 0 and not c.limit_hit for c in s.compiles):
+                events.append(f"{sum(1 for c in s.compiles if c.attempt == 0)} first compile(s)")
+            events += [f"eager {f}" for f in s.eager_frames]
+            if s.boundary:
+                events.append("accumulation boundary")
+            table.add_row(
+                str(s.step) + ("" if s.step >= report.warmup_steps else " w"),
+                _ms(s.time_s),
+                _ms(s.forward_s),
+                _ms(s.backward_s),
+                _ms(s.optimizer_s),
+                _ms(s.collective_s) + (f" ({s.collective_calls})" if s.collective_calls else ""),
+                _ms(s.compile_s),
+                str(s.graph_runs),
+                str(s.cache_entries),
+                "; ".join(events)[:200],
+            )
+        console.print(table)
     console.print(
         strip(report) + f"   ({STRIP_LEGEND}; w: warm-up)",
         markup=False,
@@ -137,7 +144,8 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
                 console.print(
                     f"    or in code: {f.fix.code}", markup=False, highlight=False, soft_wrap=True
                 )
-    console.print(f"verdict: {report.verdict}", markup=False, highlight=False, soft_wrap=True)
+    if details:
+        console.print(f"verdict: {report.verdict}", markup=False, highlight=False, soft_wrap=True)
     v = report.verification
     if v is not None:
         console.print(
@@ -156,6 +164,13 @@ def render_table(report: TimelineReport, *, width: int = 160) -> str:
         console.print(f"after the fixes: {marks}", markup=False, highlight=False, soft_wrap=True)
     for note in report.notes:
         console.print(f"note: {note}", markup=False, highlight=False, soft_wrap=True)
+    if not details:
+        console.print(
+            "Details: --details (-v) for the per-step table; --format json for everything.",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     return out.getvalue()
 
 

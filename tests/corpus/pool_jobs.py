@@ -99,3 +99,17 @@ def uneven_block_runs_under_held_fsdp(payload: object) -> list[float]:
     # Out of the phase: real collectives again, paired on every rank.
     model(torch.randn(2, 8)).sum().backward()
     return losses
+
+
+def report_stages(payload: object) -> int:
+    """Say two stages through the rank's progress (rank 0's reach the parent), then answer."""
+    import torch.distributed as dist
+
+    from gbdoctor.setup.rank_protocol import rank_progress
+
+    say = rank_progress()
+    rank = dist.get_rank()
+    if say is not None:
+        say(f"stage 1 on rank {rank}", 0, 2)
+        say(f"stage 2 on rank {rank}", 1, 2)
+    return rank

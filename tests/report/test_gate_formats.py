@@ -120,3 +120,19 @@ def test_diff_cli_header_names_diff(tmp_path) -> None:
     result = CliRunner().invoke(app, ["diff", str(old), str(new)])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("gbdoctor diff: PASSED")
+
+
+def test_the_gate_table_counts_its_informational_findings_unless_details() -> None:
+    result = failing()
+    info = [f for f in result.findings if f.severity == "info" and not result.fails(f)]
+    assert info, "the fixture has an informational finding (the check can fail)"
+    full = render_gate(result, "table")
+    short = render_gate(result, "table", details=False)
+    assert all(f.what in " ".join(full.split()) for f in info)
+    assert not any(f.what in " ".join(short.split()) for f in info)
+    assert f"{len(info)} informational change(s): --details (-v)" in short
+    # What fails the gate and the verdict stay.
+    assert "FAILED" in short and result.headline in " ".join(short.split())
+    for f in result.findings:
+        if result.fails(f):
+            assert f.severity in short
