@@ -31,8 +31,10 @@ from gbdoctor.capture import (
     strict_breaks,
 )
 from gbdoctor.capture.locate import portable_text
+from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.frameworks import framework_for
+from gbdoctor.frameworks.registry import hooks_of
 from gbdoctor.records import BlockReport, EventKind, Recompile, SetupInfo, Spec
 from gbdoctor.scan.block_report import block_report
 from gbdoctor.scan.dedupe import (
@@ -144,6 +146,7 @@ def _scan_set_up(
                 strict=job.strict,
                 root=job.spec.root or None,
                 probe=probe,
+                hooks=hooks_of(recipe),
             )
         finally:
             if watch is not None:
@@ -164,6 +167,7 @@ def capture_set_up(
     strict: bool = False,
     root: str | None = None,
     probe: RecompileProbe | None = None,
+    hooks: FrameworkHooks = NO_FRAMEWORK_HOOKS,
 ) -> tuple[tuple[BlockReport, ...], tuple[str, ...]]:
     """Warm up, then capture each distinct block kind of a model as set up, by any recipe
     (``model``, ``blocks`` with fqn/outer/kind/regions, ``hooks``, ``optimizer``). The caller
@@ -206,6 +210,7 @@ def capture_set_up(
                 root=root,
                 probe=probe,
                 notes=notes,
+                hooks=hooks,
                 prove=_prover(session, setup, slots, store, rep, pending, proven)
                 if pending
                 else None,
@@ -351,6 +356,7 @@ def capture_block(
     probe: RecompileProbe | None = None,
     notes: list[str] | None = None,
     prove: Callable[[RawCapture], None] | None = None,
+    hooks: FrameworkHooks = NO_FRAMEWORK_HOOKS,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
 
@@ -397,4 +403,4 @@ def capture_block(
                 prove(raw)
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
-    return replace(block_report(slot, raw, root=root), recompiles=recompiles)
+    return replace(block_report(slot, raw, root=root, hooks=hooks), recompiles=recompiles)
