@@ -255,3 +255,26 @@ def test_docs_plugins_quotes_the_toy_distribution_verbatim():
     }
     for path, text in quoted:
         assert text == (REPO / path).read_text(encoding="utf-8"), path
+
+
+def test_a_frameworks_hook_library_is_its_own_cause_signal():
+    """The zero-hook location signal comes from the framework (``OwnHookLibrary``): the cause
+    rules know no library path of their own."""
+    from gbdoctor.causes import classify
+    from gbdoctor.frameworks.interface import OwnHookLibrary
+    from gbdoctor.records import Location, RawBreak
+
+    owners = [f.name for f in registry.all_frameworks() if isinstance(f, OwnHookLibrary)]
+    assert owners == ["deepspeed"]
+    hooks = registry.hooks_of(registry.framework_named("deepspeed"))
+    frames = (
+        Location(file="/x/model.py", line=3, function="forward"),
+        Location(file="/sp/deepspeed/runtime/zero/parameter_offload.py", line=4, function="h"),
+    )
+    raw = RawBreak(gb_type="Unexpected type in sourceless builder", message="", frames=frames)
+    assert classify(raw, hooks) == "zero-hook"
+    assert classify(raw) != "zero-hook"  # another framework's scan: not its hook
+    component = RawBreak(
+        gb_type="Unexpected type in sourceless builder", message="", component="zero"
+    )
+    assert classify(component, hooks) == "zero-hook" and classify(component) != "zero-hook"

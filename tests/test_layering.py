@@ -109,9 +109,6 @@ FRAMEWORK_ALLOWED = {
 }
 """(module, framework name or module) pairs allowed outside ``frameworks/`` (see each reason)."""
 FRAMEWORK_NOT_MOVED = {
-    # ZeRO's hook files (a location signal of the zero-hook cause): to be contributed by the
-    # framework through the interface.
-    ("gbdoctor.causes.rules", "deepspeed"),
     # Cause and known-issue texts that name the framework a fix comes from.
     ("gbdoctor.causes.taxonomy", "deepspeed"),
     ("gbdoctor.causes.taxonomy", "torchtitan"),

@@ -15,6 +15,7 @@ from gbdoctor.causes.gb_registry import (
     registry,
     registry_path,
 )
+from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.causes.known_issues import KNOWN_ISSUES, KnownIssue, known_issue, known_issue_note
 from gbdoctor.causes.parse import (
     Reason,
@@ -42,6 +43,8 @@ from gbdoctor.causes.taxonomy import (
 from gbdoctor.torch_compat import release_name, torch_release
 
 __all__ = [
+    "NO_FRAMEWORK_HOOKS",
+    "FrameworkHooks",
     "GB_RENAMES",
     "GbRename",
     "gb_type_in",

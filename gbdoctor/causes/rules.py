@@ -57,6 +57,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gbdoctor.causes.gb_registry import gb_id_for, is_torch_file
+from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.causes.parse import (
     DATA_DEPENDENT_BRANCHING,
     DATA_DEPENDENT_SPECIALIZATION,
@@ -157,8 +158,8 @@ _HARD_ERROR = _group(
 
 # --------------------------------------------------------------------------- location signals
 
+
 _FSDP_FILE = re.compile(r"torch/distributed/(fsdp|_composable/fsdp)/")
-_ZERO_FILE = re.compile(r"deepspeed/runtime/zero/")
 _C10D_FILE = re.compile(
     r"torch/distributed/(distributed_c10d|_functional_collectives|_symmetric_memory)"
 )
@@ -204,7 +205,7 @@ def _local_frames(raw: RawBreak) -> tuple[Location, ...]:
     return user
 
 
-def _trailing_library_frames(raw: RawBreak) -> tuple[Location, ...]:
+def _trailing_library_frames(raw: RawBreak, hooks: FrameworkHooks) -> tuple[Location, ...]:
     """The innermost frame plus the torch/sharding frames directly above it: the code that
     was running when Dynamo broke (an FSDP hook) rather than code that merely wraps the
     model further out (FSDP1's forward)."""
@@ -212,7 +213,7 @@ def _trailing_library_frames(raw: RawBreak) -> tuple[Location, ...]:
     for f in reversed(raw.frames):
         out.append(f)
         path = _norm(f.file)
-        if not (is_torch_file(path) or _FSDP_FILE.search(path) or _ZERO_FILE.search(path)):
+        if not (is_torch_file(path) or _FSDP_FILE.search(path) or hooks.owns(path)):
             break
     return tuple(out)
 
@@ -309,13 +310,13 @@ def _component(raw: RawBreak) -> str:
     return _SETUP_COMPONENTS[m.group(1)] if m else raw.component
 
 
-def _tensor_parallel(raw: RawBreak) -> bool:
+def _tensor_parallel(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     """A TP break needs TP on the stack: the ``tp`` component, TP's files among the innermost
     library frames, or DTensor's own words in a break no other setup component claims."""
     component = _component(raw)
     if component == Component.TP:
         return True
-    if any(_TP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw)):
+    if any(_TP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw, hooks)):
         return True
     if component not in (Component.MODEL, Component.TORCH):
         return False
@@ -331,23 +332,23 @@ def recompile_cause(reason: str) -> str | None:
     return "tensor-parallel" if any(word in reason for word in words) else None
 
 
-def _zero_hook(raw: RawBreak) -> bool:
-    if raw.component in (Component.ZERO, Component.DEEPSPEED):
+def _zero_hook(raw: RawBreak, hooks: FrameworkHooks) -> bool:
+    if raw.component in hooks.components:
         return True
-    return any(_ZERO_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw))
+    return any(hooks.owns(_norm(f.file)) for f in _trailing_library_frames(raw, hooks))
 
 
-def _fsdp_hook(raw: RawBreak) -> bool:
+def _fsdp_hook(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     if _component(raw) == Component.FSDP:
         return True
-    if any(_FSDP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw)):
+    if any(_FSDP_FILE.search(_norm(f.file)) for f in _trailing_library_frames(raw, hooks)):
         return True
     if raw.gb_type in _FSDP or re.search(r"\bFSDP\b", raw.gb_type):
         return True
     return bool(_FSDP_REASON.search(_text(raw)))
 
 
-def _ep_dispatch(raw: RawBreak) -> bool:
+def _ep_dispatch(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     if _component(raw) == Component.EP:
         return True
     if not (_is_data_dependent(raw) or _is_collective(raw)):
@@ -358,7 +359,7 @@ def _ep_dispatch(raw: RawBreak) -> bool:
     )
 
 
-def _backward_hook(raw: RawBreak) -> bool:
+def _backward_hook(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     if raw.gb_type in _BACKWARD_HOOK:
         return True
     if raw.component != Component.USER_HOOK:
@@ -370,7 +371,7 @@ def _backward_hook(raw: RawBreak) -> bool:
     )
 
 
-def _inplace_in_sac(raw: RawBreak) -> bool:
+def _inplace_in_sac(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     if not _in_checkpoint(raw):
         return False
     if raw.gb_type in _HOP_SIDE_EFFECT:
@@ -380,7 +381,7 @@ def _inplace_in_sac(raw: RawBreak) -> bool:
     return bool(_MUTATION_TEXT.search(f"{raw.explanation}\n{raw.context}"))
 
 
-def _moe_load_balancing(raw: RawBreak) -> bool:
+def _moe_load_balancing(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     if _component(raw) == Component.LOAD_BALANCING:
         return True
     if _is_data_dependent(raw):
@@ -393,15 +394,15 @@ def _moe_load_balancing(raw: RawBreak) -> bool:
     return False
 
 
-def _data_dependent(raw: RawBreak) -> bool:
+def _data_dependent(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     return _is_data_dependent(raw)
 
 
-def _collective(raw: RawBreak) -> bool:
+def _collective(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     return _is_collective(raw)
 
 
-def _compiler_disabled(raw: RawBreak) -> bool:
+def _compiler_disabled(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     if raw.gb_type in _DISABLED:
         return True
     if raw.gb_type in _SKIPPED:
@@ -412,11 +413,11 @@ def _compiler_disabled(raw: RawBreak) -> bool:
     return False
 
 
-def _explicit(raw: RawBreak) -> bool:
+def _explicit(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     return raw.gb_type in _EXPLICIT
 
 
-def _python_side_effect(raw: RawBreak) -> bool:
+def _python_side_effect(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     gb = raw.gb_type
     if gb in _LOGGING:
         return True
@@ -437,11 +438,11 @@ def _python_side_effect(raw: RawBreak) -> bool:
     return gb in _HOP_SIDE_EFFECT
 
 
-def _error(raw: RawBreak) -> bool:
+def _error(raw: RawBreak, hooks: FrameworkHooks) -> bool:
     return raw.gb_type in _HARD_ERROR
 
 
-RULE_ORDER: tuple[tuple[str, Callable[[RawBreak], bool]], ...] = (
+RULE_ORDER: tuple[tuple[str, Callable[[RawBreak, FrameworkHooks], bool]], ...] = (
     ("zero-hook", _zero_hook),
     ("fsdp-hook", _fsdp_hook),
     ("ep-dispatch", _ep_dispatch),
@@ -459,8 +460,9 @@ RULE_ORDER: tuple[tuple[str, Callable[[RawBreak], bool]], ...] = (
 """(cause id, predicate) in the order :func:`classify` tries them; ``unsupported`` is last."""
 
 
-def classify(raw: RawBreak) -> str:
+def classify(raw: RawBreak, hooks: FrameworkHooks | None = None) -> str:
     """The cause id of one captured break: the first rule of :data:`RULE_ORDER` that matches.
+    ``hooks``: the hook library of the framework that set the model up (none by default).
 
     Where the RawBreak's gb_type is empty but its message is not, the message is parsed for
     it (and for explanation and context) first. Anything no rule claims is ``unsupported``.
@@ -475,6 +477,6 @@ def classify(raw: RawBreak) -> str:
             hop=raw.hop or parsed.hop,
         )
     for cause_id, rule in RULE_ORDER:
-        if rule(raw):
+        if rule(raw, hooks or NO_FRAMEWORK_HOOKS):
             return cause_id
     return "unsupported"

@@ -19,7 +19,8 @@ The capabilities a framework may add:
 - :class:`MetaModelBuilder`: it builds its own models, on meta too (memory estimates);
 - :class:`RegistryRuns`: it names runs by its own config registry, on the command line;
 - :class:`EngineStepFramework`: its scans capture whole engine steps;
-- :class:`GradientAccumulation`: ``timeline`` reads its accumulation boundaries.
+- :class:`GradientAccumulation`: ``timeline`` reads its accumulation boundaries;
+- :class:`OwnHookLibrary`: its library's hooks, where a break is the ``zero-hook`` cause.
 
 How a scan captures a step (:class:`CaptureStyle`):
 
@@ -38,6 +39,7 @@ from dataclasses import Field
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, NoReturn, Protocol, runtime_checkable
 
+from gbdoctor.causes.hooks import FrameworkHooks
 from gbdoctor.records import Plan, ScanReport, SetupInfo, Spec
 
 if TYPE_CHECKING:  # spec loading reads framework objects and must not import torch
@@ -125,7 +127,11 @@ class RunModes(Protocol):
 @runtime_checkable
 class Framework(Protocol):
     """The core every framework implements: one training framework's spec section, build, set
-    up and training step."""
+    up and training step.
+
+    ``isinstance`` against a Protocol reads every member on Python 3.11, properties included:
+    the registry checks the core with ``registry.core_members`` statically instead, so that a
+    lazy property (``strategies``, which imports torch) stays lazy."""
 
     api_version: int
     """The :data:`PLUGIN_API_VERSION` this framework was written for (checked on load)."""
@@ -277,11 +283,13 @@ class MetaModelBuilder(Protocol):
 
 
 @runtime_checkable
-class RegistryRuns(Framework, Protocol):
+class RegistryRuns(Protocol):
     """A framework that names runs by its own config registry instead of a spec file: its
     ``flag`` (``--torchtitan``) on a command, with the framework's own overrides, becomes a
     ``Spec`` whose ``registry_run`` holds the name (``registry.spec_for_run``)."""
 
+    title: str
+    """How messages name the framework (the core's ``title``)."""
     flag: str
     """The command-line option that names a run (``MODULE:CONFIG``)."""
     flag_help: str
@@ -321,6 +329,14 @@ class EngineStepFramework(Framework, Protocol):
     ) -> tuple[str, ...]:
         """What a whole-step capture's report says about the setup it captured."""
         ...
+
+
+@runtime_checkable
+class OwnHookLibrary(Protocol):
+    """A framework whose own library hooks the model's modules (DeepSpeed's ZeRO gathers and
+    releases parameters in hooks): a break inside them is the ``zero-hook`` cause."""
+
+    hook_library: FrameworkHooks
 
 
 @runtime_checkable

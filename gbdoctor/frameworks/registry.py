@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
+from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import PluginError, SpecError, first_line
 from gbdoctor.frameworks.interface import (
     PLUGIN_API_VERSION,
@@ -33,6 +35,7 @@ from gbdoctor.frameworks.interface import (
     Framework,
     HasEmitters,
     HasRunModes,
+    OwnHookLibrary,
     Planner,
     RegistryRuns,
     RunModes,
@@ -137,19 +140,29 @@ def load_plugin(source: PluginSource) -> Framework:
             f"install a release of {source.distribution} written for plug-in API "
             f"{PLUGIN_API_VERSION}, or the gbdoctor it was written for",
         )
-    if not isinstance(framework, Framework):
-        missing = ", ".join(m for m in core_members() if not hasattr(framework, m))
+    missing = ", ".join(m for m in core_members() if not _has_member(framework, m))
+    if missing:
         raise PluginError(
-            f"{where} does not implement gbdoctor.frameworks.interface.Framework"
-            + (f": it lacks {missing}" if missing else ""),
+            f"{where} does not implement gbdoctor.frameworks.interface.Framework: it lacks "
+            + missing,
             fix,
         )
+    framework = cast(Framework, framework)  # every core member is there (read statically)
     if framework.name != source.name:
         raise PluginError(
             f"{where} is named {framework.name!r}, not its entry point's name",
             f"name the entry point {framework.name!r} in {source.distribution}'s metadata",
         )
     return framework
+
+
+def _has_member(obj: object, name: str) -> bool:
+    """``obj`` has ``name``, read without running a property (a lazy one imports torch)."""
+    try:
+        inspect.getattr_static(obj, name)
+    except AttributeError:
+        return False
+    return True
 
 
 def core_members() -> tuple[str, ...]:
@@ -270,6 +283,11 @@ def run_modes_of(framework: Framework) -> RunModes:
             hint="scan the spec instead, or use a framework with run modes",
         )
     return framework.run_modes
+
+
+def hooks_of(framework: Framework) -> FrameworkHooks:
+    """Where ``framework``'s own library hooks the model (none without the capability)."""
+    return framework.hook_library if isinstance(framework, OwnHookLibrary) else NO_FRAMEWORK_HOOKS
 
 
 def emitters_of(framework: Framework) -> Mapping[str, Emitter]:

@@ -42,14 +42,21 @@ def _rerooted(finding: Any, root: str | None) -> Any:
     )
 
 
-def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> BlockReport:
-    """Records of one capture; locations relative to ``root`` (the spec's ``Spec.root``)."""
+def block_report(
+    slot: Any,
+    raw: RawCapture,
+    *,
+    root: str | None = None,
+    hooks: causes.FrameworkHooks = causes.NO_FRAMEWORK_HOOKS,
+) -> BlockReport:
+    """Records of one capture; locations relative to ``root`` (the spec's ``Spec.root``);
+    ``hooks``: the spec's framework's own hook library (``registry.hooks_of``)."""
     merged: dict[tuple[Any, ...], Break] = {}
     events: dict[tuple[Any, ...], Event] = {}
     for rb, region in raw.breaks:
         location = innermost_user_location(rb.frames, root, component=rb.component)
         brk = Break(
-            cause=causes.classify(rb),
+            cause=causes.classify(rb, hooks),
             gb_type=rb.gb_type,
             gb_id=causes.gb_id_for(rb.gb_type),
             location=location,
@@ -90,7 +97,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
             # Only counters saw it (no stack): keep it, never drop a break.
             rb = RawBreak(gb_type=gb_type, message=gb_type, component="torch")
             merged[(gb_type,)] = Break(
-                cause=causes.classify(rb),
+                cause=causes.classify(rb, hooks),
                 gb_type=gb_type,
                 gb_id=causes.gb_id_for(gb_type),
                 location=None,

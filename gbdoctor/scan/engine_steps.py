@@ -30,9 +30,10 @@ from gbdoctor.capture import (
 )
 from gbdoctor.capture.locate import portable_path
 from gbdoctor.capture.recompiles import watch_recompiles
+from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import SetupError
 from gbdoctor.frameworks.interface import CaptureStyle, EngineStepFramework
-from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.frameworks.registry import framework_for, hooks_of
 from gbdoctor.records import BlockReport, Event, EventKind, Recompile, ScanReport, Spec
 from gbdoctor.scan.block_report import block_report, event_order
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
@@ -128,7 +129,12 @@ def scan_engine_steps_rank(job: ScanJob) -> RankScan:
     finally:
         recipe.release_rank()
     reports = split_by_block(
-        setup, raw, recorder.records, recipe.root_region, spec_root=spec.root or None
+        setup,
+        raw,
+        recorder.records,
+        recipe.root_region,
+        spec_root=spec.root or None,
+        hooks=hooks_of(recipe),
     )
     info = recipe.engine_setup_info(spec, job.strategy, job.device, setup, CAPTURE_STEPS)
     notes = recipe.engine_notes(spec, job.strategy, CAPTURE_STEPS, losses)
@@ -142,6 +148,7 @@ def split_by_block(
     root: str,
     *,
     spec_root: str | None = None,
+    hooks: FrameworkHooks = NO_FRAMEWORK_HOOKS,
 ) -> list[BlockReport]:
     """Per-block reports from one whole-model capture: each break goes to the block containing
     the module it was attributed to; breaks outside every block, and recompiles of code that is
@@ -184,7 +191,7 @@ def split_by_block(
     reports = []
     portable = [_portable(r, spec_root) for r in recompiles]
     for slot in [root_slot, *slots]:
-        report = block_report(slot, parts[slot.fqn], root=spec_root)
+        report = block_report(slot, parts[slot.fqn], root=spec_root, hooks=hooks)
         mine = tuple(r for r in portable if _recompile_owner(r, slots, root, spec_root) == slot.fqn)
         limits = {
             r.function: Event(

@@ -32,8 +32,10 @@ from gbdoctor.capture import (
     strict_breaks,
 )
 from gbdoctor.capture.locate import portable_text
+from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.frameworks import framework_for
+from gbdoctor.frameworks.registry import hooks_of
 from gbdoctor.records import BlockReport, EventKind, Recompile, SetupInfo, Spec
 from gbdoctor.scan.block_report import block_report
 from gbdoctor.scan.dedupe import (
@@ -152,6 +154,7 @@ def _scan_set_up(
                 strict=job.strict,
                 root=job.spec.root or None,
                 probe=probe,
+                hooks=hooks_of(recipe),
             )
         finally:
             if watch is not None:
@@ -172,6 +175,7 @@ def capture_set_up(
     strict: bool = False,
     root: str | None = None,
     probe: RecompileProbe | None = None,
+    hooks: FrameworkHooks = NO_FRAMEWORK_HOOKS,
 ) -> tuple[tuple[BlockReport, ...], tuple[str, ...]]:
     """Warm up, then capture each distinct block kind of a model as set up, by any recipe
     (``model``, ``blocks`` with fqn/outer/kind/regions, ``hooks``, ``optimizer``). The caller
@@ -243,6 +247,7 @@ def _capture_kinds(
                 probe=probe,
                 notes=notes,
                 stage=stage,
+                hooks=hooks,
                 prove=_prover(session, setup, slots, store, rep, pending, proven)
                 if pending
                 else None,
@@ -389,6 +394,7 @@ def capture_block(
     notes: list[str] | None = None,
     prove: Callable[[RawCapture], None] | None = None,
     stage: Callable[[str], None] = lambda what: None,
+    hooks: FrameworkHooks = NO_FRAMEWORK_HOOKS,
 ) -> BlockReport:
     """Capture one block (forward + backward) and turn what Dynamo did into records.
 
@@ -441,4 +447,4 @@ def capture_block(
     if setup.optimizer is not None:
         setup.optimizer.zero_grad(set_to_none=True)
     stage("records and CUDA-graph readiness")
-    return replace(block_report(slot, raw, root=root), recompiles=recompiles)
+    return replace(block_report(slot, raw, root=root, hooks=hooks), recompiles=recompiles)

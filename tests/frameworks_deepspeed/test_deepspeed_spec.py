@@ -128,7 +128,10 @@ def test_cli_bad_deepspeed_key_is_one_line_exit_2():
 
 def test_zero_hook_cause_and_rules():
     from gbdoctor.causes import CAUSES, classify
+    from gbdoctor.frameworks.registry import framework_named, hooks_of
     from gbdoctor.records import Location, RawBreak
+
+    zero = hooks_of(framework_named("deepspeed"))  # the framework's own hook library
 
     cause = CAUSES["zero-hook"]
     assert cause.owner == "training-setup"
@@ -141,7 +144,8 @@ def test_zero_hook_cause_and_rules():
                 gb_type="Attempted to inline function marked as skipped",
                 message="",
                 component="zero",
-            )
+            ),
+            zero,
         )
         == "zero-hook"
     )
@@ -157,7 +161,8 @@ def test_zero_hook_cause_and_rules():
     )
     assert (
         classify(
-            RawBreak(gb_type="Unexpected type in sourceless builder", message="", frames=frames)
+            RawBreak(gb_type="Unexpected type in sourceless builder", message="", frames=frames),
+            zero,
         )
         == "zero-hook"
     )
@@ -173,7 +178,8 @@ def test_zero_hook_cause_and_rules():
         classify(
             RawBreak(
                 gb_type="Skip calling `torch.compiler.disable()`d function", message="", frames=fsdp
-            )
+            ),
+            zero,
         )
         == "fsdp-hook"
     )

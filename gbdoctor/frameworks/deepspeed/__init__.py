@@ -13,11 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gbdoctor.causes.hooks import FrameworkHooks
 from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
-from gbdoctor.frameworks.deepspeed.setup import ROOT_REGION
 from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
+from gbdoctor.records.enums import Component
 
 NAME = "deepspeed"
+ROOT_REGION = "model"
+"""Name of the whole-model region (``engine.compile()``) and of the report row for everything
+outside the blocks (embeddings, final norm, output, the model's own forward). Here, not in
+``setup.py``: this module stays free of torch (frameworks load when the command line is built)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class DeepSpeed(FrameworkBase):
     run_modes = DeepSpeedRunModes()
     plan_modes = ("engine", "forward", "none")
     plan_section = NAME
+    hook_library = FrameworkHooks(
+        files=("deepspeed/runtime/zero/",),  # ZeRO's parameter gather/release and its hooks
+        components=(Component.ZERO, Component.DEEPSPEED),
+    )
 
     # ---------------------------------------------------------------- strategies and spec
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gbdoctor.errors import SetupError, SpecError
+from gbdoctor.frameworks.deepspeed import ROOT_REGION
 
 DEFAULT_LR = 8e-4
 
@@ -326,11 +327,6 @@ def apply_deepspeed(
         fsdp=False,
         engine=engine,
     )
-
-
-ROOT_REGION = "model"
-"""Name of the whole-model region (``engine.compile()``) and of the report row for everything
-outside the blocks (embeddings, final norm, output, the model's own forward)."""
 
 
 def cleanup_shared_memory() -> list[str]:
