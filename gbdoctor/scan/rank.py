@@ -200,7 +200,7 @@ def capture_set_up(
     # FSDP collective may run, and gbdoctor's own (the probe steps' loss) stay on the rank.
     with held_unsharded(setup.model), rank_local_collectives():
         reports = _capture_kinds(
-            session, setup, store, progress, notes, dedupe, strict, root, probe
+            session, setup, store, progress, notes, dedupe, strict, root, probe, hooks
         )
     return reports, tuple(dict.fromkeys(notes))
 
@@ -215,6 +215,7 @@ def _capture_kinds(
     strict: bool,
     root: str | None,
     probe: RecompileProbe | None,
+    hooks: FrameworkHooks,
 ) -> tuple[BlockReport, ...]:
     """``capture_set_up`` after the warm-up: each distinct kind captured, the rest proven."""
     groups = group_blocks(setup, store) if dedupe else [[s.fqn] for s in setup.blocks]
