@@ -8,9 +8,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gbdoctor.cli.inputs import choose_strategy, load_spec_args, load_spec_options, spec_path
+from gbdoctor.cli.inputs import (
+    choose_strategy,
+    load_spec_args,
+    load_spec_options,
+    named_run,
+    spec_path,
+)
 from gbdoctor.cli.options import (
+    AccelerateOpt,
     GateFormatOpt,
+    ModelOpt,
     OutputOpt,
     SetOpt,
     SimulateOpt,
@@ -37,6 +45,8 @@ def gate(
         ),
     ] = None,
     torchtitan: TorchtitanOpt = None,
+    accelerate: AccelerateOpt = None,
+    model: ModelOpt = None,
     baseline: Annotated[
         Path,
         typer.Option(
@@ -82,9 +92,11 @@ def gate(
     from gbdoctor.report import render_gate
     from gbdoctor.report.json import load_scan_json
 
-    if not specs and not scan_json and torchtitan is None:
+    if not specs and not scan_json and named_run(torchtitan, accelerate) is None:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
-    files = [spec_path([s]) for s in specs or []] if torchtitan is None else []
+    files = (
+        [spec_path([s]) for s in specs or []] if named_run(torchtitan, accelerate) is None else []
+    )
     preflight(format, "gate", output, html, inputs=(baseline, *files, *(scan_json or [])))
     # Everything that can be wrong with the inputs is found before the first scan starts.
     accepted = open_baseline(baseline, update=update_baseline)
@@ -92,8 +104,18 @@ def gate(
     scanned: list[ScanReport] = []
     # With --torchtitan the run (name + overrides) is the one spec; its key in the baseline.
     loaded_specs = (
-        [load_spec_args(specs, torchtitan, set_, simulate=simulate, world_size=world_size)]
-        if torchtitan is not None
+        [
+            load_spec_args(
+                specs,
+                torchtitan,
+                set_,
+                simulate=simulate,
+                world_size=world_size,
+                accelerate=accelerate,
+                model=model,
+            )
+        ]
+        if named_run(torchtitan, accelerate) is not None
         else [
             load_spec_options(path, set_, simulate=simulate, world_size=world_size)
             for path in files

@@ -36,26 +36,42 @@ def load_spec_args(
     *,
     simulate: bool = False,
     world_size: int | None = None,
+    accelerate: str | None = None,
+    model: str | None = None,
 ) -> Spec:
     """One spec from the command line: a TOML file (``args`` holds its path), or with
     ``--torchtitan MODULE:CONFIG`` a run of its config registry (``args``: torchtitan's own
-    overrides, which the command passes through unparsed)."""
-    if run is not None:
+    overrides, which the command passes through unparsed), or with ``--accelerate CONFIG
+    --model MODEL`` an Accelerate run."""
+    if run is not None and accelerate is not None:
+        raise typer.BadParameter(f"{RUN_FLAG} and {ACCELERATE_FLAG} are mutually exclusive")
+    if model is not None and accelerate is None:
+        raise typer.BadParameter(f"--model names the model of an {ACCELERATE_FLAG} run")
+    if run is not None or accelerate is not None:
         from gbdoctor.frameworks.registry import spec_for_run
 
+        extra = {"model": model} if accelerate is not None else {}
         return spec_for_run(
-            RUN_FLAG,
-            run,
+            RUN_FLAG if run is not None else ACCELERATE_FLAG,
+            run if run is not None else accelerate,
             tuple(args or ()),
             tuple(overrides or ()),
             simulate=simulate,
             world_size=world_size,
+            **extra,
         )
     return load_spec_options(spec_path(args), overrides, simulate=simulate, world_size=world_size)
 
 
 RUN_FLAG = "--torchtitan"
 """The option that names a run by a framework's config registry (``options.TorchtitanOpt``)."""
+ACCELERATE_FLAG = "--accelerate"
+"""The option that names an Accelerate run by its config file (``options.AccelerateOpt``)."""
+
+
+def named_run(torchtitan: str | None, accelerate: str | None) -> str | None:
+    """The run a framework's own option names instead of a SPEC.toml, if any."""
+    return torchtitan if torchtitan is not None else accelerate
 
 
 def spec_path(args: list[str] | None) -> Path:

@@ -32,6 +32,24 @@ TorchtitanOpt = Annotated[
         show_default=False,
     ),
 ]
+AccelerateOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--accelerate",
+        help="Set up with Hugging Face Accelerate's FSDP2 path: CONFIG is the YAML `accelerate "
+        "config` writes or a TrainingArguments JSON/YAML (needs --model)",
+        show_default=False,
+    ),
+]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="With --accelerate: a directory with config.json, a Hub id in the local cache, or "
+        "FILE.py:FUNCTION (never downloaded)",
+        show_default=False,
+    ),
+]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(

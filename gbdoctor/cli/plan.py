@@ -7,8 +7,10 @@ from typing import Annotated
 
 import typer
 
-from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
+from gbdoctor.cli.inputs import load_spec_args, named_run, read_priced_scan
 from gbdoctor.cli.options import (
+    AccelerateOpt,
+    ModelOpt,
     OutputOpt,
     PlanFormatOpt,
     SetOpt,
@@ -24,6 +26,8 @@ from gbdoctor.errors import ExitCode
 def plan(
     spec: SpecArgs = None,
     torchtitan: TorchtitanOpt = None,
+    accelerate: AccelerateOpt = None,
+    model: ModelOpt = None,
     set_: SetOpt = None,
     emit_config: Annotated[
         str | None, typer.Option("--emit-config", help="json|torchtitan|deepspeed|python")
@@ -50,10 +54,18 @@ def plan(
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
-    files = tuple(spec or ()) if torchtitan is None else ()
+    files = tuple(spec or ()) if named_run(torchtitan, accelerate) is None else ()
     preflight(format, "plan", output, inputs=(*files, price_file))
     price = read_priced_scan(price_file).price if price_file is not None else None
-    loaded = load_spec_args(spec, torchtitan, set_, simulate=simulate, world_size=world_size)
+    loaded = load_spec_args(
+        spec,
+        torchtitan,
+        set_,
+        simulate=simulate,
+        world_size=world_size,
+        accelerate=accelerate,
+        model=model,
+    )
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
     if format == "html":

@@ -8,8 +8,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
+from gbdoctor.cli.inputs import load_spec_args, named_run, read_priced_scan
 from gbdoctor.cli.options import (
+    AccelerateOpt,
+    ModelOpt,
     OutputOpt,
     RunFormatOpt,
     SetOpt,
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 def run(
     spec: SpecArgs = None,
     torchtitan: TorchtitanOpt = None,
+    accelerate: AccelerateOpt = None,
+    model: ModelOpt = None,
     set_: SetOpt = None,
     modes: Annotated[
         str | None,
@@ -103,14 +107,16 @@ def run(
     from gbdoctor.run import run_modes
     from gbdoctor.run.price_check import priced_mode, with_price_check
 
-    files = tuple(spec or ()) if torchtitan is None else ()
+    files = tuple(spec or ()) if named_run(torchtitan, accelerate) is None else ()
     preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))
     priced = read_priced_scan(price_file) if price_file is not None else None
     if priced is not None and no_plan:
         raise typer.BadParameter(
             "--price compares the plan with the mode as set up: drop --no-plan"
         )
-    loaded = load_spec_args(spec, torchtitan, set_, world_size=world_size)
+    loaded = load_spec_args(
+        spec, torchtitan, set_, world_size=world_size, accelerate=accelerate, model=model
+    )
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
     def show_plan(result: Plan) -> None:

@@ -7,8 +7,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gbdoctor.cli.inputs import choose_strategy, load_spec_args
+from gbdoctor.cli.inputs import choose_strategy, load_spec_args, named_run
 from gbdoctor.cli.options import (
+    AccelerateOpt,
+    ModelOpt,
     OutputOpt,
     ScanFormatOpt,
     SetOpt,
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
 def scan(
     spec_args: SpecArgs = None,
     torchtitan: TorchtitanOpt = None,
+    accelerate: AccelerateOpt = None,
+    model: ModelOpt = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     plan: Annotated[
@@ -64,14 +68,22 @@ def scan(
     from gbdoctor.report import render
     from gbdoctor.summary import has_findings
 
-    files = () if torchtitan is not None else tuple((spec_args or [])[:1])
+    files = () if named_run(torchtitan, accelerate) is not None else tuple((spec_args or [])[:1])
     preflight(format, "scan", output, inputs=(*files, plan))
-    if oracle and (torchtitan is not None or simulate):
+    if oracle and (named_run(torchtitan, accelerate) is not None or simulate):
         raise typer.BadParameter(
             "--oracle compiles every layer of a SPEC.toml's bare model for real: it takes no "
             "--torchtitan and no --simulate"
         )
-    loaded = load_spec_args(spec_args, torchtitan, set_, simulate=simulate, world_size=world_size)
+    loaded = load_spec_args(
+        spec_args,
+        torchtitan,
+        set_,
+        simulate=simulate,
+        world_size=world_size,
+        accelerate=accelerate,
+        model=model,
+    )
     report = scan_with_progress(
         loaded,
         choose_strategy(loaded, strategy, plan),

@@ -23,6 +23,7 @@ def register(framework: Any) -> Any:
 
 
 def _builtins() -> None:
+    from gbdoctor.frameworks.accelerate import Accelerate
     from gbdoctor.frameworks.deepspeed import DeepSpeed
     from gbdoctor.frameworks.torchtitan import InstalledTorchtitan
     from gbdoctor.frameworks.torchtitan_v02 import TorchtitanV02
@@ -30,6 +31,7 @@ def _builtins() -> None:
     register(TorchtitanV02())
     register(DeepSpeed())
     register(InstalledTorchtitan())
+    register(Accelerate())
 
 
 def framework_names() -> tuple[str, ...]:
