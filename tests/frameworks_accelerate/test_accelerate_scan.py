@@ -1,0 +1,77 @@
+"""Accelerate scans on 2 gloo ranks, three Hugging Face families x the three configs of issue 42,
+each checked per block against the oracle (``oracle.py``: the same model prepared by
+accelerate's own functions, one block compiled at a time, the graph-break log); and a
+TrainingArguments file against the equivalent Accelerate config."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from oracle import Case, oracle
+from repo_paths import FIXTURES
+
+from gbdoctor.frameworks.registry import spec_for_run
+from gbdoctor.scan import scan
+
+pytestmark = pytest.mark.extra("accelerate")
+
+ACCELERATE = FIXTURES / "accelerate"
+CASES = {
+    "fsdp2_regional_ac": Case("fsdp2_regional_ac.yaml", ac=True, regional=True),
+    "fsdp2_whole_ac": Case("fsdp2_whole_ac.yaml", ac=True, regional=False),
+    "fsdp2_regional_noac": Case("fsdp2_regional_noac.yaml", ac=False, regional=True),
+}
+MODELS = ("llama", "qwen3_moe", "qwen2")
+DEFAULT = ("llama", "fsdp2_regional_ac")
+"""The case in the default set; the other eight are marked slow."""
+
+
+def _scan(config: str, model: str):
+    spec = spec_for_run(
+        "--accelerate", str(ACCELERATE / config), (), model=str(ACCELERATE / "models" / model)
+    )
+    return scan(spec, recompiles=False, dedupe=False)
+
+
+def _scanned(block) -> set[tuple[str, str, int]]:
+    """The block's breaks as the oracle names them (``oracle.oracle``): a break in FSDP2's code
+    by its component (the scan locates it at the user frame that called into FSDP2), any other
+    by the statement it is at (file base name, line)."""
+    out = set()
+    for brk in block.breaks:
+        if brk.component == "fsdp":
+            out.add((brk.gb_type, "fsdp", 0))
+        elif brk.location is not None:
+            out.add((brk.gb_type, os.path.basename(brk.location.file), brk.location.line))
+    return out
+
+
+PARAMS = [
+    pytest.param(m, c, marks=() if (m, c) == DEFAULT else pytest.mark.slow, id=f"{m}-{c}")
+    for m in MODELS
+    for c in CASES
+]
+
+
+@pytest.mark.parametrize("model, config", PARAMS)
+def test_scan_matches_accelerates_own_setup_compiled_per_block(model, config):
+    case = CASES[config]
+    report = _scan(case.config, model)
+    blocks = report.blocks
+    assert [b.fqn for b in blocks] == ["model.layers.0", "model.layers.1"]
+    assert all(b.error is None for b in blocks), [b.error for b in blocks]
+    # The setup accelerate made: AC-wrapped layers exactly when the config asks for it, MoE
+    # layers for Qwen3-MoE (read from the model's own config), FSDP2 on 2 ranks.
+    assert all(("+ac" in str(b.kind)) == case.ac for b in blocks), [b.kind for b in blocks]
+    assert all(str(b.kind).startswith("moe") == (model == "qwen3_moe") for b in blocks)
+    assert report.setup.fsdp and report.setup.world_size == 2
+    assert any("accelerate 1.15" in n for n in report.notes)
+
+    expected = oracle(case, str(ACCELERATE / "models" / model), [b.fqn for b in blocks])
+    for block in blocks:
+        theirs = expected[block.fqn]
+        logged = {(t, w, 0 if w == "fsdp" else n) for t, w, n in theirs.statements}
+        assert _scanned(block) == logged, f"{block.fqn}: scan {_scanned(block)}, log {logged}"
+        # Regions: compiled to no graph at all exactly when the oracle's block compiled none.
+        assert (block.graph_count == 0) == (theirs.graphs == 0), (block.graph_count, theirs.graphs)
