@@ -75,3 +75,26 @@ def test_scan_matches_accelerates_own_setup_compiled_per_block(model, config):
         assert _scanned(block) == logged, f"{block.fqn}: scan {_scanned(block)}, log {logged}"
         # Regions: compiled to no graph at all exactly when the oracle's block compiled none.
         assert (block.graph_count == 0) == (theirs.graphs == 0), (block.graph_count, theirs.graphs)
+
+
+def _records(report) -> list[tuple]:
+    return [
+        (
+            b.fqn,
+            str(b.kind),
+            b.graph_count,
+            sorted((x.gb_type, x.component, x.count) for x in b.breaks),
+        )
+        for b in report.blocks
+    ]
+
+
+@pytest.mark.slow
+def test_trainingarguments_give_the_same_scan_as_the_accelerate_config():
+    """The Trainer's fsdp/fsdp_config/torch_compile fields (trainer_whole_ac.json) and the
+    equivalent `accelerate config` YAML (fsdp2_whole_ac.yaml): the same setup, the same scan."""
+    trainer = _scan("trainer_whole_ac.json", "qwen2")
+    config = _scan("fsdp2_whole_ac.yaml", "qwen2")
+    assert _records(trainer) == _records(config)
+    assert trainer.setup == config.setup
+    assert any(b.breaks for b in trainer.blocks)  # a scan with something in it to compare
