@@ -51,9 +51,11 @@ def load_spec_args(
         from gbdoctor.frameworks.registry import spec_for_run
 
         extra = {"model": model} if accelerate is not None else {}
+        name = run if run is not None else accelerate
+        assert name is not None
         return spec_for_run(
             RUN_FLAG if run is not None else ACCELERATE_FLAG,
-            run if run is not None else accelerate,
+            name,
             tuple(args or ()),
             tuple(overrides or ()),
             simulate=simulate,

@@ -98,3 +98,38 @@ def test_trainingarguments_give_the_same_scan_as_the_accelerate_config():
     assert _records(trainer) == _records(config)
     assert trainer.setup == config.setup
     assert any(b.breaks for b in trainer.blocks)  # a scan with something in it to compare
+
+
+@pytest.mark.slow
+def test_plan_fixes_the_checkpointed_fsdp_hook_and_the_emitted_config_rescans_clean(tmp_path):
+    """llama + regional compile + AC: every layer eager (an FSDP2 hook break in the AC region).
+    The plan's fix, re-scanned strictly through accelerate's own preparation, is clean; its
+    emitted overlay merged into the user's YAML is read by accelerate's own config loader and
+    by gbdoctor's strict reader, and that config scans clean too."""
+    import yaml
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from gbdoctor.frameworks.accelerate.plan import emit_accelerate
+    from gbdoctor.plan import propose_plan
+
+    config = ACCELERATE / "fsdp2_regional_ac.yaml"
+    spec = spec_for_run("--accelerate", str(config), (), model=str(ACCELERATE / "models" / "llama"))
+    plan = propose_plan(spec)
+    assert plan.framework == "accelerate" and plan.verified and plan.rounds == 2
+    (kind,) = plan.kinds
+    assert (kind.breaks_before, kind.breaks_after) == (2, 0)
+    assert "fsdp_activation_checkpointing: false" in kind.reasons[0]
+
+    overlay = yaml.safe_load(emit_accelerate(plan))
+    merged = yaml.safe_load(config.read_text())
+    for section, values in overlay.items():
+        merged[section].update(values)
+    path = tmp_path / "patched.yaml"
+    path.write_text(yaml.safe_dump(merged))
+    assert load_config_from_file(str(path)).fsdp_config["fsdp_activation_checkpointing"] is False
+    rescanned = scan(
+        spec_for_run("--accelerate", str(path), (), model=str(ACCELERATE / "models" / "llama")),
+        strict=True,
+        recompiles=False,
+    )
+    assert all(not b.breaks and not b.events and b.graph_count == 1 for b in rescanned.blocks)

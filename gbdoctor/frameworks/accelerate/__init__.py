@@ -30,7 +30,7 @@ class AccelerateRunModes:
     strategies: Mapping[str, str] = field(
         default_factory=lambda: {"eager": "eager", "accelerate": "accelerate"}
     )
-    modes: tuple[str, ...] = ("eager", "accelerate")
+    modes: tuple[str, ...] = ("eager", "accelerate", "plan")
     baselines: tuple[str, ...] = ("accelerate",)
 
 
@@ -44,7 +44,7 @@ class Accelerate(FrameworkBase):
     strategy_names: tuple[str, ...] = STRATEGY_NAMES
     default_strategy = "accelerate"
     run_modes = AccelerateRunModes()
-    plan_modes: tuple[str, ...] = ()
+    plan_modes: tuple[str, ...] = ("accelerate",)
     flag = FLAG
 
     @property
@@ -139,16 +139,17 @@ class Accelerate(FrameworkBase):
     # ---------------------------------------------------------------- run and plan
 
     def propose_plan(self, spec: Any, *, scan_fn: Any, progress: Any) -> Any:
-        from gbdoctor.errors import SpecError
+        from gbdoctor.frameworks.accelerate.plan import propose_accelerate_plan
 
-        raise SpecError(
-            "plan is not available for Accelerate runs yet",
-            hint="scan it (gbdoctor scan --accelerate CONFIG --model MODEL); docs/accelerate.md lists the fixes per cause",
-        )
+        return propose_accelerate_plan(spec, scan_fn=scan_fn, progress=progress)
 
     def plan_strategy(self, plan: Any) -> Any:
-        return self.propose_plan(None, scan_fn=None, progress=None)
+        from gbdoctor.frameworks.accelerate.plan import plan_strategy
+
+        return plan_strategy(plan)
 
     @property
     def emitters(self) -> Mapping[str, Any]:
-        return {}
+        from gbdoctor.frameworks.accelerate.plan import emit_accelerate
+
+        return {NAME: emit_accelerate}

@@ -28,7 +28,7 @@ import contextlib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -51,6 +51,8 @@ class AccelerateStrategy:
     compile: bool | None = None
     """None: as the config says; False: nothing compiled."""
     plan: str | None = None
+    settings: tuple[str, ...] = ()
+    """``key=json`` settings a plan changes on top of the run's (``plan.plan_strategy``)."""
     summary: str = ""
 
 
@@ -142,17 +144,17 @@ def recording_module_compile(
     def module_compile(module: nn.Module, *args: Any, **kwargs: Any) -> None:
         fqn = outer_name(model, module)
         regions[fqn] = bool(kwargs.get("fullgraph", False))
-        nn.Module.compile = original  # type: ignore[method-assign]
+        nn.Module.compile = original  # type: ignore[method-assign,assignment]
         try:
             compile_region(module, fqn, regions[fqn], **kwargs)
         finally:
-            nn.Module.compile = module_compile  # type: ignore[method-assign]
+            nn.Module.compile = module_compile  # type: ignore[method-assign,assignment]
 
-    nn.Module.compile = module_compile  # type: ignore[method-assign]
+    nn.Module.compile = module_compile  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        nn.Module.compile = original  # type: ignore[method-assign]
+        nn.Module.compile = original  # type: ignore[method-assign,assignment]
 
 
 def prepare(
@@ -177,7 +179,7 @@ def prepare(
         kwargs = (
             None if settings.use_reentrant is None else {"use_reentrant": settings.use_reentrant}
         )
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     accelerator = accelerator_stand_in(settings)
     accelerator.state.fsdp_plugin.set_auto_wrap_policy(model)
     if settings.activation_checkpointing:
@@ -263,6 +265,9 @@ def set_up(
     options: Any,
 ) -> AccelerateSetup:
     """accelerate's preparation (``prepare``), the optimizer, the blocks, the notes."""
+    if strategy.settings:
+        changed = AccelerateSettings.from_args(settings.as_args() + strategy.settings)
+        settings = changed
     session = getattr(options.compile_fn, "__self__", None)
     compile_region = None
     if session is not None:

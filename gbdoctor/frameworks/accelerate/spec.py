@@ -18,6 +18,7 @@ from typing import Any
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.accelerate.config import AccelerateSettings, load_settings
 from gbdoctor.frameworks.accelerate.model import FACTORY, model_label, model_ref
+from gbdoctor.frameworks.interface import SpecContext
 from gbdoctor.records import (
     ACSpec,
     CompileSpec,
@@ -166,7 +167,12 @@ def _capture_settings(overrides: Sequence[str]) -> dict[str, float]:
 
 
 def check_toml_spec(
-    framework: str, spec: Spec, data: Mapping[str, Any], strategy_set: bool, spec_dir: str, ctx: Any
+    framework: str,
+    spec: Spec,
+    data: Mapping[str, Any],
+    strategy_set: bool,
+    spec_dir: str,
+    ctx: SpecContext,
 ) -> Spec:
     """A TOML spec with ``[gbdoctor] framework = "accelerate"``: its ``[accelerate]`` section."""
     table = data.get(SECTION)
@@ -206,7 +212,7 @@ def check_toml_spec(
     )
 
 
-def refuse_section(spec: Spec, data: Mapping[str, Any], ctx: Any) -> None:
+def refuse_section(spec: Spec, data: Mapping[str, Any], ctx: SpecContext) -> None:
     if SECTION in data:
         ctx.fail(
             f'an [{SECTION}] section is only read with [gbdoctor] framework = "{SECTION}" '
