@@ -12,6 +12,7 @@ FIXTURES = REPO / "fixtures"
 EXTRA_INSTALL = {
     "deepspeed": 'DS_BUILD_OPS=0 pip install -e ".[test,deepspeed]"',
     "torchtitan": 'pip install -e ".[test,torchtitan]"',
+    "accelerate": 'pip install -e ".[test,accelerate]"',
 }
 """The optional extras some tests need, with the command that installs each (README: Install)."""
 

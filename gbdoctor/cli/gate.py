@@ -8,13 +8,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from gbdoctor.cli.inputs import choose_strategy, load_spec_args, load_spec_options, spec_path
+from gbdoctor.cli.inputs import (
+    choose_strategy,
+    load_spec_args,
+    load_spec_options,
+    spec_path,
+)
 from gbdoctor.cli.options import (
     RUN_FLAG,
     DetailsOpt,
     GateFormatOpt,
     OutputOpt,
-    RegistryRunOpt,
+    RegistryRun,
     SetOpt,
     SimulateOpt,
     StrategyOpt,
@@ -38,7 +43,7 @@ def gate(
             show_default=False,
         ),
     ] = None,
-    registry_run: RegistryRunOpt = None,
+    registry_run: RegistryRun = None,
     baseline: Annotated[
         Path,
         typer.Option(

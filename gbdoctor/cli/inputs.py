@@ -34,21 +34,23 @@ def load_spec_options(
 
 def load_spec_args(
     args: list[str] | None,
-    run: str | None,
+    run: tuple[str, str] | None,
     overrides: list[str] | None,
     *,
     simulate: bool = False,
     world_size: int | None = None,
 ) -> Spec:
-    """One spec from the command line: a TOML file (``args`` holds its path), or with
-    ``--torchtitan MODULE:CONFIG`` a run of its config registry (``args``: torchtitan's own
-    overrides, which the command passes through unparsed)."""
+    """One spec from the command line: a TOML file (``args`` holds its path), or with a
+    framework's run option (``run``: its flag and value, e.g. ``--torchtitan MODULE:CONFIG``) the
+    run it names (``args``: that framework's own arguments, which the command passes through
+    unparsed)."""
     if run is not None:
-        from gbdoctor.frameworks.registry import command_line_run, spec_for_run
+        from gbdoctor.frameworks.registry import spec_for_run
 
+        flag, name = run
         return spec_for_run(
-            command_line_run().flag,
-            run,
+            flag,
+            name,
             tuple(args or ()),
             tuple(overrides or ()),
             simulate=simulate,
@@ -61,14 +63,14 @@ def spec_path(args: list[str] | None) -> Path:
     """The one SPEC.toml of ``args``; an option-like leftover is a framework override given
     without the run it belongs to."""
     if not args or len(args) != 1 or args[0].startswith("-"):
-        from gbdoctor.frameworks.registry import command_line_run
+        from gbdoctor.frameworks.registry import command_line_runs
 
-        runs = command_line_run()
+        runs = " or ".join(f"{r.flag} ({r.title})" for r in command_line_runs())
         options = [a for a in args or [] if a.startswith("-")]
         unknown = f"no such option: {' '.join(options)}; " if options else ""
         raise typer.BadParameter(
-            f"{unknown}give one SPEC.toml (unknown options such as --section.key are overrides "
-            f"of {runs.title}: they need {runs.flag} MODULE:CONFIG)"
+            f"{unknown}give one SPEC.toml (other options are a framework's own arguments: they "
+            f"follow its run option, {runs})"
         )
     return Path(args[0])
 

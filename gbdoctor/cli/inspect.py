@@ -9,7 +9,7 @@ from gbdoctor.cli.inputs import choose_strategy, load_spec_args
 from gbdoctor.cli.options import (
     InspectFormatOpt,
     OutputOpt,
-    RegistryRunOpt,
+    RegistryRun,
     SetOpt,
     SimulateOpt,
     SpecArgs,
@@ -21,7 +21,7 @@ from gbdoctor.cli.output import emit, notice, preflight, spare_model_code
 
 def inspect(
     spec: SpecArgs = None,
-    registry_run: RegistryRunOpt = None,
+    registry_run: RegistryRun = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     format: InspectFormatOpt = "table",

@@ -3,21 +3,29 @@ that every command spells, documents and validates it the same way."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer.models import OptionInfo
 
-from gbdoctor.frameworks.registry import command_line_run
+from gbdoctor.frameworks.registry import command_line_runs
 from gbdoctor.report import COMMAND_FORMATS
 
-_REGISTRY_RUN = command_line_run()
-RUN_FLAG = _REGISTRY_RUN.flag
-"""The option that names a run by a framework's config registry (``RegistryRuns.flag``)."""
+_RUNS = command_line_runs()
+RUN_FLAGS = tuple(run.flag for run in _RUNS)
+"""The options that name a run by a framework's own configuration instead of a SPEC.toml (each
+framework's ``RegistryRuns.flag``: ``--torchtitan MODULE:CONFIG``, ``--accelerate CONFIG``)."""
+RUN_FLAG = " or ".join(RUN_FLAGS)
+"""How messages name them."""
 SPECS_HELP = (
-    f"TOML train config (docs/specs.md); with {RUN_FLAG}, the --section.key overrides of "
-    f"{_REGISTRY_RUN.title} instead"
+    "TOML train config (docs/specs.md); with "
+    + ", ".join(f"{run.flag} ({run.title})" for run in _RUNS)
+    + ", that framework's own arguments instead"
 )
 
 SpecArg = Annotated[
@@ -26,9 +34,49 @@ SpecArg = Annotated[
 SpecArgs = Annotated[
     list[str] | None, typer.Argument(metavar="SPEC", help=SPECS_HELP, show_default=False)
 ]
-RegistryRunOpt = Annotated[
-    str | None, typer.Option(RUN_FLAG, help=_REGISTRY_RUN.flag_help, show_default=False)
-]
+RegistryRun = tuple[str, str] | None
+"""``(flag, value)`` of the framework run option given on the command line, if any: what
+:func:`with_registry_runs` hands a command as its ``registry_run`` parameter."""
+
+
+def with_registry_runs(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``command`` with one option per framework that names runs itself (:data:`RUN_FLAGS`),
+    in place of its ``registry_run`` parameter, which receives the one given as ``(flag,
+    value)``. An installed plug-in's option appears on every command that takes a spec, with no
+    command naming it; two at once are a usage error."""
+    signature = inspect.signature(command)
+    names = [f"registry_run_{i}" for i in range(len(_RUNS))]
+    options = [
+        inspect.Parameter(
+            name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+            default=None,
+            annotation=Annotated[
+                str | None, typer.Option(run.flag, help=run.flag_help, show_default=False)
+            ],
+        )
+        for name, run in zip(names, _RUNS)
+    ]
+    kept = [p for p in signature.parameters.values() if p.name != "registry_run"]
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        given = [(run.flag, kwargs.pop(name)) for name, run in zip(names, _RUNS)]
+        chosen = [(flag, value) for flag, value in given if value is not None]
+        if len(chosen) > 1:
+            raise typer.BadParameter(
+                f"{' and '.join(flag for flag, _ in chosen)} each name a run: give one"
+            )
+        return command(*args, registry_run=chosen[0] if chosen else None, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=[*kept, *options])  # type: ignore[attr-defined]
+    # typer reads the type hints too: the options' own, resolved (not the command's strings).
+    hints = {k: v for k, v in typing.get_type_hints(command, include_extras=True).items()}
+    hints.pop("registry_run", None)
+    wrapper.__annotations__ = hints | {p.name: p.annotation for p in options}
+    return wrapper
+
+
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(

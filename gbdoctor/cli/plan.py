@@ -11,7 +11,7 @@ from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     OutputOpt,
     PlanFormatOpt,
-    RegistryRunOpt,
+    RegistryRun,
     SetOpt,
     SimulateOpt,
     SpecArgs,
@@ -23,7 +23,7 @@ from gbdoctor.errors import ExitCode
 
 def plan(
     spec: SpecArgs = None,
-    registry_run: RegistryRunOpt = None,
+    registry_run: RegistryRun = None,
     set_: SetOpt = None,
     emit_config: Annotated[
         str | None,

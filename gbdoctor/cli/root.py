@@ -24,6 +24,7 @@ from gbdoctor.cli.exits import (
 )
 from gbdoctor.cli.gate import gate
 from gbdoctor.cli.inspect import inspect
+from gbdoctor.cli.options import with_registry_runs
 from gbdoctor.cli.output import say
 from gbdoctor.cli.plan import plan
 from gbdoctor.cli.price import price
@@ -153,7 +154,9 @@ def _root(
 _SPEC_COMMANDS = (scan, inspect, plan, run, gate)
 for _command in (scan, inspect, causes, plan, run, price, timeline, gate, diff, report):
     if _command in _SPEC_COMMANDS:
-        app.command(context_settings={"ignore_unknown_options": True})(handle_errors(_command))
+        app.command(context_settings={"ignore_unknown_options": True})(
+            handle_errors(with_registry_runs(_command))
+        )
         continue
     app.command()(handle_errors(_command))
 

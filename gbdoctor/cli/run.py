@@ -13,7 +13,7 @@ from gbdoctor.cli.inputs import load_spec_args, read_priced_scan
 from gbdoctor.cli.options import (
     DetailsOpt,
     OutputOpt,
-    RegistryRunOpt,
+    RegistryRun,
     RunFormatOpt,
     SetOpt,
     SpecArgs,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 def run(
     spec: SpecArgs = None,
-    registry_run: RegistryRunOpt = None,
+    registry_run: RegistryRun = None,
     set_: SetOpt = None,
     modes: Annotated[
         str | None,

@@ -12,7 +12,7 @@ from gbdoctor.cli.options import (
     RUN_FLAG,
     DetailsOpt,
     OutputOpt,
-    RegistryRunOpt,
+    RegistryRun,
     ScanFormatOpt,
     SetOpt,
     SimulateOpt,
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 def scan(
     spec_args: SpecArgs = None,
-    registry_run: RegistryRunOpt = None,
+    registry_run: RegistryRun = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     plan: Annotated[

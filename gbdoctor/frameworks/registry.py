@@ -49,6 +49,7 @@ BUILTIN_ENTRY_POINTS: tuple[tuple[str, str], ...] = (
     ("torchtitan", "gbdoctor.frameworks.torchtitan_v02:TorchtitanV02"),
     ("deepspeed", "gbdoctor.frameworks.deepspeed:DeepSpeed"),
     ("torchtitan-installed", "gbdoctor.frameworks.torchtitan:InstalledTorchtitan"),
+    ("accelerate", "gbdoctor.frameworks.accelerate:Accelerate"),
 )
 """gbdoctor's own entry points (name, ``module:attribute``), in the order messages list them."""
 
@@ -220,17 +221,17 @@ def registry_run_frameworks() -> tuple[RegistryRuns, ...]:
     return tuple(f for f in _frameworks().values() if isinstance(f, RegistryRuns))
 
 
-def command_line_run() -> RegistryRuns:
-    """The framework whose ``flag`` every command that takes a spec offers (the first with
-    :class:`~interface.RegistryRuns`). Read as the command line is built: when a plug-in cannot
-    load, the built-ins' answer it, and the command reports the plug-in in one line as soon as
-    it reads frameworks."""
+def command_line_runs() -> tuple[RegistryRuns, ...]:
+    """The frameworks whose ``flag`` every command that takes a spec offers (each with
+    :class:`~interface.RegistryRuns`), in registry order. Read as the command line is built: when
+    a plug-in cannot load, the built-ins' answer, and the command reports the plug-in in one
+    line as soon as it reads frameworks."""
     try:
         frameworks = all_frameworks()
     except PluginError:
         own = (PluginSource(name, value, _OWN_DISTRIBUTION) for name, value in BUILTIN_ENTRY_POINTS)
         frameworks = tuple(load_plugin(source) for source in own)
-    return next(f for f in frameworks if isinstance(f, RegistryRuns))
+    return tuple(f for f in frameworks if isinstance(f, RegistryRuns))
 
 
 def spec_for_run(
