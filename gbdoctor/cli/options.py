@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,7 +43,8 @@ def with_registry_runs(command: Callable[..., Any]) -> Callable[..., Any]:
     in place of its ``registry_run`` parameter, which receives the one given as ``(flag,
     value)``. An installed plug-in's option appears on every command that takes a spec, with no
     command naming it; two at once are a usage error."""
-    signature = inspect.signature(command)
+    # Evaluated: typer reads a __signature__'s annotations as they are (no string resolution).
+    signature = inspect.signature(command, eval_str=True)
     names = [f"registry_run_{i}" for i in range(len(_RUNS))]
     options = [
         inspect.Parameter(
@@ -70,10 +70,6 @@ def with_registry_runs(command: Callable[..., Any]) -> Callable[..., Any]:
         return command(*args, registry_run=chosen[0] if chosen else None, **kwargs)
 
     wrapper.__signature__ = signature.replace(parameters=[*kept, *options])  # type: ignore[attr-defined]
-    # typer reads the type hints too: the options' own, resolved (not the command's strings).
-    hints = {k: v for k, v in typing.get_type_hints(command, include_extras=True).items()}
-    hints.pop("registry_run", None)
-    wrapper.__annotations__ = hints | {p.name: p.annotation for p in options}
     return wrapper
 
 

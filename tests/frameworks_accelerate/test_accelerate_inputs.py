@@ -44,7 +44,7 @@ def test_a_config_and_its_trainingarguments_give_the_same_settings():
 
 def test_a_run_is_a_spec_on_two_ranks():
     spec = spec_for_run(
-        "--accelerate", str(ACCELERATE / "fsdp2_regional_noac.yaml"), (), model=LLAMA
+        "--accelerate", str(ACCELERATE / "fsdp2_regional_noac.yaml"), ("--model", LLAMA)
     )
     assert spec.gbdoctor.framework == "accelerate"
     assert spec.parallelism.world_size == 2 and spec.parallelism.dp_shard == 2

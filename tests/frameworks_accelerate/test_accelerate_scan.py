@@ -29,7 +29,7 @@ DEFAULT = ("llama", "fsdp2_regional_ac")
 
 def _scan(config: str, model: str):
     spec = spec_for_run(
-        "--accelerate", str(ACCELERATE / config), (), model=str(ACCELERATE / "models" / model)
+        "--accelerate", str(ACCELERATE / config), ("--model", str(ACCELERATE / "models" / model))
     )
     return scan(spec, recompiles=False, dedupe=False)
 
@@ -113,7 +113,9 @@ def test_plan_fixes_the_checkpointed_fsdp_hook_and_the_emitted_config_rescans_cl
     from gbdoctor.plan import propose_plan
 
     config = ACCELERATE / "fsdp2_regional_ac.yaml"
-    spec = spec_for_run("--accelerate", str(config), (), model=str(ACCELERATE / "models" / "llama"))
+    spec = spec_for_run(
+        "--accelerate", str(config), ("--model", str(ACCELERATE / "models" / "llama"))
+    )
     plan = propose_plan(spec)
     assert plan.framework == "accelerate" and plan.verified and plan.rounds == 2
     (kind,) = plan.kinds
@@ -128,7 +130,7 @@ def test_plan_fixes_the_checkpointed_fsdp_hook_and_the_emitted_config_rescans_cl
     path.write_text(yaml.safe_dump(merged))
     assert load_config_from_file(str(path)).fsdp_config["fsdp_activation_checkpointing"] is False
     rescanned = scan(
-        spec_for_run("--accelerate", str(path), (), model=str(ACCELERATE / "models" / "llama")),
+        spec_for_run("--accelerate", str(path), ("--model", str(ACCELERATE / "models" / "llama"))),
         strict=True,
         recompiles=False,
     )
