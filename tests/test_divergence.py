@@ -233,3 +233,16 @@ def test_a_rank_divergent_model_scans_on_two_ranks_as_plain_compile_sees_each_ra
         assert all(b.dedupe != DedupeProof.GUARDS_PASS for b in later), [
             (b.fqn, b.dedupe, b.dedupe_detail) for b in report.blocks
         ]
+
+
+def test_a_divergence_where_the_ranks_inputs_differ_in_shape_is_per_rank_shape() -> None:
+    report = _scan()
+    item = _brk("data-dependent", "Data dependent operator", ITEM_AT)
+    blocks = len(report.blocks)
+    shapes = [["(2, 16, 64)"] * blocks, ["(2, 12, 64)"] * blocks]
+    [found] = rank_divergences(_ranks(report, (item,)), report.setup, input_shapes=shapes)
+    assert found.cause == DivergenceCause.PER_RANK_SHAPE and "same shapes" in found.fix
+    # The same shapes on both ranks: the class follows from the breaks again.
+    same = [shapes[0], shapes[0]]
+    [again] = rank_divergences(_ranks(report, (item,)), report.setup, input_shapes=same)
+    assert again.cause == DivergenceCause.RANK_CONDITIONAL

@@ -13,7 +13,7 @@ from corpus.pool_jobs import (
     leave_state,
     report_stages,
     state_found,
-    uneven_block_runs_under_held_fsdp,
+    uneven_block_runs_under_rank_local_fsdp,
     wait_in_a_collective_rank1_never_joins,
 )
 
@@ -98,15 +98,18 @@ def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_it
         assert not any(_alive(p) for p in ranks)
 
 
-def test_ranks_that_run_blocks_a_different_number_of_times_under_held_fsdp_do_not_wait():
-    """The scan's capture phase (``capture.held_unsharded`` + ``rank_local_collectives``): FSDP
-    issues no collective and gbdoctor's own all-reduces stay on the rank, so uneven per-rank work
+def test_ranks_that_run_blocks_a_different_number_of_times_under_rank_local_fsdp_do_not_wait():
+    """The scan's capture phase (``capture.rank_local_fsdp`` + ``rank_local_collectives``): FSDP's
+    collectives are served on the rank and gbdoctor's own all-reduces stay there, so uneven work
     finishes well within the bound (it waited forever before: rank 0 in an all-gather, rank 1 in
     a reduce-scatter), and real collectives pair up again after it."""
     with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
         pool.run(state_found, None)  # the ranks' start, outside the bound below
-        rank0, rank1 = pool.run(uneven_block_runs_under_held_fsdp, None, timeout_s=60)
-    assert len(rank0) == 3 and len(rank1) == 1
+        (losses0, same0), (losses1, same1) = pool.run(
+            uneven_block_runs_under_rank_local_fsdp, None, timeout_s=60
+        )
+    assert len(losses0) == 3 and len(losses1) == 1
+    assert same0 and same1  # the real gathered weights, not this rank's shard repeated
 
 
 def test_rank_0_reports_its_stages_to_the_parent_while_the_job_runs():

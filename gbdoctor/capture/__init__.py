@@ -12,7 +12,7 @@ forward/backward graphs; ``cudagraph_verdict`` the verdict of a block kind), ``r
 training loop), ``counters`` (Dynamo's counters and failure kinds for ``run``), ``settings``
 (Dynamo settings without a public switch, for the training setup), ``break_log`` (Dynamo's
 graph-break log as messages, for the oracle check and the capture's fallback), ``rank_local``
-(FSDP held unsharded, so per-rank capture work never waits on another rank).
+(FSDP's collectives served on the rank, so per-rank capture work never waits on another rank).
 Stages above receive records and plain values, never Dynamo objects.
 """
 
@@ -33,7 +33,7 @@ from gbdoctor.capture.locate import (
     innermost_user_location,
     within,
 )
-from gbdoctor.capture.rank_local import held_unsharded
+from gbdoctor.capture.rank_local import rank_local_fsdp
 from gbdoctor.capture.raw_capture import RawCapture
 from gbdoctor.capture.recompiles import RecompileWatch, parse_recompile, watch_recompiles
 from gbdoctor.capture.recording_backend import count_ops
@@ -56,7 +56,7 @@ __all__ = [
     "innermost_user_location",
     "parse_recompile",
     "reset_fsdp_state",
-    "held_unsharded",
+    "rank_local_fsdp",
     "run_block",
     "strict_breaks",
     "tokens_dynamic",

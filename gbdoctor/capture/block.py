@@ -18,7 +18,6 @@ import torch
 import torch.nn as nn
 
 from gbdoctor.capture.locate import portable_path
-from gbdoctor.capture.rank_local import is_held
 from gbdoctor.causes import is_torch_file
 from gbdoctor.errors import first_line
 
@@ -208,10 +207,6 @@ def reset_fsdp_state(model: nn.Module) -> None:
                 [state._fsdp_param_group] if state._fsdp_param_group else []
             ):
                 group._training_state = TrainingState.IDLE
-            if is_held(module):
-                # Held unsharded for the capture phase: resharding here would make the next
-                # run all-gather on this rank only (``capture.rank_local``).
-                continue
             with contextlib.suppress(Exception):
                 module.reshard()
 

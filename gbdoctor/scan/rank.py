@@ -26,7 +26,7 @@ from gbdoctor.capture import (
     describe_error,
     error_traceback,
     fresh_inputs,
-    held_unsharded,
+    rank_local_fsdp,
     reset_fsdp_state,
     run_block,
     strict_breaks,
@@ -196,9 +196,9 @@ def capture_set_up(
         remove()
     session.locator = Locator(setup.model, setup.hooks)
     # From here each rank works on its own, and ranks that compile differently do different
-    # work (re-traces, failed proofs, more representatives, so more recompile probe steps): no
-    # FSDP collective may run, and gbdoctor's own (the probe steps' loss) stay on the rank.
-    with held_unsharded(setup.model), rank_local_collectives():
+    # work (re-traces, failed proofs, more representatives, so more recompile probe steps): FSDP's
+    # collectives and gbdoctor's own (the probe steps' loss) are answered on the rank.
+    with rank_local_fsdp(setup.model), rank_local_collectives():
         reports = _capture_kinds(
             session, setup, store, progress, notes, dedupe, strict, root, probe, hooks
         )

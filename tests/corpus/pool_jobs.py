@@ -69,17 +69,18 @@ def wait_in_a_collective_rank1_never_joins(payload: object) -> None:
         time.sleep(3600)
 
 
-def uneven_block_runs_under_held_fsdp(payload: object) -> list[float]:
+def uneven_block_runs_under_rank_local_fsdp(payload: object) -> tuple[list[float], bool]:
     """A model under FSDP2 on every rank: one training step, then, inside the scan's capture
-    phase (FSDP held unsharded, gbdoctor's own collectives rank-local), rank 0 runs a block and
+    phase (FSDP's and gbdoctor's own collectives served on the rank), rank 0 runs a block and
     sums a loss three times, the other ranks once: the ranks' work differs, as when they compile
-    differently. Returns rank 0's losses summed the rank-local way."""
+    differently. Returns the losses summed the rank-local way, and whether the weight served on
+    the rank equals the real all-gather's."""
     import torch
     import torch.distributed as dist
     import torch.nn as nn
     from torch.distributed.fsdp import fully_shard
 
-    from gbdoctor.capture import held_unsharded
+    from gbdoctor.capture import rank_local_fsdp
     from gbdoctor.setup.collectives import all_reduce_sum, rank_local_collectives
 
     torch.manual_seed(0)
@@ -88,8 +89,12 @@ def uneven_block_runs_under_held_fsdp(payload: object) -> list[float]:
         fully_shard(layer)
     fully_shard(model)
     model(torch.randn(2, 8)).sum().backward()  # the warm-up: the same collectives everywhere
+    full = model[1].weight.full_tensor().detach().clone()  # a real all-gather: the oracle
     losses = []
-    with held_unsharded(model), rank_local_collectives():
+    with rank_local_fsdp(model), rank_local_collectives():
+        model[1].unshard()  # served on this rank
+        served = model[1].weight.detach().clone()
+        model[1].reshard()
         for _ in range(3 if dist.get_rank() == 0 else 1):
             loss = model[1](torch.randn(2, 8)).square().mean()
             loss.backward()
@@ -98,7 +103,7 @@ def uneven_block_runs_under_held_fsdp(payload: object) -> list[float]:
             losses.append(float(reported))
     # Out of the phase: real collectives again, paired on every rank.
     model(torch.randn(2, 8)).sum().backward()
-    return losses
+    return losses, torch.equal(served, full)
 
 
 def report_stages(payload: object) -> int:
