@@ -23,7 +23,7 @@ from gbdoctor.report.price_rows import (
     price_check,
     price_headline,
 )
-from gbdoctor.summary import fix_hint, summarize
+from gbdoctor.summary import fix_hint, stage_rows, summarize
 
 if TYPE_CHECKING:
     from gbdoctor.records import GateResult
@@ -91,6 +91,7 @@ def render_table(report: ScanReport, console: Console) -> None:
             Text(", ".join(row.causes) or "-"),
         )
     console.print(kinds)
+    _render_stages(report, console)
     _render_cudagraphs(summary, console)
     _render_recompiles(report, console)
 
@@ -169,6 +170,20 @@ def render_table(report: ScanReport, console: Console) -> None:
             f"{summary.errors} error(s), {summary.graphs} graph(s) over {summary.blocks} block(s)."
         )
     )
+
+
+def _render_stages(report: ScanReport, console: Console) -> None:
+    """Under pipeline parallelism: stage -> layers -> kinds (breaks per block)."""
+    rows = stage_rows(report)
+    if not rows:
+        return
+    table = Table(title="Pipeline stages", title_justify="left", expand=False)
+    for name in ("stage", "layers", "kinds (breaks per block)"):
+        table.add_column(name, justify="right" if name == "stage" else "left", overflow="fold")
+    for stage, layers, kinds in rows:
+        cells = (f"{k} ({n}{', error' if failed else ''})" for k, n, failed in kinds)
+        table.add_row(str(stage), layers, ", ".join(cells))
+    console.print(table)
 
 
 def _render_price(price: PriceReport, console: Console) -> None:

@@ -152,6 +152,7 @@ def block_report(slot: Any, raw: RawCapture, *, root: str | None = None) -> Bloc
         fullgraph_regions=slot.fullgraph_regions,
         region_ops=tuple(sorted((r, sum(ops)) for r, ops in raw.graphs.items())),
         cudagraphs=ready,
+        stage=getattr(slot, "stage", None),
     )
 
 
