@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gbdoctor.errors import SpecError
 from gbdoctor.records import ParallelSpec
@@ -250,3 +251,30 @@ def pipeline_notes(layout: PipelineLayout) -> tuple[str, ...]:
             "gradients (torch.autograd.grad in pieces); the capture runs one whole backward"
         )
     return tuple(notes)
+
+
+def split_stage(model: Any, stage: PipelineStage) -> Any:
+    """The model chunk one stage holds, as torchtitan's ``_split_module`` cuts it: a deep copy
+    with the layers of other stages deleted from the block container (keys kept, so FQNs stay
+    the whole model's) and every other top-level module set to None (the decoder's forward
+    skips a missing embedding, norm or output)."""
+    import copy
+
+    from torch import nn
+
+    chunk = copy.deepcopy(model)
+    keep = set(stage.modules)
+    for name, child in list(chunk.named_children()):
+        if isinstance(child, nn.ModuleDict):
+            for key in list(child.keys()):
+                if f"{name}.{key}" not in keep:
+                    del child[key]
+        elif isinstance(child, nn.ModuleList):
+            setattr(
+                chunk,
+                name,
+                nn.ModuleList(m for i, m in enumerate(child) if f"{name}.{i}" in keep),
+            )
+        elif name not in keep:
+            setattr(chunk, name, None)
+    return chunk

@@ -122,3 +122,25 @@ def test_layer_selective_ac_counts_each_ranks_own_blocks():
     assert [s.layers for s in layout.stages] == [(0,), (1, 2), (3, 4), (5,)]
     assert ac_counter_index(layout, 6) == [0, 0, 1, 1, 2, 2]
     assert ac_counter_index(None, 6) == [0, 1, 2, 3, 4, 5]
+
+
+def test_split_stage_cuts_the_model_as_torchtitan_does():
+    import torch
+
+    from gbdoctor.models import build_model
+    from gbdoctor.records import ModelSpec
+    from gbdoctor.setup.pipeline import split_stage
+
+    with torch.device("meta"):
+        model = build_model(ModelSpec(name="llama3", flavor="debugmodel"), device="meta")
+    layout = pipeline_layout(
+        ParallelSpec(pipeline_parallel_degree=2, pipeline_parallel_schedule="Interleaved1F1B"),
+        len(model.layers),
+        local_batch_size=1,
+    )
+    for stage in layout.stages:
+        ours = split_stage(model, stage)
+        theirs = titan_pp._split_module(model, list(stage.modules))
+        assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+        assert {n for n, _ in ours.named_parameters()} <= {n for n, _ in model.named_parameters()}
+    assert ours.tok_embeddings is None and ours.output is not None  # the last stage
