@@ -51,6 +51,8 @@ FIXTURE_EXPECTED = {
     "llama3_debug_tp2.toml": ("llama3", "debugmodel", 1, 2, 1),
     "llama4_debug_tp2.toml": ("llama4", "debugmodel", 1, 2, 1),
     "llama3_debug_dp2tp2.toml": ("llama3", "debugmodel", 2, 4, 1),
+    # PP fixture: 2 pipeline ranks; the capture batch is the microbatch (2)
+    "llama3_debug_pp2.toml": ("llama3", "debugmodel", 1, 2, 1),
 }
 
 
