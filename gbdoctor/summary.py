@@ -40,6 +40,7 @@ __all__ = [
     "compact_layers",
     "fix_hint",
     "group_by_kind",
+    "stage_rows",
     "has_findings",
     "recompile_location",
     "recompiled_code",
@@ -203,6 +204,33 @@ def group_by_kind(report: ScanReport) -> dict[str, list[BlockReport]]:
     for block in report.blocks:
         groups.setdefault(block.kind, []).append(block)
     return groups
+
+
+def stage_rows(report: ScanReport) -> list[tuple[int, str, tuple[tuple[str, int, bool], ...]]]:
+    """Under pipeline parallelism, per stage: (stage, its layers, (kind, breaks per block,
+    whether a block of it did not trace) of each kind it holds); empty without stages."""
+    stages: dict[int, list[BlockReport]] = {}
+    for block in report.blocks:
+        if block.stage is not None:
+            stages.setdefault(block.stage, []).append(block)
+    rows = []
+    for stage, blocks in sorted(stages.items()):
+        kinds = group_by_kind(replace(report, blocks=tuple(blocks)))
+        rows.append(
+            (
+                stage,
+                compact_layers([b.fqn for b in blocks]),
+                tuple(
+                    (
+                        kind,
+                        max(block_break_count(b) for b in members),
+                        any(b.error is not None for b in members),
+                    )
+                    for kind, members in kinds.items()
+                ),
+            )
+        )
+    return rows
 
 
 def summarize(report: ScanReport) -> ScanSummary:

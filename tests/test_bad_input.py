@@ -217,8 +217,13 @@ CASES: list[Case] = [
         "spec-pipeline-parallel",
         ["scan", "{f:s.toml}"],
         2,
-        ("pipeline_parallel_degree = 2", "not supported yet"),
-        {"s.toml": _spec("[parallelism]\npipeline_parallel_degree = 2\n")},
+        ("pipeline_parallel_microbatch_size = 3", "not divisible"),
+        {
+            "s.toml": _spec(
+                "[parallelism]\npipeline_parallel_degree = 2\n"
+                "pipeline_parallel_microbatch_size = 3\n"
+            )
+        },
     ),
     Case(
         "spec-ep-not-dividing",

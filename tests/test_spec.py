@@ -51,6 +51,8 @@ FIXTURE_EXPECTED = {
     "llama3_debug_tp2.toml": ("llama3", "debugmodel", 1, 2, 1),
     "llama4_debug_tp2.toml": ("llama4", "debugmodel", 1, 2, 1),
     "llama3_debug_dp2tp2.toml": ("llama3", "debugmodel", 2, 4, 1),
+    # PP fixture: 2 pipeline ranks; the capture batch is the microbatch (2)
+    "llama3_debug_pp2.toml": ("llama3", "debugmodel", 1, 2, 1),
 }
 
 
@@ -93,10 +95,9 @@ def test_custom_fixture_factory_is_resolved_next_to_the_spec():
 
 # --------------------------------------------------------------------------- torchtitan configs
 
-# Configs gbdoctor refuses, and the keys the error must name.
-TITAN_REFUSED = {
-    "llama4_17bx128e.toml": ("pipeline_parallel_degree = 4",),
-}
+# Configs gbdoctor refuses, and the keys the error must name (none since pipeline parallelism
+# is set up: llama4_17bx128e's PP 4 loads, test_torchtitan_llama4_maverick_loads_with_pp4).
+TITAN_REFUSED: dict[str, tuple[str, ...]] = {}
 
 
 def titan_configs() -> list[str]:
@@ -117,6 +118,31 @@ def test_torchtitan_v022_config_loads_or_is_refused(name):
     else:
         spec = load_spec(path)
         assert spec.model.name in name
+
+
+def test_torchtitan_llama4_maverick_loads_with_pp4():
+    spec = load_spec(TITAN_CONFIGS / "llama4_17bx128e.toml")
+    p = spec.parallelism
+    # TP 8 x PP 4: the world counts the pipeline ranks; v0.2.2's defaults fill the schedule.
+    assert (p.pipeline_parallel_degree, p.tensor_parallel_degree, p.world_size) == (4, 8, 32)
+    assert p.pipeline_parallel_schedule == "1F1B" and p.pipeline_parallel_microbatch_size == 1
+    # Blocks see microbatches: the capture batch is the microbatch size.
+    assert spec.capture_batch_size == 1
+    overrides = ["parallelism.pipeline_parallel_degree=1"]
+    assert load_spec(TITAN_CONFIGS / "llama4_17bx128e.toml", overrides).parallelism.world_size == 8
+
+
+def test_pipeline_layout_errors_are_one_line_spec_errors(tmp_path):
+    # torchtitan raises these at setup; the spec loader refuses them before anything is built.
+    cases = {
+        "pipeline_parallel_microbatch_size": (3, "not divisible by"),
+        "pipeline_parallel_schedule": ('"Bogus"', "Unknown schedule name"),
+        "pipeline_parallel_layers_per_stage": (1, "stages per rank"),
+    }
+    for key, (value, needle) in cases.items():
+        err = spec_error(par(tmp_path, LLAMA4, pipeline_parallel_degree=2, **{key: value}))
+        assert needle in err.message and "\n" not in err.message, err.message
+        assert err.hint
 
 
 def test_torchtitan_deepseek_16b_resolves_ep8_world():
@@ -524,7 +550,7 @@ def test_ep_must_divide_dp_shard(tmp_path):
     assert "data_parallel_shard_degree = 2" in err.message
 
 
-@pytest.mark.parametrize("key", ["context_parallel_degree", "pipeline_parallel_degree"])
+@pytest.mark.parametrize("key", ["context_parallel_degree"])
 def test_unsupported_degrees(tmp_path, key):
     err = spec_error(par(tmp_path, LLAMA4, **{key: 2}))
     assert f"parallelism.{key} = 2" in err.message and "not supported yet" in err.message

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gbdoctor.errors import BaselineError
-from gbdoctor.gate.counts import kind_counts, spec_key
+from gbdoctor.gate.counts import block_key, kind_counts, spec_key
 from gbdoctor.gate.kinds import UPDATE_HINT, compare_spec
 from gbdoctor.gate.prices import price_findings
 from gbdoctor.records import (
@@ -99,7 +99,7 @@ def check_gate(
         if recompiles:
             require_probe(report, key)
         specs.append(key)
-        kinds.update((key, block.kind) for block in report.blocks)
+        kinds.update((key, block_key(block)) for block in report.blocks)
         findings += _torch_warning(key, baseline.torch_version, report.torch_version)
         old = baseline.kinds(key)
         _check_same_environment(key, report, baseline)
@@ -174,5 +174,5 @@ def diff_reports(
         findings=tuple(sorted(findings, key=_order)),
         strict_improvements=strict_improvements,
         specs=(key,),
-        kinds=tuple(sorted({(key, block.kind) for block in new.blocks})),
+        kinds=tuple(sorted({(key, block_key(block)) for block in new.blocks})),
     )

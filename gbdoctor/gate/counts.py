@@ -6,8 +6,7 @@ import posixpath
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from gbdoctor.records import Break, BreakCount, EventKind, KindCounts, ScanReport
-from gbdoctor.summary import group_by_kind
+from gbdoctor.records import BlockReport, Break, BreakCount, EventKind, KindCounts, ScanReport
 
 
 def spec_key(path: str, *, root: str | Path | None = None) -> str:
@@ -40,11 +39,27 @@ def break_identity(brk: Break) -> _Identity:
     return (brk.cause, brk.gb_type, brk.gb_id, location, brk.in_checkpoint)
 
 
+def block_key(block: BlockReport) -> str:
+    """What the baseline files a block's counts under: its kind, and under pipeline parallelism
+    its stage too (``stage 2/moe+ac``), so that a break that appears in one stage's blocks is a
+    regression of that stage."""
+    return block.kind if block.stage is None else f"stage {block.stage}/{block.kind}"
+
+
+def group_by_key(report: ScanReport) -> dict[str, list[BlockReport]]:
+    """Blocks grouped by :func:`block_key`, keys in order of first appearance."""
+    groups: dict[str, list[BlockReport]] = {}
+    for block in report.blocks:
+        groups.setdefault(block_key(block), []).append(block)
+    return groups
+
+
 def kind_counts(report: ScanReport) -> dict[str, KindCounts]:
-    """Kind -> counts of its representative block (for every key, the worst block of the kind)."""
+    """Key (kind, or stage/kind) -> counts of its representative block (for every break key,
+    the worst block of the kind)."""
     out = {}
     probed = report.setup.probed_recompiles  # else the counts are unknown, not 0
-    for kind, blocks in group_by_kind(report).items():
+    for kind, blocks in group_by_key(report).items():
         breaks: dict[_Identity, int] = {}
         events: dict[str, int] = {}
         for block in blocks:

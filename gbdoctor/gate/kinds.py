@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gbdoctor.causes.renames import GbRename, renamed
-from gbdoctor.gate.counts import break_key
+from gbdoctor.gate.counts import block_key, break_key
 from gbdoctor.records import (
     BreakCount,
     EventKind,
@@ -46,7 +46,7 @@ def _locations(
     if event == EventKind.DIVERGENCE:
         found.update((d.location, None) for d in report.divergence if d.kind == kind and d.location)
     for block in report.blocks:
-        if block.kind != kind:
+        if block_key(block) != kind:
             continue
         if key is not None:
             found.update(
@@ -261,7 +261,7 @@ def _recompiles(report: ScanReport | None, kind: str, *, steady: bool) -> Iterat
     """The recompiles a kind's blocks recorded, in scan order; ``steady``: only those measured
     in the probe's last step."""
     for block in report.blocks if report is not None else ():
-        for rec in block.recompiles if block.kind == kind else ():
+        for rec in block.recompiles if block_key(block) == kind else ():
             if rec.measured or not steady:
                 yield rec
 

@@ -15,9 +15,11 @@ from gbdoctor.records.enums import (
 )
 from gbdoctor.records.price import PriceReport
 
-SCHEMA_VERSION = 8
-"""Version of the scan and inspect JSON documents. 8: scan reports carry ``divergence`` (where
-ranks compile a block differently: ``RankDivergence``). 7: ``price.clock`` (prices in wall or CPU
+SCHEMA_VERSION = 9
+"""Version of the scan and inspect JSON documents. 9: blocks carry ``stage`` (the pipeline stage
+that holds them; null without pipeline parallelism) and the setup ``pp_degree``,
+``pp_schedule``, ``pp_stages`` and ``pp_microbatches``. 8: scan reports carry ``divergence``
+(where ranks compile a block differently: ``RankDivergence``). 7: ``price.clock`` (prices in wall or CPU
 time). 6: a break carries ``via`` (the library
 frame its line called into), paths inside messages are portable too, and blocks carry
 ``dedupe`` (how a layer that shares a capture was proven identical). 5: scan reports carry
@@ -29,10 +31,10 @@ resolved degrees), ``probed_recompiles`` and (DeepSpeed) ``framework``/``zero_st
 blocks carry ``recompiles`` (the scan's recompile probe; DeepSpeed scans: the recompiles of their
 capture steps, with ``Recompile.limit_hit``), and scan/inspect reports carry ``notes`` (how the
 spec was read, simulated or not). 2: blocks carry ``cudagraphs`` (CUDA-graph readiness) and the
-setup its ``tp_degree``. Readers accept 1 to 8 (the new fields take their defaults: no
+setup its ``tp_degree``. Readers accept 1 to 9 (the new fields take their defaults: no
 recompiles recorded, no price, no via, no dedupe proof, prices in wall time, no divergence
-recorded)."""
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+recorded, no stage)."""
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 @record
@@ -213,6 +215,9 @@ class BlockReport:
     """Recompiles when the block ran again with changed inputs (the scan's probe steps 1 and 2:
     new data, hence new routing under EP, and another sequence length where the model runs);
     DeepSpeed scans: the recompiles (and recompile-limit hits) of their capture steps."""
+    stage: int | None = None
+    """The pipeline stage (virtual stage index, as torchtitan numbers them) that holds this
+    block; None without pipeline parallelism."""
 
 
 @record
@@ -253,6 +258,14 @@ class SetupInfo:
     """Machines the ranks ran on (the launcher's node count; 1 for gbdoctor's own ranks)."""
     ranks_per_node: int = 0
     """Ranks on each node (rank 0's node under a launcher); 0: not recorded (schema < 4)."""
+    pp_degree: int = 1
+    """Pipeline-parallel degree (1: none)."""
+    pp_schedule: str = ""
+    """The pipeline schedule (``1F1B``, ``Interleaved1F1B``, ``csv``); empty without PP."""
+    pp_stages: int = 0
+    """Pipeline stages, virtual ones included (2 per rank for interleaved and V schedules)."""
+    pp_microbatches: int = 0
+    """Microbatches per step (local batch / microbatch size); blocks see the microbatch shape."""
 
 
 @record

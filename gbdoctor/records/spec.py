@@ -43,6 +43,18 @@ class ParallelSpec:
     tensor_parallel_degree: int = 1
     context_parallel_degree: int = 1
     pipeline_parallel_degree: int = 1
+    pipeline_parallel_schedule: str = "1F1B"
+    """torch.distributed.pipelining's schedule name (torchtitan v0.2.2's default: 1F1B)."""
+    pipeline_parallel_schedule_csv: str = ""
+    """A schedule file (torch's ``_PipelineScheduleRuntime``); its stages are still laid out by
+    ``pipeline_parallel_schedule``."""
+    pipeline_parallel_microbatch_size: int = 1
+    pipeline_parallel_layers_per_stage: int | None = None
+    """None: one stage per rank for single-stage schedules, two for multi-stage ones."""
+    pipeline_parallel_first_stage_less_layers: int = 1
+    """How many layers the embeddings count for on the first stage."""
+    pipeline_parallel_last_stage_less_layers: int = 1
+    """How many layers ``norm`` + ``output`` count for on the last stage."""
     fsdp_reshard_after_forward: str = "default"
     disable_loss_parallel: bool = False
     """With TP, torchtitan keeps the logits vocabulary-sharded and computes the loss in parallel
@@ -51,6 +63,10 @@ class ParallelSpec:
     """Resolved data-parallel shard degree."""
     world_size: int = 1
     """Resolved number of ranks: dp_replicate * dp_shard * cp * tp * pp."""
+
+    @property
+    def pp_enabled(self) -> bool:
+        return self.pipeline_parallel_degree > 1
 
 
 @record
@@ -162,7 +178,12 @@ class Spec:
 
     @property
     def capture_batch_size(self) -> int:
-        return self.gbdoctor.batch_size or self.training.local_batch_size
+        """Under pipeline parallelism the blocks see microbatches, never the local batch."""
+        if self.gbdoctor.batch_size:
+            return self.gbdoctor.batch_size
+        if self.parallelism.pp_enabled:
+            return self.parallelism.pipeline_parallel_microbatch_size
+        return self.training.local_batch_size
 
     @property
     def capture_seq_len(self) -> int:

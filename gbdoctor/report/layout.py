@@ -79,6 +79,12 @@ def parallel_label(s: SetupInfo) -> str:
     return (
         f"EP {s.ep_degree}, FSDP {shard}"
         + (f", TP {s.tp_degree}" if s.tp_degree > 1 else "")
+        + (
+            f", PP {s.pp_degree} ({s.pp_schedule}, {s.pp_stages} stages, "
+            f"{s.pp_microbatches} microbatch(es))"
+            if s.pp_degree > 1
+            else ""
+        )
         + ("" if s.fsdp else " (no FSDP)")
     )
 

@@ -35,7 +35,7 @@ from gbdoctor.report.table_details import (
     render_price,
     render_recompile_details,
 )
-from gbdoctor.summary import fix_hint, summarize, top_cause, with_user_names
+from gbdoctor.summary import fix_hint, stage_rows, summarize, top_cause, with_user_names
 
 if TYPE_CHECKING:
     from gbdoctor.records import GateResult
@@ -147,6 +147,7 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
             Text(", ".join(row.causes) or "-"),
         )
     console.print(kinds)
+    _render_stages(report, console)
 
     if summary.clean:
         console.print(
@@ -186,6 +187,20 @@ def render_table(report: ScanReport, console: Console, *, details: bool = True) 
             style="dim",
         )
     )
+
+
+def _render_stages(report: ScanReport, console: Console) -> None:
+    """Under pipeline parallelism: stage -> layers -> kinds (breaks per block)."""
+    rows = stage_rows(report)
+    if not rows:
+        return
+    table = Table(title="Pipeline stages", title_justify="left", expand=False)
+    for name in ("stage", "layers", "kinds (breaks per block)"):
+        table.add_column(name, justify="right" if name == "stage" else "left", overflow="fold")
+    for stage, layers, kinds in rows:
+        cells = (f"{k} ({n}{', error' if failed else ''})" for k, n, failed in kinds)
+        table.add_row(str(stage), layers, ", ".join(cells))
+    console.print(table)
 
 
 def _render_breaks(summary: ScanSummary, console: Console) -> None:

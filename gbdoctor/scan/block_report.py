@@ -159,6 +159,7 @@ def block_report(
         fullgraph_regions=slot.fullgraph_regions,
         region_ops=tuple(sorted((r, sum(ops)) for r, ops in raw.graphs.items())),
         cudagraphs=ready,
+        stage=getattr(slot, "stage", None),
     )
 
 

@@ -55,6 +55,7 @@ from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.collectives import rank_local_collectives
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
+from gbdoctor.setup.pipeline import pipeline_notes
 from gbdoctor.setup.rank_pool import report_stage
 from gbdoctor.setup.train import step_batch
 
@@ -162,6 +163,9 @@ def _scan_set_up(
         if sources:
             notes += (loss_note(sources[0]),)
     # A framework that sets up with its own code says what it changed (CPU stand-ins).
+    layout = getattr(setup, "pipeline", None)
+    if layout is not None:
+        notes += pipeline_notes(layout)
     return reports, setup_info(spec, job, setup), notes + tuple(getattr(setup, "notes", ()))
 
 
@@ -281,6 +285,7 @@ def _capture_kinds(
                 replace(
                     shared,
                     kind=kinds[rep],
+                    stage=getattr(slots[fqn], "stage", None),
                     same_as=same_as,
                     dedupe=proof.method if proof else None,
                     dedupe_detail=proof.detail if proof else "",
@@ -380,6 +385,19 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         seq_len=spec.capture_seq_len,
         plan=job.strategy.plan,
         probed_recompiles=job.probe_recompiles,
+        **pipeline_info(getattr(setup, "pipeline", None)),
+    )
+
+
+def pipeline_info(layout: Any) -> dict[str, Any]:
+    """The setup fields that describe pipeline parallelism (none without it)."""
+    if layout is None:
+        return {}
+    return dict(
+        pp_degree=layout.degree,
+        pp_schedule=layout.schedule,
+        pp_stages=len(layout.stages),
+        pp_microbatches=layout.microbatches,
     )
 
 
@@ -415,6 +433,7 @@ def capture_block(
             error="the block was not called by the model's forward",
             regions=slot.regions,
             fullgraph_regions=slot.fullgraph_regions,
+            stage=getattr(slot, "stage", None),
         )
     args, kwargs = fresh_inputs(inputs)
     strict = strict and bool(slot.regions) and set(slot.regions) == set(slot.fullgraph_regions)

@@ -31,6 +31,7 @@ from gbdoctor.setup.compile import (
 from gbdoctor.setup.ep import apply_ep
 from gbdoctor.setup.fsdp import apply_fsdp
 from gbdoctor.setup.optim import build_adamw
+from gbdoctor.setup.pipeline import PipelineLayout, pipeline_layout
 from gbdoctor.setup.tp import TP_INSTALLER, apply_tp, check_divisible
 
 
@@ -53,6 +54,8 @@ class BlockSlot:
     """Sub-FQNs (relative to the block) wrapped by AC; ``""`` means the whole block."""
     regions: tuple[str, ...] = ()
     fullgraph_regions: tuple[str, ...] = ()
+    stage: int | None = None
+    """The pipeline stage that holds this block (None without pipeline parallelism)."""
 
 
 @dataclass
@@ -77,6 +80,8 @@ class Setup:
     fsdp: bool = True
     loss_parallel: bool = False
     """TP keeps the logits vocabulary-sharded DTensors: the loss runs under ``loss_parallel()``."""
+    pipeline: PipelineLayout | None = None
+    """How pipeline parallelism splits the model (None without it)."""
     engine: Any = None
     """The DeepSpeed engine (``frameworks.deepspeed.setup``): it runs forward, backward and step."""
     own_loss: bool = False
@@ -175,6 +180,12 @@ def apply_setup(
     hidden = hidden_size(model)
     moe_blocks = {fqn for fqn, _, block in raw if find_moe_layers(block, hidden)}
     hooks: list[InstalledHook] = []
+    layout = (
+        pipeline_layout(spec.parallelism, len(raw), spec.training.local_batch_size)
+        if spec.parallelism.pp_enabled
+        else None
+    )
+    stage_of = layout.stage_of_layer() if layout is not None else {}
 
     # 0. TP: torchtitan's plans (sequence-parallel norms, column/row-wise linears, MoE in/out).
     loss_parallel = False
@@ -207,8 +218,11 @@ def apply_setup(
             if stores:
                 experts[fqn] = stores[0][1]
 
-    # 2. AC, with kind labels known before wrapping (plans are keyed by them).
-    wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, i)}
+    # 2. AC, with kind labels known before wrapping (plans are keyed by them). Under PP each
+    # rank sets up its own stages, so torchtitan's every-Nth-layer counter counts the blocks of
+    # the rank's stages, in stage order, not the whole model's.
+    ac_index = ac_counter_index(layout, len(raw))
+    wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, ac_index[i])}
     kinds = []
     for i, (fqn, _, _) in enumerate(raw):
         kind = BlockKind(
@@ -228,7 +242,7 @@ def apply_setup(
 
     # 3. Compile per block (after AC, before FSDP: FSDP's block hooks stay outside).
     slots: list[BlockSlot] = []
-    for (fqn, key, block), kind, recipe in zip(raw, kinds, recipes):
+    for i, ((fqn, key, block), kind, recipe) in enumerate(zip(raw, kinds, recipes)):
         outer, ac_subs = wrapped[fqn]
         outer, regions, fg = apply_compile(
             outer,
@@ -250,6 +264,7 @@ def apply_setup(
                 ac_wrapped=ac_subs,
                 regions=regions,
                 fullgraph_regions=fg,
+                stage=stage_of.get(i),
             )
         )
 
@@ -263,6 +278,7 @@ def apply_setup(
             param_dtype=spec.training.mixed_precision_param,
             reduce_dtype=spec.training.mixed_precision_reduce,
             reshard_after_forward=spec.parallelism.fsdp_reshard_after_forward,
+            pp_enabled=layout is not None,
         )
 
     # 5. Optimizer with the expert-bias pre-step hook.
@@ -292,7 +308,22 @@ def apply_setup(
         hooks=hooks,
         fsdp=fsdp and meshes is not None,
         loss_parallel=loss_parallel,
+        pipeline=layout,
     )
+
+
+def ac_counter_index(layout: PipelineLayout | None, n_blocks: int) -> list[int]:
+    """Block index -> the count torchtitan's layer-selective AC sees for it: its position among
+    the blocks its rank sets up (the whole model without PP; the rank's stages, in stage
+    order, with it)."""
+    if layout is None:
+        return list(range(n_blocks))
+    index = list(range(n_blocks))
+    for rank in range(layout.degree):
+        layers = [layer for stage in layout.stages_of_rank(rank) for layer in stage.layers]
+        for position, layer in enumerate(layers):
+            index[layer] = position
+    return index
 
 
 def _on_meta(model: nn.Module) -> bool:

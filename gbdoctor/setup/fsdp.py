@@ -27,11 +27,15 @@ def apply_fsdp(
     param_dtype: str,
     reduce_dtype: str,
     reshard_after_forward: str,
+    pp_enabled: bool = False,
 ) -> None:
     """Shard ``model`` in place. ``experts`` maps block FQN to its ``moe.experts`` (EP > 1 only)."""
     mp = MixedPrecisionPolicy(param_dtype=_DTYPES[param_dtype], reduce_dtype=_DTYPES[reduce_dtype])
-    # torchtitan: "default" means reshard unless pipeline parallel (never here).
-    reshard = reshard_after_forward != "never"
+    # torchtitan: "default" means reshard unless pipeline parallel (a stage runs several
+    # microbatches' forwards before their backwards: resharding would all-gather every time).
+    reshard = reshard_after_forward == "always" or (
+        reshard_after_forward == "default" and not pp_enabled
+    )
     common = dict(mesh=meshes.dp, mp_policy=mp, reshard_after_forward=reshard)
     embeddings = getattr(model, "tok_embeddings", None)
     if isinstance(embeddings, nn.Module):

@@ -26,6 +26,17 @@ class Meshes:
     """Mesh FSDP2 shards expert parameters over when EP > 1 (efsdp = dp_shard / ep)."""
     tp: Any | None = None
     """1-D tensor-parallel mesh (None when TP is 1); the innermost dimension, as in torchtitan."""
+    pp: Any | None = None
+    """1-D pipeline-parallel mesh (None when PP is 1); the outermost dimension, as in torchtitan:
+    the ranks of one stage form a whole data-parallel (x TP) world of their own."""
+
+    @property
+    def pp_degree(self) -> int:
+        return 1 if self.pp is None else self.pp.size()
+
+    @property
+    def pp_rank(self) -> int:
+        return 0 if self.pp is None else self.pp.get_local_rank()
 
     @property
     def dp_group(self) -> Any:
@@ -33,7 +44,7 @@ class Meshes:
         without TP; with TP, the ranks of this rank's TP position (TP ranks hold the same data)."""
         import torch.distributed as dist
 
-        if self.tp is None:
+        if self.tp is None and self.pp is None:
             return dist.group.WORLD
         return self.dp.get_group() if self.dp.ndim == 1 else self.dp._flatten("dp").get_group()
 
@@ -43,13 +54,14 @@ class Meshes:
 
     @property
     def data_rank(self) -> int:
-        """Which rows of the global batch this rank reads: TP ranks of one group read the same."""
-        return self.rank // self.tp_degree
+        """Which rows of the global batch this rank reads: TP ranks of one group read the same,
+        and so do the PP ranks of one data-parallel position (each runs its stage on it)."""
+        return (self.rank % (self.world_size // self.pp_degree)) // self.tp_degree
 
     @property
     def data_world(self) -> int:
         """How many distinct shares of the global batch there are (the data-parallel degree)."""
-        return self.world_size // self.tp_degree
+        return self.world_size // self.tp_degree // self.pp_degree
 
     @property
     def ep_degree(self) -> int:
@@ -72,15 +84,23 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
         parallel.dp_shard,
         parallel.expert_parallel_degree,
     )
-    tp = parallel.tensor_parallel_degree
-    tp_mesh = None
-    if tp > 1:
+    tp, pp = parallel.tensor_parallel_degree, parallel.pipeline_parallel_degree
+    tp_mesh = pp_mesh = None
+    # PP is the outermost dimension (torchtitan's ["pp", "dp_replicate", "dp_shard", "cp", "tp"]).
+    outer_names, outer_sizes = (("pp",), (pp,)) if pp > 1 else ((), ())
+    if tp > 1 or pp > 1:
         # One world mesh with TP innermost (torchtitan's dense mesh), so that FSDP2's dp mesh and
         # the TP mesh share a parent: that is what makes 2-D (FSDP x TP) parameters possible.
-        names = (("dp_replicate",) if rep > 1 else ()) + ("dp_shard", "tp")
-        sizes = ((rep,) if rep > 1 else ()) + (shard, tp)
+        names = (
+            outer_names
+            + (("dp_replicate",) if rep > 1 else ())
+            + ("dp_shard",)
+            + (("tp",) if tp > 1 else ())
+        )
+        sizes = outer_sizes + ((rep,) if rep > 1 else ()) + (shard,) + ((tp,) if tp > 1 else ())
         world_mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
-        tp_mesh = world_mesh["tp"]
+        tp_mesh = world_mesh["tp"] if tp > 1 else None
+        pp_mesh = world_mesh["pp"] if pp > 1 else None
         dp = world_mesh["dp_replicate", "dp_shard"] if rep > 1 else world_mesh["dp_shard"]
     elif rep > 1:
         dp = init_device_mesh(
@@ -92,7 +112,9 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
     if ep > 1:
         # EP borrows ranks from the FSDP dimension ("dp2ep"): dp_shard = efsdp * ep.
         sparse = init_device_mesh(
-            device_type, (rep, shard // ep, ep), mesh_dim_names=("dp_replicate", "efsdp", "ep")
+            device_type,
+            outer_sizes + (rep, shard // ep, ep),
+            mesh_dim_names=outer_names + ("dp_replicate", "efsdp", "ep"),
         )
         ep_mesh = sparse["ep"]
         edp = sparse["dp_replicate", "efsdp"] if rep > 1 else sparse["efsdp"]
@@ -101,5 +123,12 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
     else:
         device = torch.device(device_type)
     return Meshes(
-        rank=rank, world_size=world, device=device, dp=dp, ep=ep_mesh, edp=edp, tp=tp_mesh
+        rank=rank,
+        world_size=world,
+        device=device,
+        dp=dp,
+        ep=ep_mesh,
+        edp=edp,
+        tp=tp_mesh,
+        pp=pp_mesh,
     )

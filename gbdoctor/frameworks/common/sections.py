@@ -240,10 +240,15 @@ def check_parallelism(
         if getattr(p, key) > 1
     ]
     if unsupported:
+        # Tried on gloo (tests/setup/test_context_parallel_cpu.py keeps it true): torch's context
+        # parallelism dispatches SDPA to its ring attention for the CUDA kernels only, and
+        # the fake tensors of a simulation are CPU tensors, so neither path can capture it.
         ctx.fail(
-            f"{', '.join(unsupported)}: not supported yet (gbdoctor sets up FSDP, HSDP, EP, TP)",
-            "set them to 1 (e.g. --set parallelism.pipeline_parallel_degree=1) to scan the "
-            "blocks under FSDP/EP/TP",
+            f"{', '.join(unsupported)}: not supported yet: torch's context parallelism has no "
+            "CPU attention path (aten._scaled_dot_product_flash_attention_for_cpu has no "
+            "sharding rule), so neither a CPU scan nor a simulation can run it",
+            "set context_parallel_degree = 1 (--set parallelism.context_parallel_degree=1) to "
+            "scan the blocks under FSDP/EP/TP/PP",
         )
     if p.fsdp_reshard_after_forward not in RESHARD_POLICIES:
         ctx.fail(
@@ -320,13 +325,14 @@ def check_parallelism(
             "(EP borrows its ranks from FSDP)",
             "make data_parallel_shard_degree a multiple of expert_parallel_degree, or -1",
         )
-    world_size = p.data_parallel_replicate_degree * dp_shard * tp
+    world_size = p.data_parallel_replicate_degree * dp_shard * tp * p.pipeline_parallel_degree
     if world_size > MAX_WORLD_SIZE:
         ctx.fail(
             f"world size {world_size} "
             f"({ctx.where('parallelism', 'data_parallel_replicate_degree')} x "
             f"{ctx.where('parallelism', 'data_parallel_shard_degree')} x "
-            f"{ctx.where('parallelism', 'tensor_parallel_degree')}) exceeds gbdoctor's "
+            f"{ctx.where('parallelism', 'tensor_parallel_degree')} x "
+            f"{ctx.where('parallelism', 'pipeline_parallel_degree')}) exceeds gbdoctor's "
             f"limit of {MAX_WORLD_SIZE} ranks",
             "check the degrees for a typo; breaks do not depend on the world size beyond the EP "
             "and FSDP degrees",

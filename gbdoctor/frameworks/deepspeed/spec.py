@@ -39,6 +39,13 @@ def check_deepspeed_spec(
     ``deepspeed_config`` JSON file), filled and validated by DeepSpeed's own config classes."""
     tool = spec.gbdoctor
     table = data.get(DEEPSPEED_SECTION)
+    if spec.parallelism.pipeline_parallel_degree > 1:
+        ctx.fail(
+            f"{ctx.where('parallelism', 'pipeline_parallel_degree')} = "
+            f"{spec.parallelism.pipeline_parallel_degree}: DeepSpeed's pipeline engine is not "
+            "supported (gbdoctor sets up its ZeRO engine)",
+            "set parallelism.pipeline_parallel_degree = 1 to scan the blocks under ZeRO",
+        )
 
     if table is not None and tool.deepspeed_config:
         ctx.fail(

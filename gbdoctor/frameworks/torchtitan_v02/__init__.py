@@ -75,7 +75,21 @@ class TorchtitanV02(BuildingBlocksFramework):
     def check_spec(
         self, spec: Any, data: Mapping[str, Any], strategy_set: bool, spec_dir: str, ctx: Any
     ) -> Any:
-        return spec  # the common sections are torchtitan v0.2.2's, checked by spec.py
+        # The common sections are torchtitan v0.2.2's, checked by spec.py; pipeline
+        # parallelism's layout is checked here when the flavor says how many layers there are
+        # (a custom model's, when it is built).
+        if spec.parallelism.pp_enabled:
+            from gbdoctor.errors import SpecError
+            from gbdoctor.models import flavor_args
+            from gbdoctor.setup.pipeline import pipeline_layout
+
+            args = flavor_args(spec.model.name, spec.model.flavor)
+            if args is not None:
+                try:
+                    pipeline_layout(spec.parallelism, args.n_layers, spec.training.local_batch_size)
+                except SpecError as exc:
+                    ctx.fail(exc.message, exc.hint)
+        return spec
 
     def compiles_per_compile_section(self) -> bool:
         return True
