@@ -15,6 +15,7 @@ from repo_paths import FIXTURES
 
 from gbdoctor.gate import baseline_from_reports, check_gate
 from gbdoctor.records import (
+    SCHEMA_VERSION,
     Break,
     CollectiveHazard,
     DedupeProof,
@@ -96,7 +97,7 @@ def test_divergence_round_trips_through_json_and_old_scans_read_without_it(tmp_p
         report, divergence=rank_divergences(_ranks(report, (printed,)), report.setup)
     )
     text = render_json(diverging)
-    assert json.loads(text)["schema_version"] == 8
+    assert json.loads(text)["schema_version"] == SCHEMA_VERSION == 9
     assert load_scan_json(text) == diverging
     # The fixture itself is a schema-7 document: read as no divergence recorded.
     assert (

@@ -33,7 +33,7 @@ def test_maverick_scan_reports_each_stage_and_the_gate_keys_them(tmp_path):
     result = runner.invoke(app, ["scan", MAVERICK, "-f", "json", "-o", str(out)])
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())
-    assert data["schema_version"] == SCHEMA_VERSION == 8
+    assert data["schema_version"] == SCHEMA_VERSION == 9
     setup = data["setup"]
     assert (setup["pp_degree"], setup["pp_schedule"], setup["pp_stages"]) == (4, "1F1B", 4)
     assert setup["simulated"] and setup["world_size"] == 32 and setup["batch_size"] == 1

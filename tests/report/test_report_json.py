@@ -119,15 +119,15 @@ def test_totals_key_is_ignored_but_nothing_else_is(tmp_path) -> None:
     assert load_scan_json(json.dumps(data)) == SCAN_FIXTURES["llama4_before"]()
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 6, 7, 8])
 def test_older_schema_versions_are_still_read(fixture_name: str, version: int) -> None:
     """Version 2 added ``cudagraphs`` per block and ``tp_degree`` to the setup, version 3
     ``recompiles`` per block, ``probed_recompiles``, ``dp_replicate`` and DeepSpeed's
     ``framework``/``zero_stage``/``steps`` to the setup, version 4 the setup's ``launcher``,
     ``nodes`` and ``ranks_per_node``, version 5 the report's ``price``, version 6 ``via`` per
     break and ``dedupe``/``dedupe_detail`` per block, version 7 ``price.clock`` (null prices
-    here: a version 6 document is otherwise the same), version 8 ``stage`` per block and the
-    setup's ``pp_*`` fields, all with defaults: an older document (as
+    here: a version 6 document is otherwise the same), version 8 the report's ``divergence``,
+    version 9 ``stage`` per block and the setup's ``pp_*`` fields, all with defaults: an older document (as
     stored baselines and scans have them) reads as the same report, with no recompiles recorded
     before 3 and the ranks per node not recorded before 4."""
     report = SCAN_FIXTURES[fixture_name]()
@@ -137,6 +137,10 @@ def test_older_schema_versions_are_still_read(fixture_name: str, version: int) -
         del block["stage"]
     for key in ("pp_degree", "pp_schedule", "pp_stages", "pp_microbatches"):
         del data["setup"][key]
+    if version == 8:
+        assert load_scan_json(json.dumps(data)) == report
+        return
+    assert data.pop("divergence") == []  # the fixtures are 1-rank scans: none
     if version in (6, 7):
         assert load_scan_json(json.dumps(data)) == report
         return
@@ -169,8 +173,8 @@ def test_older_schema_versions_are_still_read(fixture_name: str, version: int) -
         del data["setup"]["tp_degree"]
         for block in data["blocks"]:
             del block["cudagraphs"]
-    assert SCHEMA_VERSION == 8
+    assert SCHEMA_VERSION == 9
     assert load_scan_json(json.dumps(data)) == expected
-    data["schema_version"] = 9
-    with pytest.raises(BaselineError, match="reads 1, 2, 3, 4, 5, 6, 7, 8"):
+    data["schema_version"] = 10
+    with pytest.raises(BaselineError, match="reads 1, 2, 3, 4, 5, 6, 7, 8, 9"):
         load_scan_json(json.dumps(data))
