@@ -332,13 +332,66 @@ def test_deepspeed_launcher_contract(tiny_dp2: tuple[Path, str]) -> None:
 
 
 def test_a_world_size_the_launcher_did_not_start_is_exit_2() -> None:
-    """A 1-rank spec under a 2-rank launcher: one line naming both sizes, exit 2 on every rank."""
+    """A 1-rank spec under a 2-rank launcher: one line naming both sizes, exit 2 on every rank.
+    (Its shard degree is fixed at 1: a -1 takes the launcher's world size, below.)"""
     spec = FIXTURES / "llama3_debug.toml"
-    results = _ranks(spec, _deepspeed_env(str(free_port())))
+    fixed = ("--set", "parallelism.data_parallel_shard_degree=1")
+    results = _ranks(spec, _deepspeed_env(str(free_port())), *fixed)
     assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
     errors = _error_lines(results[0])
     assert errors == ["Error: the spec's world size is 1 but deepspeed started 2 ranks"]
     assert "Error:" not in results[1].stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TORCHELASTIC_RUN_ID": "1", "LOCAL_WORLD_SIZE": "4"},
+        {"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0", "SLURM_NNODES": "1",
+         "SLURM_JOB_NODELIST": "localhost", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "4",
+         "SLURM_NODEID": "0", "MASTER_PORT": "29500"},
+    ],
+    ids=["torchrun", "slurm"],
+)  # fmt: skip
+def test_a_shard_degree_of_minus_1_takes_the_launchers_world_size(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    """Issue 45: under torchrun, data_parallel_shard_degree = -1 resolved to 1 and the scan was
+    refused ("the spec's world size is 1 but torchrun started 2 ranks"); torchtitan takes every
+    rank the launcher started."""
+    from gbdoctor.spec import load_spec
+
+    for key in [k for k in os.environ if k.startswith(("RANK", "WORLD_SIZE", "SLURM_", "MASTER_"))]:
+        monkeypatch.delenv(key)
+    if "TORCHELASTIC_RUN_ID" in env:
+        env = {**env, "RANK": "0", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": "29500"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    spec = load_spec(FIXTURES / "llama3_debug.toml")
+    assert spec.parallelism.data_parallel_shard_degree == -1
+    assert (spec.parallelism.dp_shard, spec.parallelism.world_size) == (4, 4)
+    # A stated launch size still wins, and fixed degrees stay as written.
+    stated = load_spec(FIXTURES / "llama3_debug.toml", ["gbdoctor.world_size=2"])
+    assert stated.parallelism.world_size == 2
+    fixed = load_spec(FIXTURES / "llama3_debug.toml", ["parallelism.data_parallel_shard_degree=1"])
+    assert fixed.parallelism.world_size == 1
+
+
+@pytest.mark.slow
+def test_a_minus_1_spec_scans_under_a_two_rank_launcher(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny_any.toml"
+    spec.write_text(
+        '[model]\nname = "custom"\nflavor = "tiny"\n'
+        f'factory = "{(FIXTURES / "models" / "tiny_custom.py").as_posix()}:build"\n'
+        "[training]\nlocal_batch_size = 2\nseq_len = 16\n"
+        "[parallelism]\ndata_parallel_shard_degree = -1\n"
+        '[gbdoctor]\nstrategy = "titan-v0.2.0"\n'
+    )
+    rank0, rank1 = _ranks(spec, _deepspeed_env(str(free_port())), "-f", "json")
+    assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:]
+    setup = json.loads(rank0.stdout)["setup"]
+    assert (setup["world_size"], setup["dp_shard"], setup["launcher"]) == (2, 2, "deepspeed")
 
 
 def _fault_spec(tmp_path: Path, flavor: str, timeout_s: float = 120) -> Path:
