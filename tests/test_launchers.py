@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -573,3 +574,63 @@ def test_a_bad_peer_silence_is_bad_input_before_any_rank_waits(tmp_path: Path, v
     assert errors == [
         f"Error: GBDOCTOR_PEER_SILENCE_S={value!r} is not a positive number of seconds"
     ]
+
+
+def _listeners_on(port: int) -> list[str]:
+    """``address:port`` of every socket listening on ``port`` (IPv4 and IPv6, from /proc)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.append(local)
+    return found
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_rank_waiting_at_rendezvous_ends_on_a_signal(tmp_path: Path, signum: int) -> None:
+    """Issue 45: rank 0 of a Slurm step whose peer never comes waited inside torch's store (up to
+    1800 s), deaf to SIGTERM and SIGINT, and its store listened on every interface although the
+    master is this machine. Now: a loopback listener only, and the signal's exit code within
+    2 s with no process of the rank left."""
+    port = free_port()
+    env = _env(
+        SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NNODES="1",
+        SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_STEP_ID="0", SLURM_JOB_ID="45",
+        SLURM_JOB_NODELIST="localhost", MASTER_PORT=str(port),
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        _gbdoctor("scan", str(FIXTURES / "custom_tiny.toml")),
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not _listeners_on(port):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "rank 0 never listened"
+            time.sleep(0.2)
+        time.sleep(1.0)  # well inside the wait for its peer
+        listeners = _listeners_on(port)
+        # 0100007F is 127.0.0.1 as /proc writes it; a wildcard would be 00000000.
+        assert listeners and all(a.startswith("0100007F:") for a in listeners), listeners
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert took < 2.0, f"{took:.1f} s"
+    assert "Traceback" not in err, err[-2000:]
+    with pytest.raises(ProcessLookupError):
+        os.killpg(proc.pid, 0)  # nothing of the rank's session is left
+    assert not _listeners_on(port)

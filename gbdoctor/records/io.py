@@ -92,7 +92,7 @@ def _builder(tp: Any) -> Builder:
 
 
 @functools.cache
-def _type_hints(cls: type[Any], *, extras: bool) -> dict[str, Any]:
+def _type_hints(cls: Any, *, extras: bool) -> dict[str, Any]:
     """A record class's field types, evaluated once: ``get_type_hints`` compiles every string
     annotation on each call, which was 3/4 of reading a scan with many breaks (issue 45)."""
     return typing.get_type_hints(cls, include_extras=extras)
@@ -104,7 +104,7 @@ def from_dict(cls: type[T], data: Any, where: str = "$") -> T:
         raise BaselineError(
             f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}"
         )
-    fields = _record_fields(cls)
+    fields = _record_fields(typing.cast("Any", cls))
     if not data.keys() <= fields.keys():
         unknown = sorted(set(data) - set(fields))
         raise BaselineError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
@@ -118,7 +118,7 @@ def from_dict(cls: type[T], data: Any, where: str = "$") -> T:
 
 
 @functools.cache
-def _record_fields(cls: type[Any]) -> dict[str, tuple[Builder, bool]]:
+def _record_fields(cls: Any) -> dict[str, tuple[Builder, bool]]:
     """Each field's builder, and whether the JSON must have it (no default)."""
     hints = _type_hints(cls, extras=False)
     return {
@@ -204,9 +204,10 @@ def _checker(tp: Any, counts: bool) -> Checker:
     return functools.partial(_check_leaf, tp, expected, counts)
 
 
-def _check_leaf(tp: type, expected: tuple[type, ...], counts: bool, value: Any, where: str) -> None:
-    if not isinstance(value, expected) or (tp is not bool and isinstance(value, bool)):
-        raise BaselineError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
+def _check_leaf(tp: type, expected: tuple[type, ...], counts: bool, leaf: Any, where: str) -> None:
+    if not isinstance(leaf, expected) or (tp is not bool and isinstance(leaf, bool)):
+        raise BaselineError(f"{where}: expected {tp.__name__}, got {type(leaf).__name__}")
+    value: Any = leaf  # checked against ``tp`` above, which isinstance cannot tell mypy
     if tp is str:
         if not value.isascii() and not _valid_unicode(value):
             # JSON's \ud800 escapes make lone surrogates, which no file or page can hold.
