@@ -102,6 +102,7 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
         _apply_override(data, text, ctx)
     _check_sections(data, ctx)
     _check_integers(data, ctx)
+    _launch_size_from_launcher(data)
 
     spec, strategy_set = read_sections(data, shown, stable_root(shown), ctx)
     spec_dir = os.path.dirname(os.path.abspath(shown))
@@ -112,6 +113,23 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
         else:
             framework.check_foreign_spec(spec, data, ctx)
     return spec
+
+
+def _launch_size_from_launcher(data: dict[str, Any]) -> None:
+    """Under a launcher (torchrun, deepspeed, srun), a spec whose ``data_parallel_shard_degree``
+    is -1 takes the launcher's world size as its launch size, as torchtitan does (it reads
+    ``WORLD_SIZE``); a stated ``[gbdoctor] world_size`` (or ``--world-size``) still wins, and a
+    spec with fixed degrees keeps them (a mismatch is then ``setup.launched.check_world``'s
+    error)."""
+    from gbdoctor.launcher import detect
+
+    launched = detect()
+    if launched is None:
+        return
+    parallelism = data.get("parallelism", {})
+    tool = data.setdefault("gbdoctor", {})
+    if parallelism.get("data_parallel_shard_degree", -1) == -1 and "world_size" not in tool:
+        tool["world_size"] = launched.world_size
 
 
 def _check_file_name(shown: str) -> None:

@@ -231,6 +231,12 @@ def test_set_values_are_checked_and_named(override: str, words: str) -> None:
     assert words in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("run", ["../../x:cfg", "llama3:../x", "/abs/path:cfg"])
+def test_a_registry_run_that_is_not_a_module_name_is_refused(run: str) -> None:
+    done = _quick("scan", "--torchtitan", run)
+    assert "MODULE must be a dotted module name" in done.stderr, done.stderr
+
+
 def test_a_spec_name_that_is_not_utf8_is_refused_before_the_scan(tmp_path: Path) -> None:
     name = os.fsdecode(b"spec-\xff.toml")
     (tmp_path / name).write_text(

@@ -332,9 +332,11 @@ def test_deepspeed_launcher_contract(tiny_dp2: tuple[Path, str]) -> None:
 
 
 def test_a_world_size_the_launcher_did_not_start_is_exit_2() -> None:
-    """A 1-rank spec under a 2-rank launcher: one line naming both sizes, exit 2 on every rank."""
+    """A 1-rank spec under a 2-rank launcher: one line naming both sizes, exit 2 on every rank.
+    (Its shard degree is fixed at 1: a -1 takes the launcher's world size, below.)"""
     spec = FIXTURES / "llama3_debug.toml"
-    results = _ranks(spec, _deepspeed_env(str(free_port())))
+    fixed = ("--set", "parallelism.data_parallel_shard_degree=1")
+    results = _ranks(spec, _deepspeed_env(str(free_port())), *fixed)
     assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
     errors = _error_lines(results[0])
     assert errors == ["Error: the spec's world size is 1 but deepspeed started 2 ranks"]

@@ -192,6 +192,10 @@ def main(args: list[str] | None = None) -> None:
         if exc.hint:
             say(f"Hint: {exc.hint}")
         sys.exit(int(exc.exit_code))
+    except Terminated:  # while waiting for the launcher's other ranks (setup/rendezvous.py)
+        end_now(signal_exit(signal.SIGTERM))
+    except KeyboardInterrupt:
+        end_now(signal_exit(signal.SIGINT))
     if session is not None and session.rank != 0:
         launched.serve(session)
     if session is not None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 import os
 import stat
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -44,30 +46,56 @@ def dumps(obj: Any) -> str:
     return json.dumps(to_jsonable(obj), sort_keys=True, indent=2, ensure_ascii=True) + "\n"
 
 
+Builder = Callable[[Any, str], Any]
+Checker = Callable[[Any, str], None]
+"""A reader or checker of one annotated type, made once per type (:func:`_builder`,
+:func:`_checker`): a scan with 600k breaks is millions of values, and working out what a type
+asks for at each of them made reading it take minutes (issue 45)."""
+
+
 def _build(tp: Any, value: Any, where: str) -> Any:
+    return _builder(tp)(value, where)
+
+
+@functools.cache
+def _builder(tp: Any) -> Builder:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        members = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _build(members[0], value, where)
+        member = _builder(next(a for a in typing.get_args(tp) if a is not type(None)))
+        return lambda value, where: None if value is None else member(value, where)
     if origin is tuple:
         args = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise BaselineError(f"{where}: expected a list, got {type(value).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_build(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
-        return tuple(_build(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        variadic = len(args) == 2 and args[1] is Ellipsis
+        items = [_builder(a) for a in (args[:1] if variadic else args)]
+
+        def build_tuple(value: Any, where: str) -> Any:
+            if not isinstance(value, list):
+                raise BaselineError(f"{where}: expected a list, got {type(value).__name__}")
+            if variadic:
+                return tuple(items[0](v, f"{where}[{i}]") for i, v in enumerate(value))
+            return tuple(b(v, f"{where}[{i}]") for i, (b, v) in enumerate(zip(items, value)))
+
+        return build_tuple
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, where)
+        return lambda value, where: from_dict(tp, value, where)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(value)
-        except ValueError:
-            raise BaselineError(
-                f"{where}: {value!r} is not one of {[m.value for m in tp]}"
-            ) from None
-    return value
+        members = {m.value: m for m in tp}
+
+        def build_enum(value: Any, where: str) -> Any:
+            try:
+                return members[value]
+            except (KeyError, TypeError):
+                raise BaselineError(f"{where}: {value!r} is not one of {list(members)}") from None
+
+        return build_enum
+    return lambda value, where: value
+
+
+@functools.cache
+def _type_hints(cls: Any, *, extras: bool) -> dict[str, Any]:
+    """A record class's field types, evaluated once: ``get_type_hints`` compiles every string
+    annotation on each call, which was 3/4 of reading a scan with many breaks (issue 45)."""
+    return typing.get_type_hints(cls, include_extras=extras)
 
 
 def from_dict(cls: type[T], data: Any, where: str = "$") -> T:
@@ -76,18 +104,30 @@ def from_dict(cls: type[T], data: Any, where: str = "$") -> T:
         raise BaselineError(
             f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}"
         )
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(typing.cast("type[Any]", cls))}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
+    fields = _record_fields(typing.cast("Any", cls))
+    if not data.keys() <= fields.keys():
+        unknown = sorted(set(data) - set(fields))
         raise BaselineError(f"{where}: unknown key(s) {unknown} for {cls.__name__}")
     kwargs = {}
-    for name, f in fields.items():
+    for name, (build, required) in fields.items():
         if name in data:
-            kwargs[name] = _build(hints[name], data[name], f"{where}.{name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs[name] = build(data[name], f"{where}.{name}")
+        elif required:
             raise BaselineError(f"{where}: missing key '{name}' for {cls.__name__}")
     return cls(**kwargs)
+
+
+@functools.cache
+def _record_fields(cls: Any) -> dict[str, tuple[Builder, bool]]:
+    """Each field's builder, and whether the JSON must have it (no default)."""
+    hints = _type_hints(cls, extras=False)
+    return {
+        f.name: (
+            _builder(hints[f.name]),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+    }
 
 
 def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) -> None:
@@ -96,52 +136,92 @@ def check_types(tp: Any, value: Any, where: str = "$", *, counts: bool = False) 
     ``counts``: every int of the record is a count, size, line or version and every float a
     share or measurement, so a negative int or a NaN/infinite float is impossible and refused
     (scan and plan files; run reports keep non-finite losses, which they flag)."""
+    _checker(tp, counts)(value, where)
+
+
+def _no_check(value: Any, where: str) -> None:
+    return None
+
+
+@functools.cache
+def _checker(tp: Any, counts: bool) -> Checker:
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
         base, *extras = typing.get_args(tp)
-        check_types(base, value, where, counts=counts)
-        for extra in extras:
-            if isinstance(extra, Range) and (problem := extra.problem(value)) is not None:
-                raise BaselineError(f"{where}: {problem}")
-        return
+        inner = _checker(base, counts)
+        ranges = [extra for extra in extras if isinstance(extra, Range)]
+
+        def check_range(value: Any, where: str) -> None:
+            inner(value, where)
+            for allowed in ranges:
+                if (problem := allowed.problem(value)) is not None:
+                    raise BaselineError(f"{where}: {problem}")
+
+        return check_range
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in typing.get_args(tp):
-            return
-        members = [a for a in typing.get_args(tp) if a is not type(None)]
-        return check_types(members[0], value, where, counts=counts)
+        nullable = type(None) in typing.get_args(tp)
+        member = _checker(next(a for a in typing.get_args(tp) if a is not type(None)), counts)
+
+        def check_member(value: Any, where: str) -> None:
+            if not (value is None and nullable):
+                member(value, where)
+
+        return check_member
     if origin is tuple:
         args = typing.get_args(tp)
         if len(args) == 2 and args[1] is Ellipsis:
-            for i, item in enumerate(value):
-                check_types(args[0], item, f"{where}[{i}]", counts=counts)
-            return
-        if len(value) != len(args):
-            raise BaselineError(f"{where}: expected {len(args)} items, got {len(value)}")
-        for i, (arg, item) in enumerate(zip(args, value, strict=True)):
-            check_types(arg, item, f"{where}[{i}]", counts=counts)
-        return
+            item = _checker(args[0], counts)
+            if item is _no_check:
+                return _no_check
+
+            def check_items(value: Any, where: str) -> None:
+                for i, v in enumerate(value):
+                    item(v, f"{where}[{i}]")
+
+            return check_items
+        items = [_checker(a, counts) for a in args]
+
+        def check_fixed(value: Any, where: str) -> None:
+            if len(value) != len(items):
+                raise BaselineError(f"{where}: expected {len(items)} items, got {len(value)}")
+            for i, (check, v) in enumerate(zip(items, value, strict=True)):
+                check(v, f"{where}[{i}]")
+
+        return check_fixed
     if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp, include_extras=True)
-        for f in dataclasses.fields(tp):
-            check_types(hints[f.name], getattr(value, f.name), f"{where}.{f.name}", counts=counts)
-        return
+        hints = _type_hints(tp, extras=True)  # type: ignore[arg-type]
+        fields = [(f.name, _checker(hints[f.name], counts)) for f in dataclasses.fields(tp)]
+        fields = [(name, check) for name, check in fields if check is not _no_check]
+
+        def check_record(value: Any, where: str) -> None:
+            for name, check in fields:
+                check(getattr(value, name), f"{where}.{name}")
+
+        return check_record
     expected = {int: (int,), float: (int, float), str: (str,), bool: (bool,)}.get(tp)
     if expected is None:
+        return _no_check
+    return functools.partial(_check_leaf, tp, expected, counts)
+
+
+def _check_leaf(tp: type, expected: tuple[type, ...], counts: bool, leaf: Any, where: str) -> None:
+    if not isinstance(leaf, expected) or (tp is not bool and isinstance(leaf, bool)):
+        raise BaselineError(f"{where}: expected {tp.__name__}, got {type(leaf).__name__}")
+    value: Any = leaf  # checked against ``tp`` above, which isinstance cannot tell mypy
+    if tp is str:
+        if not value.isascii() and not _valid_unicode(value):
+            # JSON's \ud800 escapes make lone surrogates, which no file or page can hold.
+            raise BaselineError(f"{where}: not valid Unicode text (a lone surrogate escape)")
         return
-    if not isinstance(value, expected) or (tp is not bool and isinstance(value, bool)):
-        raise BaselineError(f"{where}: expected {tp.__name__}, got {type(value).__name__}")
-    if tp is str and not _valid_unicode(value):
-        # JSON's \ud800 escapes make lone surrogates, which no file or page can hold.
-        raise BaselineError(f"{where}: not valid Unicode text (a lone surrogate escape)")
     if tp is float and isinstance(value, int) and abs(value) > MAX_INT:
         # An integer where a float belongs: past 2**63 it is no measurement (and past ~1e308
         # float() itself fails).
         raise BaselineError(f"{where}: {shown_number(value)} is out of range (at most {MAX_INT})")
-    if counts and tp is int and isinstance(value, int) and value < 0:
+    if counts and tp is int and value < 0:
         raise BaselineError(f"{where}: {value} is negative (impossible here)")
-    if tp is int and isinstance(value, int) and abs(value) > MAX_INT:
+    if tp is int and abs(value) > MAX_INT:
         raise BaselineError(f"{where}: {shown_number(value)} is out of range (at most {MAX_INT})")
-    if counts and tp is float and isinstance(value, int | float) and not math.isfinite(value):
+    if counts and tp is float and not math.isfinite(value):
         raise BaselineError(f"{where}: {value} is not a finite number")
 
 

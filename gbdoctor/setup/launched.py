@@ -44,6 +44,7 @@ from gbdoctor.setup.rank_protocol import (
     lost_peer,
     pg_timeout,
 )
+from gbdoctor.setup.rendezvous import rendezvous
 
 POLL_S = 0.1
 """How often a waiting rank looks at the store (a job to run, a failure, its peers' exits)."""
@@ -184,11 +185,8 @@ def join(launched: Launched) -> Session:
     if torch.cuda.is_available():
         torch.cuda.set_device(launched.local_rank % torch.cuda.device_count())
         backend = "cpu:gloo,cuda:nccl"
-    timeout = timedelta(seconds=RENDEZVOUS_S)
     try:
-        store, _, _ = next(
-            dist.rendezvous("env://", launched.rank, launched.world_size, timeout=timeout)
-        )
+        store = rendezvous(launched, RENDEZVOUS_S)
         dist.init_process_group(
             backend,
             store=dist.PrefixStore("gbdoctor/pg", store),

@@ -147,3 +147,28 @@ def test_no_string_in_the_embedded_json_can_stop_the_page_script(
     twin = next(body for ident, body in scripts if ident.startswith("twin"))
     assert json.loads(twin)["spec"] == hostile
     assert text.count("<script>") == 2 and text.endswith("</script></body></html>\n")
+
+
+def test_a_kind_with_very_many_breaks_shows_the_first_ones_and_keeps_all_in_the_json(
+    tmp_path: Path,
+) -> None:
+    from gbdoctor.report.html import load_document, render_html
+    from gbdoctor.report.html.scan import BREAKS_SHOWN_PER_KIND
+
+    count = BREAKS_SHOWN_PER_KIND + 250
+    data = json.loads(SCAN.read_text())
+    block = next(block for block in data["blocks"] if block["breaks"])
+    template = block["breaks"][0]
+    block["breaks"] = [
+        {**template, "location": {**template["location"], "line": i + 1}, "explanation": f"b{i}"}
+        for i in range(count)
+    ]
+    path = tmp_path / "scan.json"
+    path.write_text(json.dumps(data))
+    text = render_html([load_document(path)])
+    assert text.count('class="gbtype"') == BREAKS_SHOWN_PER_KIND
+    assert f"and 250 more distinct break(s) of {block['kind']}" in text
+    twin = re.search(r'<script type="application/json" id="twin-\d+">(.*?)</script>', text)
+    assert twin is not None
+    kept = next(b for b in json.loads(twin.group(1))["blocks"] if b["breaks"])["breaks"]
+    assert len(kept) == count

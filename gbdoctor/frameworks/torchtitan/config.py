@@ -31,6 +31,12 @@ def parse_run(name: str, args: tuple[str, ...] = ()) -> RegistryRun:
             f"--torchtitan expects MODULE:CONFIG, got {name!r}",
             hint="e.g. --torchtitan deepseek_v3:deepseek_v3_debugmodel",
         )
+    if not all(part.isidentifier() for part in module.split(".")) or not config.isidentifier():
+        # A path (../../x) reached importlib as a relative import: an internal error (issue 45).
+        raise SpecError(
+            f"--torchtitan {name!r}: MODULE must be a dotted module name and CONFIG a name",
+            hint="e.g. --torchtitan deepseek_v3:deepseek_v3_debugmodel",
+        )
     return RegistryRun(module=module, config=config, args=tuple(args))
 
 

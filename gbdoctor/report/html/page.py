@@ -159,8 +159,12 @@ class Chart:
         }
 
 
-_SCRIPT_DATA_ESCAPES = str.maketrans(
-    {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+_SCRIPT_DATA_ESCAPES = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("&", "\\u0026"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
 )
 """What HTML's script-data states react to (``</script``, ``<!--``), escaped the way JSON
 allows inside a string (the only place JSON text can hold them), so the text parses as the same
@@ -168,8 +172,12 @@ JSON (issue 45: ``<!--<script>`` in a break message swallowed the page's scripts
 
 
 def script_safe_json(text: str) -> str:
-    """JSON text made safe inside ``<script type="application/json">``."""
-    return text.translate(_SCRIPT_DATA_ESCAPES)
+    """JSON text made safe inside ``<script type="application/json">`` (``str.replace`` per
+    character: a search in C, where ``str.translate`` visits every character of a 200 MB twin)."""
+    for raw, escaped in _SCRIPT_DATA_ESCAPES:
+        if raw in text:
+            text = text.replace(raw, escaped)
+    return text
 
 
 def _script_json(data: object) -> str:

@@ -149,6 +149,11 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9]+", "-", text).strip("-") or "x"
 
 
+BREAKS_SHOWN_PER_KIND = 100
+"""Distinct breaks of one kind shown in full (a fix for the first ones usually fixes the rest;
+a hand-made or runaway scan with 600k breaks made a page of ~0.8 GB, issue 45)."""
+
+
 def _breaks(
     summary: ScanSummary,
     doc: str,
@@ -177,7 +182,7 @@ def _breaks(
             )
         )
         by_cause: dict[str, list[Break]] = {}
-        for brk in row.break_records:
+        for brk in row.break_records[:BREAKS_SHOWN_PER_KIND]:
             by_cause.setdefault(brk.cause, []).append(brk)
         for cause, records in sorted(by_cause.items()):
             entry = CAUSES.get(cause)
@@ -189,6 +194,18 @@ def _breaks(
                 for brk in records
             )
             parts.append(tag("div", tag("p", head) + why + rows, class_="cause"))
+        hidden = len(row.break_records) - BREAKS_SHOWN_PER_KIND
+        if hidden > 0:
+            parts.append(
+                tag(
+                    "p",
+                    h(
+                        f"... and {hidden} more distinct break(s) of {row.kind} not shown here "
+                        f"(the first {BREAKS_SHOWN_PER_KIND} are): every one is in the JSON twin"
+                    ),
+                    class_="muted more-breaks",
+                )
+            )
     return section(f"{doc}-breaks", "Distinct graph breaks, by kind and cause", "".join(parts))
 
 
