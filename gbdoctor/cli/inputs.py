@@ -65,12 +65,12 @@ def spec_path(args: list[str] | None) -> Path:
     if not args or len(args) != 1 or args[0].startswith("-"):
         from gbdoctor.frameworks.registry import command_line_runs
 
-        runs = " or ".join(f"{r.flag} ({r.title})" for r in command_line_runs())
+        runs = " or ".join(r.flag for r in command_line_runs())
         options = [a for a in args or [] if a.startswith("-")]
         unknown = f"no such option: {' '.join(options)}; " if options else ""
         raise typer.BadParameter(
             f"{unknown}give one SPEC.toml (other options are a framework's own arguments: they "
-            f"follow its run option, {runs})"
+            f"need {runs} and follow it)"
         )
     return Path(args[0])
 

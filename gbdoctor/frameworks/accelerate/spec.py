@@ -18,6 +18,7 @@ from typing import Any
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.accelerate.config import AccelerateSettings, load_settings
 from gbdoctor.frameworks.accelerate.model import FACTORY, model_label, model_ref
+from gbdoctor.frameworks.common.specfile import capture_settings
 from gbdoctor.frameworks.interface import SpecContext
 from gbdoctor.records import (
     ACSpec,
@@ -36,7 +37,6 @@ DEFAULT_WORLD_SIZE = 2
 """Ranks of a scan unless ``--world-size`` says otherwise: the fewest on which FSDP2 shards."""
 DEFAULT_BATCH_SIZE = 2
 DEFAULT_SEQ_LEN = 32
-CAPTURE_SETTINGS = ("batch_size", "seq_len", "timeout_s")
 
 
 def settings_of(spec: Spec) -> AccelerateSettings:
@@ -161,26 +161,9 @@ def spec_for_run(
 
 
 def _capture_settings(overrides: Sequence[str]) -> dict[str, float]:
-    capture: dict[str, float] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        name = key.strip().removeprefix("gbdoctor.")
-        try:
-            number = float(value) if sep else 0.0
-        except ValueError:
-            number = 0.0
-        if (
-            name not in CAPTURE_SETTINGS
-            or number <= 0
-            or (name != "timeout_s" and not number.is_integer())
-        ):
-            raise SpecError(
-                f"--set {item!r} is not a capture setting of an Accelerate run",
-                hint="only --set gbdoctor.batch_size=N, gbdoctor.seq_len=N and gbdoctor.timeout_s=S "
-                "apply; the setup itself is the Accelerate config's",
-            )
-        capture[name] = number
-    return capture
+    return capture_settings(
+        overrides, "an Accelerate run", "the setup itself is the Accelerate config's"
+    )
 
 
 def check_toml_spec(

@@ -86,3 +86,34 @@ def typed_value(value: Any, tp: Any, section: str, key: str, ctx: SpecContext) -
 
 def type_word(value: Any) -> str:
     return TYPE_WORDS.get(type(value), type(value).__name__)
+
+
+CAPTURE_SETTINGS = ("batch_size", "seq_len", "timeout_s")
+"""The ``--set gbdoctor.KEY=N`` settings a run named by a framework's own option (no SPEC.toml,
+``RegistryRuns``) accepts: the capture's shape and deadline; the setup is the framework's."""
+
+
+def capture_settings(overrides: typing.Sequence[str], run: str, own_keys: str) -> dict[str, float]:
+    """``--set`` items of such a run as ``{setting: value}``; SpecError for anything else, saying
+    that ``run`` (e.g. "a torchtitan run") takes only these and where its own keys go
+    (``own_keys``)."""
+    capture: dict[str, float] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        name = key.strip().removeprefix("gbdoctor.")
+        try:
+            number = float(value) if sep else 0.0
+        except ValueError:
+            number = 0.0
+        if (
+            name not in CAPTURE_SETTINGS
+            or number <= 0
+            or (name != "timeout_s" and not number.is_integer())
+        ):
+            raise SpecError(
+                f"--set {item!r} is not a capture setting of {run}",
+                hint="only --set gbdoctor.batch_size=N, gbdoctor.seq_len=N and "
+                f"gbdoctor.timeout_s=S apply; {own_keys}",
+            )
+        capture[name] = number
+    return capture

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gbdoctor.errors import SpecError
+from gbdoctor.frameworks.common.specfile import capture_settings
 from gbdoctor.records import (
     ACSpec,
     CompileSpec,
@@ -29,7 +30,6 @@ DEFAULT_BATCH_SIZE = 2
 DEFAULT_SEQ_LEN = 64
 """Capture shape unless ``--set gbdoctor.batch_size/seq_len`` says otherwise: torchtitan's
 debug configs train 8 x 2048, whose eager FlexAttention math on CPU needs GiBs per layer."""
-CAPTURE_SETTINGS = ("batch_size", "seq_len", "timeout_s")
 """The ``--set gbdoctor.KEY=N`` a torchtitan run accepts; its own keys go as --section.key."""
 SPMD_OVERRIDE = "--parallelism.spmd_backend partial_dtensor"
 
@@ -133,26 +133,9 @@ def _dp_shard(config: Any, world: int) -> int:
 
 
 def _capture_settings(overrides: Sequence[str]) -> dict[str, float]:
-    capture: dict[str, float] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        field = key.strip().removeprefix("gbdoctor.")
-        try:
-            number = float(value) if sep else 0.0
-        except ValueError:
-            number = 0.0
-        if (
-            field not in CAPTURE_SETTINGS
-            or number <= 0
-            or (field != "timeout_s" and not number.is_integer())
-        ):
-            raise SpecError(
-                f"--set {item!r} is not a capture setting of a torchtitan run",
-                hint="only --set gbdoctor.batch_size=N, gbdoctor.seq_len=N and "
-                "gbdoctor.timeout_s=S apply; torchtitan's own keys go as --section.key VALUE",
-            )
-        capture[field] = number
-    return capture
+    return capture_settings(
+        overrides, "a torchtitan run", "torchtitan's own keys go as --section.key VALUE"
+    )
 
 
 def _ac_spec(ac: Any) -> ACSpec:
