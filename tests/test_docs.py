@@ -133,9 +133,13 @@ def parse_command(args: list[str]) -> None:
         if "does not exist" in exc.format_message():
             return  # a file on the reader's machine (configs/llama4.toml, plan.json, ...)
         raise
-    # ``scan`` passes unknown options through as torchtitan's own overrides; without
-    # --torchtitan the command refuses them when it runs, so they are unknown options here too.
-    passthrough = sub.params.get("torchtitan") is not None
+    # ``scan`` passes unknown options through as a framework's own arguments (torchtitan's
+    # overrides, accelerate's --model); without its run option the command refuses them when it
+    # runs, so they are unknown options here too.
+    # (Each framework run option is a ``registry_run_N`` parameter: cli.options.with_registry_runs.)
+    passthrough = any(
+        name.startswith("registry_run") and value is not None for name, value in sub.params.items()
+    )
     for value in sub.params.values():
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str) and item.startswith("-") and not passthrough:
@@ -145,12 +149,17 @@ def parse_command(args: list[str]) -> None:
 def _inline_commands(page: Path) -> list[tuple[int, list[str]]]:
     """``gbdoctor ...`` code spans in prose, outside fenced blocks. A span that names its
     command by a placeholder (``gbdoctor COMMAND --help``) is a template, not a command."""
-    found, fenced = [], False
+    found, fenced, generated = [], False, False
     for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip().startswith("```"):
             fenced = not fenced
             continue
-        if fenced:
+        # architecture.md's module index quotes docstrings (with placeholders such as PCT):
+        # tests/test_architecture_doc.py generates and checks it.
+        if line.startswith("<!-- module-index:"):
+            generated = line.startswith("<!-- module-index:begin")
+            continue
+        if fenced or generated:
             continue
         for span in re.findall(r"`((?:python -m )?gbdoctor(?: [^`]*)?)`", line):
             for args in _gbdoctor_invocations(span):
