@@ -49,7 +49,12 @@ def test_plan_file_round_trips(print_plan, tmp_path):
     assert emit(plan, "json") == path.read_text()
 
 
-@pytest.mark.parametrize("fmt", [f for f in EMITTERS if f != "json"])
+# The emitters that write Python: json writes the plan file, accelerate a YAML config overlay
+# (its own tests load that with accelerate's reader).
+PYTHON_EMITTERS = [f for f in EMITTERS if f not in ("json", "accelerate")]
+
+
+@pytest.mark.parametrize("fmt", PYTHON_EMITTERS)
 def test_emitted_python_is_valid(print_plan, fmt):
     _, plan = print_plan
     compile(emit(plan, fmt), f"<{fmt}>", "exec")
