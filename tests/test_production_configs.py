@@ -213,7 +213,8 @@ def test_world_size_resolves_minus_one_as_torchtitan_does():
 def test_world_size_option_shows_the_resolved_degrees_in_the_scan_header():
     result = runner.invoke(
         app,
-        ["scan", "fixtures/llama3_debug.toml", "--simulate", "--world-size", "4"],
+        # The resolution is a note of the setup: --details prints the notes.
+        ["scan", "fixtures/llama3_debug.toml", "--simulate", "--world-size", "4", "--details"],
     )
     assert result.exit_code == 0, result.stderr
     assert "EP 1, FSDP dp_shard 4" in result.stdout
