@@ -138,13 +138,12 @@ def _stage_oracle(spec, report) -> list[tuple[str, tuple]]:
     """Plain per-block ``torch.compile`` (backend eager, the graph-break log on) of each block
     inside its stage module - the model cut per stage as torchtitan cuts it, each stage fed the
     previous stage's output - against the scan's records: (fqn, unexpected differences)."""
-    import ast
 
     import torch
 
     from gbdoctor.capture.block import collect_block_inputs
     from gbdoctor.models import block_container, build_model, vocab_size
-    from gbdoctor.scan.oracle import compare, plain_compile_statements
+    from gbdoctor.scan.oracle import compare, plain_compile_statements, training_flags
     from gbdoctor.setup.pipeline import pipeline_layout, split_stage
     from gbdoctor.setup.train import synthetic_batch
 
@@ -161,11 +160,7 @@ def _stage_oracle(spec, report) -> list[tuple[str, tuple]]:
         world_size=1,
         device="cpu",
     )
-    flags = {
-        name: ast.literal_eval(value)
-        for name, value in report.setup.dynamo_config
-        if hasattr(torch._dynamo.config, name)
-    }
+    flags = training_flags(report)
     by_fqn = {b.fqn: b for b in report.blocks}
     found = []
     for stage in layout.stages:

@@ -70,6 +70,16 @@ def plain_compile_statements(
     return tuple(found.values())
 
 
+def training_flags(report: ScanReport) -> dict[str, Any]:
+    """The Dynamo settings training compiles with (the scan's setup records them): an oracle is
+    plain torch.compile under the same settings, not under Dynamo's defaults."""
+    return {
+        name: ast.literal_eval(value)
+        for name, value in report.setup.dynamo_config
+        if hasattr(dynamo_config(), name)
+    }
+
+
 def oracle_check(spec: Spec, report: ScanReport) -> OracleReport:
     """Compile every layer of ``spec``'s bare model alone and compare with ``report``."""
     from gbdoctor.models import block_container, build_model, vocab_size
@@ -97,13 +107,7 @@ def oracle_check(spec: Spec, report: ScanReport) -> OracleReport:
     finally:
         remove()
     root = spec.root or None
-    # The Dynamo settings training compiles with (the scan's setup records them): the oracle
-    # is plain torch.compile under the same settings, not under Dynamo's defaults.
-    flags = {
-        name: ast.literal_eval(value)
-        for name, value in report.setup.dynamo_config
-        if hasattr(dynamo_config(), name)
-    }
+    flags = training_flags(report)
     by_fqn = {b.fqn: b for b in report.blocks}
     results = []
     for fqn, block in blocks.items():
