@@ -71,11 +71,11 @@ def scan(
     ] = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
-    from gbdoctor.report import render
+    from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.summary import has_findings
 
     files = () if registry_run is not None else tuple((spec_args or [])[:1])
-    preflight(format, "scan", output, inputs=(*files, plan))
+    preflight(format, Printout.SCAN, output, inputs=(*files, plan))
     if oracle and (registry_run is not None or simulate):
         raise typer.BadParameter(
             "--oracle compiles every layer of a SPEC.toml's bare model for real: it takes no "
@@ -90,7 +90,8 @@ def scan(
         recompiles=recompile_probe,
     )
     notice(report.notes, output, format)
-    emit(render(report, format, details=details, width=table_width(output)), output)
+    options = RenderOptions(details=details, width=table_width(output))
+    emit(render(Printout.SCAN, format, report, options), output)
     disagrees = oracle and not _oracle_agrees(loaded, report)
     if (strict and has_findings(report)) or disagrees:
         raise typer.Exit(int(ExitCode.FINDINGS))

@@ -16,12 +16,11 @@ from gbdoctor.cli.options import (
     SetOpt,
     SpecArg,
     StrictOpt,
+    TimelineFormatOpt,
     WorldSizeOpt,
 )
 from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
-
-TIMELINE_FORMATS = ("table", "json")
 
 
 def _pairs(values: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -93,7 +92,7 @@ def timeline(
         bool,
         typer.Option("--fix", help="Apply the proposed fixes, run again and compare"),
     ] = False,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    format: TimelineFormatOpt = "table",
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write the step times as an SVG plot")
     ] = None,
@@ -107,18 +106,15 @@ def timeline(
     past recompile_limit running eagerly; warm-up vs steady state, periods, causes, fixes.
 
     Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
-    from gbdoctor.report.timeline import render_json, render_svg, render_table
+    from gbdoctor.report.formats import Printout, RenderOptions, render
+    from gbdoctor.report.timeline import render_svg
     from gbdoctor.timeline.train import run_timeline, typed_dynamo_settings
 
-    if format not in TIMELINE_FORMATS:
-        raise SpecError(
-            f"unknown --format {format!r}", hint=f"valid formats: {', '.join(TIMELINE_FORMATS)}"
-        )
+    preflight(format, Printout.TIMELINE, output, plot, inputs=(spec, plan_file))
     lengths = _lengths(seq_lens)
     check_timeline(steps, batch_size, lengths)
     settings = _pairs(dynamo_config)
     typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
-    preflight(None, "timeline", output, plot, inputs=(spec, plan_file))
     loaded = load_spec_options(spec, set_, world_size=world_size)
     spare_model_code(loaded, output, plot)
     print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
@@ -133,7 +129,7 @@ def timeline(
         dynamo_config=settings,
         fix=fix,
     )
-    emit(render_json(report) if format == "json" else render_table(report, details=details), output)
+    emit(render(Printout.TIMELINE, format, report, RenderOptions(details=details)), output)
     if plot is not None:
         from gbdoctor.records.atomic_write import write_atomic
 

@@ -233,7 +233,8 @@ class ACMode(StrEnum):
 
 
 class OutputFormat(StrEnum):
-    """``--format`` values; each command accepts a subset (see ``report.FORMATS``)."""
+    """``--format`` values, the only source of format names; each command accepts those its
+    printout has renderers for (``report.formats.RENDERERS``)."""
 
     TABLE = "table"
     JSON = "json"
