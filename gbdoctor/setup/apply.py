@@ -225,11 +225,11 @@ def apply_setup(
     wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, ac_index[i])}
     kinds = []
     for i, (fqn, _, _) in enumerate(raw):
-        kind = BlockKind(
+        label = BlockKind(
             base="moe" if fqn in moe_blocks else "dense",
             wrap=ac_mod.ac_label(ac) if i in wrapped_idx else "",
         )
-        kinds.append(str(kind))
+        kinds.append(str(label))
     if strategy.plan is not None:
         check_plan_matches(strategy, kinds, [b for _, _, b in raw])
     recipes = [

@@ -291,7 +291,7 @@ def apply_compile(
         return outer, (), ()
     if recipe.mode == CompileMode.BLOCK:
         compiled = compile_fn(outer, block_fqn, recipe.fullgraph)
-        regions = (block_fqn,)
+        regions: tuple[str, ...] = (block_fqn,)
         return compiled, regions, regions if recipe.fullgraph else ()
     if recipe.mode != CompileMode.CHILDREN:
         raise ValueError(f"unknown compile mode {recipe.mode!r}")
