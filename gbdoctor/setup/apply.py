@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -69,12 +69,22 @@ class InstalledHook:
     fn: Any
 
 
+class SetupStrategy(Protocol):
+    """What a Setup reads from the strategy it was set up with: any framework's own strategy
+    (``compile.Strategy`` here; DeepSpeed's and others' are theirs)."""
+
+    @property
+    def flags(self) -> tuple[tuple[str, Any], ...]:
+        """Dynamo config settings the training step runs under."""
+        ...
+
+
 @dataclass
 class Setup:
     model: nn.Module
     blocks: list[BlockSlot]
     optimizer: torch.optim.Optimizer | None
-    strategy: Strategy
+    strategy: SetupStrategy
     meshes: Any
     hooks: list[InstalledHook] = field(default_factory=list)
     fsdp: bool = True

@@ -309,7 +309,10 @@ def _assemble(
                 detail=detail,
                 cudagraphs=new.cudagraphs.summary if new and new.cudagraphs else "",
                 cudagraph_ready=bool(
-                    verified and new.cudagraphs and new.cudagraphs.status == Readiness.READY
+                    verified
+                    and new is not None  # implied by verified; said again for mypy
+                    and new.cudagraphs
+                    and new.cudagraphs.status == Readiness.READY
                 ),
             )
         )
