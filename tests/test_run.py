@@ -31,7 +31,7 @@ from gbdoctor.run import (
     resolve_modes,
     run_modes,
 )
-from gbdoctor.setup.compile import STRATEGIES
+from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
 from gbdoctor.spec import load_spec
 
 MODELS = FIXTURES / "models"

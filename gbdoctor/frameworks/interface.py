@@ -20,7 +20,10 @@ The capabilities a framework may add:
 - :class:`RegistryRuns`: it names runs by its own config registry, on the command line;
 - :class:`EngineStepFramework`: its scans capture whole engine steps;
 - :class:`GradientAccumulation`: ``timeline`` reads its accumulation boundaries;
-- :class:`OwnHookLibrary`: its library's hooks, where a break is the ``zero-hook`` cause.
+- :class:`OwnHookLibrary`: its library's hooks, where a break is the ``zero-hook`` cause;
+- :class:`ZeroStages`: the ZeRO stage a spec sets up, for the setup record;
+- :class:`CauseContributor`: what it adds to the cause taxonomy (causes, precedents of fixes,
+  upstream bugs its setups hit).
 
 How a scan captures a step (:class:`CaptureStyle`):
 
@@ -337,6 +340,16 @@ class OwnHookLibrary(Protocol):
     releases parameters in hooks): a break inside them is the ``zero-hook`` cause."""
 
     hook_library: FrameworkHooks
+
+
+@runtime_checkable
+class ZeroStages(Protocol):
+    """A framework that shards by ZeRO stage (DeepSpeed): the stage a spec sets up, recorded in
+    the setup record of its scans and inspections (``SetupInfo.zero_stage``)."""
+
+    def zero_stage(self, spec: Spec) -> int | None:
+        """The ZeRO stage ``spec`` sets up (None: the spec sets none)."""
+        ...
 
 
 @runtime_checkable

@@ -40,6 +40,7 @@ from gbdoctor.frameworks.interface import (
     RegistryRuns,
     RunModes,
     Simulation,
+    ZeroStages,
 )
 from gbdoctor.records import Spec
 
@@ -289,6 +290,11 @@ def run_modes_of(framework: Framework) -> RunModes:
 def hooks_of(framework: Framework) -> FrameworkHooks:
     """Where ``framework``'s own library hooks the model (none without the capability)."""
     return framework.hook_library if isinstance(framework, OwnHookLibrary) else NO_FRAMEWORK_HOOKS
+
+
+def zero_stage_of(framework: Framework, spec: Spec) -> int | None:
+    """The ZeRO stage ``spec`` sets up under ``framework`` (None without the capability)."""
+    return framework.zero_stage(spec) if isinstance(framework, ZeroStages) else None
 
 
 def emitters_of(framework: Framework) -> Mapping[str, Emitter]:

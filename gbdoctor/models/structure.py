@@ -307,6 +307,6 @@ def ep_refusal(moe: MoELayer, experts: nn.Module) -> str | None:
     if len(params) != 2:
         return (
             f"{moe.experts}.forward takes {len(params)} positional argument(s); gbdoctor's EP "
-            "dispatch calls experts(tokens_sorted_by_expert, num_tokens_per_expert) as torchtitan does"
+            "dispatch calls experts(tokens_sorted_by_expert, num_tokens_per_expert)"
         )
     return None

@@ -41,6 +41,7 @@ from gbdoctor.records.plan import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
     DeepSpeedPlan,
+    PlanSection,
     KindPlan,
     Plan,
 )
@@ -119,6 +120,7 @@ __all__ = [
     "CudaGraphReadiness",
     "Decision",
     "DeepSpeedPlan",
+    "PlanSection",
     "DeepSpeedSpec",
     "RegistryRun",
     "Event",

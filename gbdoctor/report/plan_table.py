@@ -94,14 +94,10 @@ def render_plan_table(plan: Plan, price: PriceReport | None = None) -> str:
             console.print(f"  {k.kind} {ready}: {k.cudagraphs}", markup=False)
     if any(k.cudagraph_ready for k in plan.kinds):
         console.print(_cudagraph_usage(plan), markup=False)
-    ds = plan.deepspeed
-    if ds is not None:
-        leaf = f"; ZeRO-3 leaf modules: {', '.join(ds.leaf_modules)}" if ds.leaf_modules else ""
-        console.print(
-            f"DeepSpeed (ZeRO-{ds.zero_stage}): compile {ds.mode}, fullgraph={ds.fullgraph}{leaf}",
-            markup=False,
-        )
-        for item in ds.remaining:
+    extra = plan.framework_section()
+    if extra is not None:
+        console.print(extra.headline, markup=False)
+        for item in extra.remaining:
             console.print(f"  remains: {item}", markup=False)
     if plan.flags:
         console.print("Dynamo flags: " + ", ".join(f"{n}={v}" for n, v in plan.flags), markup=False)

@@ -163,6 +163,18 @@ def check_plan_matches(strategy: Strategy, kinds: list[str], blocks: list[nn.Mod
                 ) from None
 
 
+def generic_strategy(name: str) -> Strategy:
+    """The generic preset ``name`` (``setup.compile.STRATEGIES``); a framework's own presets are
+    objects the caller takes from its ``strategies``."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise SpecError(
+            f"{name!r} is not a generic compile strategy",
+            hint=f"pass one of {', '.join(STRATEGIES)}, or a Strategy (a framework's strategies)",
+        ) from None
+
+
 def apply_setup(
     model: nn.Module,
     spec: Spec,
@@ -181,7 +193,7 @@ def apply_setup(
     step); simulation passes True because it materializes the model (as fakes) before stepping.
     """
     if isinstance(strategy, str):
-        strategy = STRATEGIES[strategy]
+        strategy = generic_strategy(strategy)
     if compile_fn is None:
         compile_fn = default_compile_fn(backend or spec.compile.backend)
     ac = spec.activation_checkpoint

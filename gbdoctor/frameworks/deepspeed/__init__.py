@@ -84,6 +84,10 @@ class DeepSpeed(FrameworkBase):
         # not as torchtitan's [compile] section would.
         return False
 
+    def zero_stage(self, spec: Any) -> int | None:
+        """The spec's ZeRO stage (``ZeroStages``: the setup record of a scan or inspection)."""
+        return spec.deepspeed.zero_stage if spec.deepspeed else None
+
     # ---------------------------------------------------------------- set up and step
 
     def build(
@@ -179,7 +183,7 @@ class DeepSpeed(FrameworkBase):
             batch_size=spec.capture_batch_size,
             seq_len=spec.capture_seq_len,
             framework=self.name,
-            zero_stage=spec.deepspeed.zero_stage if spec.deepspeed else None,
+            zero_stage=self.zero_stage(spec),
             steps=steps,
             plan=strategy.plan,
         )
@@ -187,7 +191,7 @@ class DeepSpeed(FrameworkBase):
     def engine_notes(
         self, spec: Any, strategy: Any, steps: int, losses: list[float]
     ) -> tuple[str, ...]:
-        stage = spec.deepspeed.zero_stage if spec.deepspeed else None
+        stage = self.zero_stage(spec)
         notes = [
             f"DeepSpeed ZeRO-{stage}, {strategy.summary}; {steps} training steps captured "
             f"through the engine on every rank (losses {', '.join(f'{x:.4f}' for x in losses)})"

@@ -208,7 +208,7 @@ def propose_block_plan(
     """Scan, propose, verify (rounds + a final strict scan), and return the plan. ``scan_fn``
     keeps real-or-simulated as first decided (``plan.planner.propose_plan``), so a simulated
     plan is verified by simulated re-scans."""
-    from gbdoctor.setup.compile import STRATEGIES
+    from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
 
     say = progress or (lambda *_: None)
     say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
