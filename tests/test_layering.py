@@ -111,15 +111,9 @@ FRAMEWORK_ALLOWED = {
     ("gbdoctor.spec", "torchtitan"),
 }
 """(module, framework name or module) pairs allowed outside ``frameworks/`` (see each reason)."""
-FRAMEWORK_NOT_MOVED = {
-    # Cause and known-issue texts that name the framework a fix comes from.
-    ("gbdoctor.causes.taxonomy", "deepspeed"),
-    ("gbdoctor.causes.taxonomy", "torchtitan"),
-    ("gbdoctor.causes.cudagraph_blockers", "torchtitan"),
-    ("gbdoctor.causes.known_issues", "torchtitan"),
-}
+FRAMEWORK_NOT_MOVED: set[tuple[str, str]] = set()
 """(module, framework name) pairs whose framework knowledge has not moved behind the seam yet:
-``tools.layout_report`` counts their modules, and none may join (issue 41)."""
+``tools.layout_report`` counts their modules, and none may join (issue 41: all have moved)."""
 
 
 def _module_name(path: Path, root: Path) -> str:

@@ -145,8 +145,8 @@ def framework_naming_modules(package: Path) -> Count:
     waiting = sorted(m for m in naming if m in not_moved)
     detail = (
         f"{len(naming)} in all: {len(set(naming) & allowed - not_moved)} allowed with a reason "
-        f"(JSON vocabulary, launcher, --version, locator), {len(waiting)} not moved behind the "
-        "seam yet (listed)"
+        f"(JSON vocabulary, file format, launcher, --version, locator), {len(waiting)} not moved "
+        "behind the seam yet (listed)"
     )
     return Count(
         "modules outside frameworks/ naming a framework (not moved yet)", tuple(waiting), detail

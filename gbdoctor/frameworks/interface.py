@@ -42,6 +42,7 @@ from dataclasses import Field
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, NoReturn, Protocol, runtime_checkable
 
+from gbdoctor.causes.contributions import CauseKnowledge
 from gbdoctor.causes.hooks import FrameworkHooks
 from gbdoctor.records import Plan, ScanReport, SetupInfo, Spec
 
@@ -340,6 +341,16 @@ class OwnHookLibrary(Protocol):
     releases parameters in hooks): a break inside them is the ``zero-hook`` cause."""
 
     hook_library: FrameworkHooks
+
+
+@runtime_checkable
+class CauseContributor(Protocol):
+    """A framework that adds to the cause taxonomy: causes only its setups meet (DeepSpeed's
+    ``zero-hook``), precedents of generic fixes (torchtitan's order: compile, then FSDP) and the
+    upstream bugs its setups hit. ``registry.cause_taxonomy`` combines every framework's with
+    the generic taxonomy (``causes.contributions``), which names no framework."""
+
+    cause_knowledge: CauseKnowledge
 
 
 @runtime_checkable

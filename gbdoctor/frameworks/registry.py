@@ -27,10 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
+from gbdoctor.causes.contributions import CauseKnowledge, Taxonomy, combine
 from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import PluginError, SpecError, first_line
 from gbdoctor.frameworks.interface import (
     PLUGIN_API_VERSION,
+    CauseContributor,
     Emitter,
     Framework,
     HasEmitters,
@@ -220,6 +222,32 @@ def framework_for(spec: Spec) -> Framework:
 def registry_run_frameworks() -> tuple[RegistryRuns, ...]:
     """The frameworks that name runs by their own config registry (a ``flag`` on commands)."""
     return tuple(f for f in _frameworks().values() if isinstance(f, RegistryRuns))
+
+
+def cause_taxonomy() -> Taxonomy:
+    """The whole cause taxonomy: the generic one with every framework's additions
+    (:class:`~interface.CauseContributor`), in registry order. Read by reports too: when a
+    plug-in cannot load, the built-ins' (as :func:`command_line_runs` does), so that reading a
+    result never fails on a plug-in; a contribution that contradicts the taxonomy is the
+    plug-in's error (exit 2)."""
+    try:
+        frameworks = all_frameworks()
+    except PluginError:
+        own = (PluginSource(name, value, _OWN_DISTRIBUTION) for name, value in BUILTIN_ENTRY_POINTS)
+        frameworks = tuple(load_plugin(source) for source in own)
+    added: list[CauseKnowledge] = []
+    for framework in frameworks:
+        if isinstance(framework, CauseContributor):
+            try:
+                combine((*added, framework.cause_knowledge))
+            except ValueError as exc:
+                raise PluginError(
+                    f"framework plug-in {framework.name!r} adds to the cause taxonomy what "
+                    f"contradicts it: {exc}",
+                    "fix its cause_knowledge, or uninstall it",
+                ) from None
+            added.append(framework.cause_knowledge)
+    return combine(added)
 
 
 def command_line_runs() -> tuple[RegistryRuns, ...]:

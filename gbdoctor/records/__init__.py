@@ -41,9 +41,9 @@ from gbdoctor.records.plan import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
     DeepSpeedPlan,
-    PlanSection,
     KindPlan,
     Plan,
+    PlanSection,
 )
 from gbdoctor.records.price import (
     PRICE_CONSISTENT_WITHIN,

@@ -23,15 +23,19 @@ class CausesPrintout:
 
 
 def _blocker_rows() -> list[tuple[str, str, str]]:
-    from gbdoctor.causes import BLOCKER_EXPLANATIONS
+    from gbdoctor.frameworks.registry import cause_taxonomy
 
-    return [(str(k), what, fix) for k, (what, fix) in BLOCKER_EXPLANATIONS.items()]
+    blockers = cause_taxonomy().blockers
+    return [(str(k), what, fix) for k, (what, fix) in blockers.items()]
 
 
 def _selected_causes(cause_id: str | None) -> list[Cause]:
-    from gbdoctor.causes import CAUSES, explain_cause
+    from gbdoctor.frameworks.registry import cause_taxonomy
 
-    return [explain_cause(cause_id)] if cause_id else [CAUSES[k] for k in sorted(CAUSES)]
+    taxonomy = cause_taxonomy()
+    if cause_id:
+        return [taxonomy.explain(cause_id)]
+    return [taxonomy.causes[k] for k in sorted(taxonomy.causes)]
 
 
 def causes_json(printout: CausesPrintout, options: RenderOptions) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gbdoctor.causes.hooks import FrameworkHooks
 from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
+from gbdoctor.frameworks.deepspeed.causes import DEEPSPEED_CAUSES
 from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
 from gbdoctor.records.enums import Component
 
@@ -58,6 +59,7 @@ class DeepSpeed(FrameworkBase):
         files=("deepspeed/runtime/zero/",),  # ZeRO's parameter gather/release and its hooks
         components=(Component.ZERO, Component.DEEPSPEED),
     )
+    cause_knowledge = DEEPSPEED_CAUSES
 
     # ---------------------------------------------------------------- strategies and spec
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from gbdoctor.frameworks.common.base import BuildingBlocksFramework
 from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
+from gbdoctor.frameworks.torchtitan_v02.causes import TORCHTITAN_CAUSES
 
 NAME = "torchtitan"
 
@@ -62,6 +63,7 @@ class TorchtitanV02(BuildingBlocksFramework):
     """Compile strategy presets for ``[gbdoctor] strategy`` (``strategies.STRATEGIES``)."""
     default_strategy = "block"
     run_modes = TorchtitanRunModes()
+    cause_knowledge = TORCHTITAN_CAUSES
     plan_modes: tuple[str, ...] = ("block", "children")
 
     # ---------------------------------------------------------------- strategies and spec

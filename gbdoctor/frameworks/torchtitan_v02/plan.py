@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gbdoctor.capture import within
-from gbdoctor.causes import plan_actions_for
 from gbdoctor.frameworks.common.plan import (
     clean,
     fullgraph_share,
@@ -28,6 +27,7 @@ from gbdoctor.frameworks.common.plan import (
     take_flags,
     verification_failure,
 )
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import (
     ACMode,
     BlockKind,
@@ -166,7 +166,7 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
             # The break is in the hooks FSDP/EP install around the module, not in its forward:
             # the forward is compiled on its own, with the hooks running eagerly around it
             # (verification drops it again if the forward itself breaks).
-            allowed = plan_actions_for(brk.cause)
+            allowed = cause_taxonomy().plan_actions(brk.cause)
             if "compile-between-hooks" in allowed and not isolated <= (cand.eager or set()):
                 cand.compiled_forward = (cand.compiled_forward or set()) | isolated
                 cand.actions.append("compile-between-hooks")

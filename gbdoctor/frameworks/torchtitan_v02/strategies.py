@@ -31,7 +31,9 @@ STRATEGIES: dict[str, Strategy] = {
     "none": GENERIC["none"],
     # The generic preset is what torchtitan's main branch compiles (2026): say so where it is
     # this framework's.
-    "block": replace(GENERIC["block"], summary=GENERIC["block"].summary + " (torchtitan main, 2026)"),
+    "block": replace(
+        GENERIC["block"], summary=GENERIC["block"].summary + " (torchtitan main, 2026)"
+    ),
     "block-nofullgraph": GENERIC["block-nofullgraph"],
     TITAN_V020.name: TITAN_V020,
     TITAN_V022.name: TITAN_V022,
