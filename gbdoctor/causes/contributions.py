@@ -105,12 +105,12 @@ def combine(contributions: Iterable[CauseKnowledge]) -> Taxonomy:
             causes[cause.id] = cause
     blockers = dict(BLOCKER_EXPLANATIONS)
     for precedent in (p for c in knowledge for p in c.precedents):
-        cause = causes.get(precedent.cause)
-        if cause is None or not 0 <= precedent.fix < len(cause.fixes):
+        fixed = causes.get(precedent.cause)
+        if fixed is None or not 0 <= precedent.fix < len(fixed.fixes):
             raise ValueError(f"precedent of no fix: {precedent.cause!r} fix {precedent.fix}")
-        fixes = list(cause.fixes)
+        fixes = list(fixed.fixes)
         fixes[precedent.fix] += f" ({precedent.text})"
-        causes[cause.id] = replace(cause, fixes=tuple(fixes))
+        causes[fixed.id] = replace(fixed, fixes=tuple(fixes))
     for kind, text in (p for c in knowledge for p in c.blocker_precedents):
         what, fix = blockers[kind]
         blockers[kind] = (what, f"{fix} ({text})")

@@ -12,7 +12,8 @@ from enum import StrEnum
 
 
 class CauseId(StrEnum):
-    """Cause ids of :data:`gbdoctor.causes.CAUSES` (``Break.cause``)."""
+    """Cause ids of the taxonomy, the frameworks' causes included (``Break.cause``;
+    ``frameworks.registry.cause_taxonomy``)."""
 
     ZERO_HOOK = "zero-hook"
     FSDP_HOOK = "fsdp-hook"

@@ -87,7 +87,7 @@ class Break:
     """One graph break, keyed for baselines by (block kind, cause, gb_type, location, hop)."""
 
     cause: str
-    """Cause id from ``causes.CAUSES`` (kebab-case, part of the JSON contract)."""
+    """Cause id of the taxonomy (``causes.Taxonomy``; kebab-case, part of the JSON contract)."""
     gb_type: str
     """First line of Dynamo's message: the registry's ``Gb_type``."""
     gb_id: str | None
@@ -283,7 +283,7 @@ class RankDivergence:
     gb_type: str
     location: Location | None
     break_cause: str
-    """The break's cause id (``causes.CAUSES``), as in ``Break.cause``."""
+    """The break's cause id (``causes.Taxonomy``), as in ``Break.cause``."""
     cause: DivergenceCause
     hazard: CollectiveHazard
     fix: str
