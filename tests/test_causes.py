@@ -315,16 +315,20 @@ def test_frameworks_add_precedents_to_generic_fixes():
     assert CAUSES["fsdp-hook"].fixes[0] == generic + " (torchtitan's order: compile, then FSDP)"
     assert CAUSES["fsdp-hook"].fixes[1:] == GENERIC_CAUSES["fsdp-hook"].fixes[1:]
     what, fix = cause_taxonomy().blockers[BlockerKind.DYNAMIC_SHAPE]
-    assert (what, fix) == (
-        BLOCKER_EXPLANATIONS[BlockerKind.DYNAMIC_SHAPE][0],
-        BLOCKER_EXPLANATIONS[BlockerKind.DYNAMIC_SHAPE][1] + " (torchtitan pads expert groups)",
+    assert what == BLOCKER_EXPLANATIONS[BlockerKind.DYNAMIC_SHAPE][0]
+    assert BLOCKER_EXPLANATIONS[BlockerKind.DYNAMIC_SHAPE][1] == (
+        "pad to a fixed size or mark the region static"
     )
+    assert fix == "pad to a fixed size (torchtitan pads expert groups) or mark the region static"
     issue = KnownIssue(pattern="boom", summary="s", link="https://x", workaround="w")
     combined = combine(
         [CauseKnowledge(precedents=(Precedent("error", 1, "a"), Precedent("error", 1, "b")))]
         + [CauseKnowledge(known_issues=(issue,))]
     )
     assert combined.causes["error"].fixes[1] == GENERIC_CAUSES["error"].fixes[1] + " (a) (b)"
+    # Said where it belongs in the sentence: after the part it names.
+    ep = "set torch._dynamo.config.capture_scalar_outputs = True (torchtitan's apply_compile does)"
+    assert CAUSES["ep-dispatch"].fixes[0].startswith(ep + " so the split sizes")
     assert combined.known_issue("it went boom") is issue and combined.known_issue("x") is None
 
 
@@ -335,6 +339,8 @@ def test_a_contribution_that_contradicts_the_taxonomy_is_refused():
         combine([CauseKnowledge(precedents=(Precedent("error", 9, "x"),))])
     with pytest.raises(ValueError, match="precedent of no fix"):
         combine([CauseKnowledge(precedents=(Precedent("no-such-cause", 0, "x"),))])
+    with pytest.raises(ValueError, match="is not once in the fix"):
+        combine([CauseKnowledge(precedents=(Precedent("error", 0, "x", after="no such words"),))])
 
 
 def test_a_plugin_contradicting_the_taxonomy_is_a_plugin_error(monkeypatch):

@@ -9,6 +9,7 @@ what a framework adds (its causes, precedents of fixes, upstream bugs) and the c
 
 from gbdoctor.causes.contributions import (
     GENERIC_TAXONOMY,
+    BlockerPrecedent,
     CauseKnowledge,
     Precedent,
     Taxonomy,
@@ -51,6 +52,7 @@ from gbdoctor.torch_compat import release_name, torch_release
 __all__ = [
     "GENERIC_CAUSES",
     "GENERIC_TAXONOMY",
+    "BlockerPrecedent",
     "CauseKnowledge",
     "Precedent",
     "Taxonomy",

@@ -23,12 +23,23 @@ from gbdoctor.records import BlockerKind
 
 @dataclass(frozen=True)
 class Precedent:
-    """A setup that applies a generic fix, appended to the fix as `` (text)``."""
+    """A setup that applies a generic fix, said in the fix as `` (text)``: after ``after`` (a
+    part of the fix that it holds once), or at its end."""
 
     cause: str
     fix: int
     """Which of the cause's fixes (0: the first, the one hints show)."""
     text: str
+    after: str = ""
+
+
+@dataclass(frozen=True)
+class BlockerPrecedent:
+    """A setup that applies the fix of a CUDA-graph blocker kind (see :class:`Precedent`)."""
+
+    kind: BlockerKind
+    text: str
+    after: str = ""
 
 
 @dataclass(frozen=True)
@@ -38,8 +49,7 @@ class CauseKnowledge:
     causes: tuple[Cause, ...] = ()
     """Causes that only this framework's setups meet (a new id, listed by ``gbdoctor causes``)."""
     precedents: tuple[Precedent, ...] = ()
-    blocker_precedents: tuple[tuple[BlockerKind, str], ...] = ()
-    """Precedents of CUDA-graph blockers' fixes (each blocker kind has one fix)."""
+    blocker_precedents: tuple[BlockerPrecedent, ...] = ()
     known_issues: tuple[KnownIssue, ...] = ()
     """Upstream bugs this framework's setups hit, recognised by their error."""
 
@@ -109,13 +119,23 @@ def combine(contributions: Iterable[CauseKnowledge]) -> Taxonomy:
         if fixed is None or not 0 <= precedent.fix < len(fixed.fixes):
             raise ValueError(f"precedent of no fix: {precedent.cause!r} fix {precedent.fix}")
         fixes = list(fixed.fixes)
-        fixes[precedent.fix] += f" ({precedent.text})"
+        fixes[precedent.fix] = _said(fixes[precedent.fix], precedent.text, precedent.after)
         causes[fixed.id] = replace(fixed, fixes=tuple(fixes))
-    for kind, text in (p for c in knowledge for p in c.blocker_precedents):
-        what, fix = blockers[kind]
-        blockers[kind] = (what, f"{fix} ({text})")
+    for blocker in (p for c in knowledge for p in c.blocker_precedents):
+        what, fix = blockers[blocker.kind]
+        blockers[blocker.kind] = (what, _said(fix, blocker.text, blocker.after))
     issues = tuple(issue for c in knowledge for issue in c.known_issues)
     return Taxonomy(causes=causes, blockers=blockers, known_issues=issues)
+
+
+def _said(fix: str, text: str, after: str) -> str:
+    """``fix`` with `` (text)`` after ``after`` (at the end without it)."""
+    if not after:
+        return f"{fix} ({text})"
+    if fix.count(after) != 1:
+        raise ValueError(f"precedent {text!r}: {after!r} is not once in the fix {fix!r}")
+    head, _, tail = fix.partition(after)
+    return f"{head}{after} ({text}){tail}"
 
 
 GENERIC_TAXONOMY = combine(())

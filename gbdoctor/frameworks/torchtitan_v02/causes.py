@@ -5,23 +5,33 @@ Light: no torch import (frameworks load when the command line is built)."""
 
 from __future__ import annotations
 
-from gbdoctor.causes.contributions import CauseKnowledge, Precedent
+from gbdoctor.causes.contributions import BlockerPrecedent, CauseKnowledge, Precedent
 from gbdoctor.causes.known_issues import KnownIssue
 from gbdoctor.records.enums import BlockerKind
 
 TORCHTITAN_CAUSES = CauseKnowledge(
     precedents=(
         Precedent("fsdp-hook", 0, "torchtitan's order: compile, then FSDP"),
-        Precedent("ep-dispatch", 0, "torchtitan's apply_compile does"),
+        Precedent("ep-dispatch", 0, "torchtitan's apply_compile does", after="= True"),
         Precedent("moe-load-balancing", 1, "as torchtitan does"),
-        Precedent("inplace-in-sac", 0, "torchtitan does"),
-        Precedent("tensor-parallel", 0, "torchtitan's order"),
+        Precedent("inplace-in-sac", 0, "torchtitan does", after="= True"),
+        Precedent("tensor-parallel", 0, "torchtitan's order", after="each block whole"),
         Precedent("tensor-parallel", 2, "torchtitan PR #3737"),
     ),
     blocker_precedents=(
-        (BlockerKind.COLLECTIVE, "torchtitan sets NCCL_GRAPH_REGISTER=0"),
-        (BlockerKind.DYNAMIC_SHAPE, "torchtitan pads expert groups"),
-        (BlockerKind.RELEASED_STATIC_INPUT, "torchtitan's SimpleFSDP in graph_trainer"),
+        BlockerPrecedent(
+            BlockerKind.COLLECTIVE,
+            "torchtitan sets NCCL_GRAPH_REGISTER=0",
+            after="replays the same graphs",
+        ),
+        BlockerPrecedent(
+            BlockerKind.DYNAMIC_SHAPE, "torchtitan pads expert groups", after="a fixed size"
+        ),
+        BlockerPrecedent(
+            BlockerKind.RELEASED_STATIC_INPUT,
+            "torchtitan's SimpleFSDP in graph_trainer",
+            after="inside the compiled graph",
+        ),
     ),
     known_issues=(
         KnownIssue(
