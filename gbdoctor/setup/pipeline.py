@@ -278,3 +278,36 @@ def split_stage(model: Any, stage: PipelineStage) -> Any:
         elif name not in keep:
             setattr(chunk, name, None)
     return chunk
+
+
+def build_schedule(
+    layout: PipelineLayout, modules: Sequence[tuple[PipelineStage, Any]], group: Any, loss_fn: Any
+) -> Any:
+    """torch's schedule for this rank's stages, as torchtitan's ``build_pipeline_schedule``
+    builds it: the class the config names, ``layout.microbatches`` microbatches, the loss on
+    the last stage, gradients not scaled by the schedule (the loss is). ``modules``: (stage, its
+    chunk) for each stage of this rank, in stage order."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+
+    if layout.schedule == "csv":
+        raise SpecError(
+            "parallelism.pipeline_parallel_schedule_csv: not supported yet: gbdoctor runs "
+            "torch's named schedules only (a CSV schedule needs torch's private runtime schedule)",
+            hint="set pipeline_parallel_schedule to the schedule the CSV was made from",
+        )
+    device = torch.device("cpu")
+    for _, module in modules:
+        device = next(module.parameters()).device
+        break
+    stages = [
+        TorchStage(module, stage.index, len(layout.stages), device, group=group)
+        for stage, module in modules
+    ]
+    cls = schedule_class(layout.schedule)
+    return cls(
+        stages[0] if is_single_stage(layout.schedule) else stages,
+        n_microbatches=layout.microbatches,
+        loss_fn=loss_fn,
+        scale_grads=False,
+    )
