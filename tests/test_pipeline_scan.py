@@ -233,7 +233,12 @@ def test_schedule_findings_are_read_from_the_crash_and_the_compiles():
 def replace_step(r, step):
     from dataclasses import replace
 
-    return replace(r, step=step, measured=False)
+    return replace(
+        r,
+        step=step,
+        measured=False,
+        hint=f"pipeline schedule step {step} (second microbatch shape)",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -289,6 +294,7 @@ def test_pp2_schedule_matches_pp1_and_reports_pp_only_findings(schedule, pp1_sca
     )
     assert {e.detail.split(":", 1)[0] for e in crashes} == expected
     assert all("(verified:" in e.detail for e in crashes)
+    assert all(r.hint.startswith("pipeline schedule step 2") for _, r in recompiles)
     if schedule == "ZBVZeroBubble":
         assert any("donated buffers" in e.detail for e in crashes)
     assert all(len(b.events) == len(report.blocks[0].events) for b in report.blocks)

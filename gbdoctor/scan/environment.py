@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gbdoctor.errors import SetupError
 from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import Decision, ScanReport, Spec
@@ -132,7 +133,13 @@ def _with_pipeline_schedule(
         return replace(report, notes=(*report.notes, f"pipeline schedule: not run: {why}"))
     if progress:
         progress(f"training the {spec.parallelism.pipeline_parallel_schedule} schedule", 0, 1)
-    return with_schedule(report, run_schedule(spec))
+    try:
+        found = run_schedule(spec)
+    except SetupError as exc:
+        # A rank that died or ran out of time (not a crash the run recognizes): the capture
+        # stands; the report says the schedule's findings are missing, and why.
+        return replace(report, notes=(*report.notes, f"pipeline schedule: failed: {exc.message}"))
+    return with_schedule(report, found)
 
 
 def with_notice(report: ScanReport, decision: Decision) -> ScanReport:

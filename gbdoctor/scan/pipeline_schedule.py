@@ -22,6 +22,7 @@ does).
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -52,6 +53,14 @@ class CrashKind(StrEnum):
     """AC with a second cache entry of a compiled block, Dynamo's LRU cache on."""
     OTHER = "other"
 
+
+WHEN = {
+    CrashKind.ZERO_BUBBLE: "every training step",
+    CrashKind.SECOND_SHAPE: "when training feeds a second microbatch shape (evaluation at "
+    "another sequence length, variable-length batches)",
+    CrashKind.AC_CACHE: "once an AC-wrapped compiled block has a second cache entry",
+}
+"""Crash kind -> when training meets it (the schedule run provokes each on purpose)."""
 
 WORKAROUNDS = {
     CrashKind.ZERO_BUBBLE: (
@@ -185,6 +194,11 @@ def schedule_rank(trial: ScheduleTrial) -> dict[str, Any]:
     seq = spec.capture_seq_len
     steps = SHAPES if trial.lru_step and ac_on else SHAPES[:LRU_STEP]
     losses: list[float] = []
+    # torch logs the whole schedule at ERROR level when an action raises: the crash is
+    # recorded as a finding, so keep its dump off the user's stderr.
+    torch_log = logging.getLogger("torch.distributed.pipelining.schedules")
+    level = torch_log.level
+    torch_log.setLevel(logging.CRITICAL)
     try:
         with watch_recompiles(portable_path) as watch, donated_buffers(trial.donated_buffer):
             compiles.log_size = lambda: len(watch.records)
@@ -219,6 +233,7 @@ def schedule_rank(trial: ScheduleTrial) -> dict[str, Any]:
             records = list(watch.records)
     finally:
         set_lru_cache(True)
+        torch_log.setLevel(level)
     return dict(
         rank=meshes.pp_rank,
         stages=[stage.index for stage in mine],
@@ -261,7 +276,9 @@ def block_recompiles(result: dict[str, Any]) -> dict[str, tuple[Recompile, ...]]
                 function=reason.function if reason else "forward",
                 reason=reason.reason if reason else f"new inputs {shape}",
                 location=reason.location if reason else None,
-                hint=reason.hint if reason else "",
+                # Beside the recompile probe's records of the same block: say where it came from.
+                hint=f"pipeline schedule step {step} ({SHAPES[step]} microbatch shape)"
+                + (f"; {reason.hint}" if reason and reason.hint else ""),
                 failed_entries=reason.failed_entries if reason else 1,
             )
         )
@@ -330,7 +347,8 @@ def run_schedule(spec: Spec) -> ScheduleFindings:
             Event(
                 kind=EventKind.PIPELINE_CRASH,
                 module="",
-                detail=f"{kind}: {crash.message}; workaround: {fix}{verified}; {issue}",
+                detail=f"{kind}: {WHEN.get(kind, 'in the schedule run')}: {crash.message}; "
+                f"workaround: {fix}{verified}; {issue}",
             )
         )
     if not trained:

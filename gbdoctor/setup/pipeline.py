@@ -242,13 +242,15 @@ def pipeline_notes(layout: PipelineLayout) -> tuple[str, ...]:
         f"({ranks}), {layout.microbatches} microbatch(es) of {layout.microbatch_size}; every "
         "stage's blocks are set up as their rank sets them up (the layer-selective AC counter "
         "counts the rank's own blocks, FSDP2 keeps parameters unsharded between forward and "
-        "backward) and captured with microbatch inputs; the schedule's own steps (send/recv of "
-        "hidden states between stages, the loss on the last stage) are not captured"
+        "backward) and captured with microbatch inputs; the schedule itself (each rank's own "
+        "stages fed the hidden states it sends, the loss on the last stage) is trained for real "
+        "only with the recompile probe on ('pipeline schedule:' notes)"
     ]
     if layout.zero_bubble:
         notes.append(
             f"pipeline: {layout.schedule} splits each stage's backward into input and weight "
-            "gradients (torch.autograd.grad in pieces); the capture runs one whole backward"
+            "gradients (torch.autograd.grad in pieces); the capture runs one whole backward, "
+            "the schedule run (with the recompile probe) the split one"
         )
     return tuple(notes)
 
