@@ -177,6 +177,7 @@ def schedule_rank(trial: ScheduleTrial) -> dict[str, Any]:
         if "loss" in spec.compile.components
         else loss
     )
+    assert meshes.pp is not None  # runnable(): PP > 1, so the mesh has its PP dimension
     group = meshes.pp.get_group()
     schedules = {"first": build_schedule(layout, chunks, group, loss_fn)}
     schedules["second"] = (
@@ -318,7 +319,7 @@ def run_schedule(spec: Spec) -> ScheduleFindings:
         except ScheduleCrash as crash:
             return crash
 
-    fixes = {
+    fixes: dict[CrashKind, dict[str, bool]] = {
         CrashKind.ZERO_BUBBLE: dict(donated_buffer=False),
         CrashKind.SECOND_SHAPE: dict(new_schedule_per_shape=True),
         CrashKind.AC_CACHE: dict(lru_step=False),
@@ -331,9 +332,10 @@ def run_schedule(spec: Spec) -> ScheduleFindings:
         crashes.append((result, kind))
         if kind not in fixes or any(k == kind for _, k in crashes[:-1]):
             break  # no workaround, or the workaround did not help
-        trial = replace(trial, **fixes[kind])
+        trial = replace(trial, **fixes[kind])  # type: ignore[arg-type]  # bool fields only
         result = attempt(trial)
-    trained = not isinstance(result, ScheduleCrash)
+    ranks = None if isinstance(result, ScheduleCrash) else result
+    trained = ranks is not None
     events = []
     for i, (crash, kind) in enumerate(crashes):
         fix, issue = WORKAROUNDS.get(kind, ("none known to gbdoctor", "no issue known"))
@@ -351,21 +353,21 @@ def run_schedule(spec: Spec) -> ScheduleFindings:
                 f"workaround: {fix}{verified}; {issue}",
             )
         )
-    if not trained:
+    if ranks is None:
         return ScheduleFindings({}, tuple(events), ())
     recompiles: dict[str, tuple[Recompile, ...]] = {}
-    for rank in result:
+    for rank in ranks:
         recompiles.update(block_recompiles(rank))
-    last = next(r for r in result if r["last"])
+    last = next(r for r in ranks if r["last"])
     name = spec.parallelism.pipeline_parallel_schedule
     notes = [
         f"pipeline schedule: {name} trained {len(last['losses'])} steps for real on "
-        f"{len(result)} gloo ranks, {_microbatches(spec)} microbatches of "
+        f"{len(ranks)} gloo ranks, {_microbatches(spec)} microbatches of "
         f"{spec.parallelism.pipeline_parallel_microbatch_size} per step (step 2 at a second "
         "sequence length), every block compiled in place (aot_eager); the last stage's loss "
         + ", ".join(f"{x:.4f}" for x in last["losses"])
     ]
-    if result[0]["ac"] and trial.lru_step:
+    if ranks[0]["ac"] and trial.lru_step:
         notes.append(
             "pipeline schedule: AC + a second cache entry (step 3, back at the first shape "
             "after step 2's) trained with Dynamo's LRU cache on too: pytorch#166926 does not "
