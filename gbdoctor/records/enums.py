@@ -109,6 +109,9 @@ class EventKind(StrEnum):
     """Ranks captured different graphs or breaks."""
     RECOMPILE_LIMIT = "recompile_limit"
     """Dynamo hit ``recompile_limit`` on some code, which runs eagerly from then on."""
+    PIPELINE_CRASH = "pipeline_crash"
+    """A pipeline schedule's real training step crashed with this block compiled (a PP scan runs
+    the schedule on its ranks): the detail names the error, the workaround and the issue."""
     DIVERGENCE = "divergence"
     """Not a block's event: the gate's count, per kind, of the breaks some ranks meet and others
     do not (``ScanReport.divergence``), kept with the events in a baseline; a rise fails."""

@@ -165,7 +165,8 @@ class Recompile:
     step: int
     """Step (0-based) during which it happened: a training step for ``run`` (warm-up steps
     included) and DeepSpeed scans, a probe step for ``scan`` (0 is the capture, 1 and 2 the
-    changed inputs)."""
+    changed inputs); for a PP scan's pipeline schedule (``scan.pipeline_schedule``), its
+    training step (0 and 1 at the microbatch shape, 2 at a second one, 3 the first again)."""
     measured: bool
     """It happened in steady state: a measured step (``run``) or the last probe step (``scan``),
     after any one-time recompile for a new shape was done. A finding."""
