@@ -12,7 +12,7 @@ repository root, once with the probe and once without:
 
 Quote the load average it prints: the numbers move with it (2 cores shared). Beside each
 stage's wall seconds it prints the CPU seconds this process and its ranks spent in it (read from
-``/proc`` through psutil at each progress message): on a shared machine wall time grows with
+``/proc`` at each progress message; Linux): on a shared machine wall time grows with
 the other jobs, CPU time much less, so compare stages and runs by it.
 """
 
@@ -23,8 +23,6 @@ import os
 import statistics
 import time
 from collections import defaultdict
-
-import psutil
 
 from gbdoctor.report import render
 from gbdoctor.scan import scan
@@ -51,16 +49,26 @@ def stage_of(message: str) -> str:
 
 def cpu_seconds() -> float:
     """CPU seconds (user + system) of this process, its reaped children and its live ranks."""
-    me = psutil.Process()
-    times = me.cpu_times()
-    total = times.user + times.system + times.children_user + times.children_system
-    for child in me.children(recursive=True):
-        try:
-            child_times = child.cpu_times()
-        except psutil.Error:  # gone between the listing and the read
-            continue
-        total += child_times.user + child_times.system
-    return total
+    own = os.times()
+    total = own.user + own.system + own.children_user + own.children_system
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # After the command name (in parentheses): state, ppid, ..., utime, stime.
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # gone between the listing and the read
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    family = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, (ppid, _) in stats.items() if ppid in family} - family
+        family |= found
+        grew = bool(found)
+    return total + sum(stats[pid][1] for pid in family - {os.getpid()})
 
 
 def timed_scan(recompiles: bool) -> tuple[dict[str, float], dict[str, float]]:
