@@ -10,7 +10,10 @@ repository root, once with the probe and once without:
     python benchmarks/scan_stages.py                   # the README's spec and overrides
     python benchmarks/scan_stages.py --repeat 2        # medians of 2 runs each
 
-Quote the load average it prints: the numbers move with it (2 cores shared).
+Quote the load average it prints: the numbers move with it (2 cores shared). Beside each
+stage's wall seconds it prints the CPU seconds this process and its ranks spent in it (read from
+``/proc`` at each progress message; Linux): on a shared machine wall time grows with
+the other jobs, CPU time much less, so compare stages and runs by it.
 """
 
 from __future__ import annotations
@@ -44,44 +47,88 @@ def stage_of(message: str) -> str:
     return next((name for needle, name in STAGES if needle in message), "other")
 
 
-def timed_scan(recompiles: bool) -> dict[str, float]:
-    """Seconds per stage of one scan, and the report's."""
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process, its reaped children and its live ranks."""
+    own = os.times()
+    total = own.user + own.system + own.children_user + own.children_system
+    tick = os.sysconf("SC_CLK_TCK")
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # After the command name (in parentheses): state, ppid, ..., utime, stime.
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # gone between the listing and the read
+                continue
+            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    family = {os.getpid()}
+    grew = True
+    while grew:
+        found = {pid for pid, (ppid, _) in stats.items() if ppid in family} - family
+        family |= found
+        grew = bool(found)
+    return total + sum(stats[pid][1] for pid in family - {os.getpid()})
+
+
+def timed_scan(recompiles: bool) -> tuple[dict[str, float], dict[str, float]]:
+    """(wall seconds, CPU seconds) per stage of one scan, and the report's."""
     spec = load_spec(SPEC, OVERRIDES)
-    marks: list[tuple[float, str]] = []
-    start = time.perf_counter()
+    marks: list[tuple[float, float, str]] = []
+    start, start_cpu = time.perf_counter(), cpu_seconds()
     report = scan(
         spec,
         strategy=STRATEGY,
         recompiles=recompiles,
-        progress=lambda message, done, total: marks.append((time.perf_counter(), message)),
+        progress=lambda message, done, total: marks.append(
+            (time.perf_counter(), cpu_seconds(), message)
+        ),
     )
-    end = time.perf_counter()
-    seconds: dict[str, float] = defaultdict(float)
-    for (at, message), (until, _) in zip(marks, [*marks[1:], (end, "")]):
-        seconds[stage_of(message)] += until - at
-    seconds["before the first stage"] = marks[0][0] - start if marks else end - start
-    before = time.perf_counter()
+    end, end_cpu = time.perf_counter(), cpu_seconds()
+    wall: dict[str, float] = defaultdict(float)
+    cpu: dict[str, float] = defaultdict(float)
+    for (at, at_cpu, message), (until, until_cpu, _) in zip(
+        marks, [*marks[1:], (end, end_cpu, "")]
+    ):
+        wall[stage_of(message)] += until - at
+        cpu[stage_of(message)] += until_cpu - at_cpu
+    first, first_cpu = (marks[0][0], marks[0][1]) if marks else (end, end_cpu)
+    wall["before the first stage"] = first - start
+    cpu["before the first stage"] = first_cpu - start_cpu
+    before, before_cpu = time.perf_counter(), cpu_seconds()
     render(report, "table", details=False)
-    seconds["report"] = time.perf_counter() - before
-    seconds["total"] = time.perf_counter() - start
-    return seconds
+    wall["report"] = time.perf_counter() - before
+    cpu["report"] = cpu_seconds() - before_cpu
+    wall["total"] = time.perf_counter() - start
+    cpu["total"] = cpu_seconds() - start_cpu
+    return wall, cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--probe-only", action="store_true", help="only the scan with the probe (the default)"
+    )
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores")
-    runs = {probe: [timed_scan(probe) for _ in range(args.repeat)] for probe in (True, False)}
+    modes = (True,) if args.probe_only else (True, False)
+    runs = {probe: [timed_scan(probe) for _ in range(args.repeat)] for probe in modes}
     names = [name for _, name in STAGES] + ["before the first stage", "report", "total"]
-    print("| stage | with probe (s) | without probe (s) |")
-    print("|---|---|---|")
+    headers = {True: "with probe", False: "without probe"}
+    print(
+        "| stage | "
+        + " | ".join(f"{headers[p]}: wall s | {headers[p]}: CPU s" for p in modes)
+        + " |"
+    )
+    print("|---|" + "---|---|" * len(modes))
     for name in names:
         cells = [
-            f"{statistics.median(run.get(name, 0.0) for run in runs[probe]):.1f}"
-            for probe in (True, False)
+            f"{statistics.median(run[kind].get(name, 0.0) for run in runs[probe]):.1f}"
+            for probe in modes
+            for kind in (0, 1)
         ]
-        print(f"| {name} | {cells[0]} | {cells[1]} |")
+        print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

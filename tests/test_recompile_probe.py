@@ -22,10 +22,11 @@ from gbdoctor.spec import load_spec
 MODELS = FIXTURES / "models"
 
 
-def _write_spec(path: Path, factory: str, flavor: str) -> Path:
+def _write_spec(path: Path, factory: str, flavor: str, extra: str = "") -> Path:
     path.write_text(
         f'[model]\nname = "custom"\nflavor = "{flavor}"\nfactory = "{MODELS / factory}:build"\n'
         "[training]\nlocal_batch_size = 2\nseq_len = 32\n[gbdoctor]\nbatch_size = 2\nseq_len = 32\n"
+        + extra
     )
     return path
 
@@ -78,6 +79,75 @@ def test_a_block_that_recompiles_every_step_is_caught_with_its_guard(scans):
     assert all(not b.breaks and not b.events and b.graph_count == 1 for b in recompiling.blocks)
     text = render(recompiling, "table")
     assert "Recompiles when a block runs again" in text and "every step" in text
+
+
+def test_without_ac_regions_the_probe_recompiles_without_aot_autograd(tmp_path, monkeypatch):
+    """With no AC region (no higher-order op in its graphs) the probe's re-compiles skip
+    AOTAutograd (``capture/recording_backend.py``): the every-step guard is still caught in
+    step 2, and only the probe's compiles took the short path."""
+    from gbdoctor.capture import recording_backend
+
+    spec = _write_spec(
+        tmp_path / "model.toml", "recompiler.py", "tiny", '[activation_checkpoint]\nmode = "none"\n'
+    )
+    short: list[bool] = []
+    real = recording_backend._higher_order_ops
+
+    def watched(gm):
+        found = real(gm)
+        short.append(not found)
+        return found
+
+    monkeypatch.setattr(recording_backend, "_higher_order_ops", watched)
+    report = scan(load_spec(spec), strategy="block", recompiles=True)
+    assert short and all(short)  # asked only while probing, and no graph had a HOP
+    for block in report.blocks:
+        if block.same_as is None:
+            steady = [r for r in block.recompiles if r.measured]
+            assert steady and all("owner_tag ==" in r.reason for r in steady), block.fqn
+
+
+def test_graphs_with_higher_order_ops_keep_aot_autograd_in_the_probe():
+    """A checkpoint region replayed as traced re-applies its in-place updates and its backward
+    fails: such graphs go through AOTAutograd in the probe too."""
+    import torch
+    import torch.utils.checkpoint
+
+    from gbdoctor.capture.recording_backend import make_recording_backend
+
+    class Probing:
+        graph_checks: list = []
+
+        def recording(self):
+            return None
+
+        def probing(self):
+            return True
+
+    backend = make_recording_backend(Probing(), lambda: "layers.0")
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def plain(x):
+        return x.sin() * 2
+
+    def checkpointed(x):
+        return torch.utils.checkpoint.checkpoint(plain, x, use_reentrant=False)
+
+    x = torch.randn(4, requires_grad=True)
+    for fn in (plain, checkpointed):
+        torch.compile(fn, backend=keep, fullgraph=True)(x)
+    torch.compiler.reset()
+    inputs = [torch.randn(4, requires_grad=True)]
+    assert backend(graphs[0], inputs) == graphs[0].forward  # Dynamo's graph, run as traced
+    compiled = backend(graphs[1], inputs)  # AOTAutograd's
+    assert compiled != graphs[1].forward
+    out = compiled(*inputs)
+    (out[0] if isinstance(out, (tuple, list)) else out).sum().backward()
+    assert inputs[0].grad is not None
 
 
 def test_gate_recompiles_fails_on_the_recompiling_model(scans, monkeypatch):

@@ -32,11 +32,16 @@ class Recording(Protocol):
         """The capture being recorded; None outside a capture or while it is paused."""
         ...
 
+    def probing(self) -> bool:
+        """Whether the recompile probe is replaying a block (its compiles are Dynamo's alone)."""
+        ...
+
 
 def make_recording_backend(session: Recording, region_of: Callable[[], str]) -> Any:
     """A Dynamo backend recording each graph into ``session``'s capture, as region
     ``region_of()``; outside a capture, or paused (the recompile probe's steps keep the counts
-    those of the capture step), it only runs the graph."""
+    those of the capture step), it only runs the graph: as aot_eager, or as Dynamo traced it
+    while the probe replays a block (``Recording.probing``)."""
     # aot_eager, not the graph's own forward: AOTAutograd functionalizes checkpoint regions
     # and in-place buffer updates the way a real backend does, so backward behaves as in
     # training (a plain eager replay of a checkpoint HOP double-applies in-place updates).
@@ -46,6 +51,18 @@ def make_recording_backend(session: Recording, region_of: Callable[[], str]) -> 
 
     def recording_backend(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         current = session.recording()
+        if current is None and session.probing() and not _higher_order_ops(gm):
+            # The recompile probe reads which guards fail, which Dynamo checks before it calls
+            # a backend; what it compiles again then only has to run. AOTAutograd's joint
+            # trace and partition were 2/3 of the probe's re-compile CPU (cProfile, issue 46).
+            # The price: the shape guards AOTAutograd adds over the newly dynamic sizes (under
+            # EP, that the split sizes sum to the routed tokens and are not 0 or 1) are not in
+            # the re-compiled entry the probe's second step checks, so a second step failing
+            # only one of them goes unseen; Dynamo's own guards are all there. On every bundled
+            # spec the findings are unchanged (tests/test_recompile_goldens.py). A graph with a
+            # higher-order op (an AC region) still goes through AOTAutograd: run as traced,
+            # its backward fails on the in-place updates it re-applies (see above).
+            return gm.forward
         if current is None:
             return inner_backend(gm, example_inputs)
         fqn = region_of()
@@ -79,6 +96,15 @@ def make_recording_backend(session: Recording, region_of: Callable[[], str]) -> 
         return run
 
     return recording_backend
+
+
+def _higher_order_ops(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls a higher-order op (a checkpoint region, a wrapped subgraph)."""
+    from torch._ops import HigherOrderOperator
+
+    return any(
+        isinstance(n.target, HigherOrderOperator) for n in gm.graph.nodes if n.op == "call_function"
+    )
 
 
 def _recording_compiler(

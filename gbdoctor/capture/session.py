@@ -46,6 +46,7 @@ class CaptureSession(BreakRecorder):
         self._current: RawCapture | None = None
         self._region_stack: list[str] = []
         self._paused = False
+        self._probing = False
         self._log_records: LoggedMessages | None = None
         self.graph_checks: list[GraphCheck] = []
         """More CUDA-graph readiness checks of every ATen graph, beside inductor's
@@ -54,6 +55,10 @@ class CaptureSession(BreakRecorder):
     def recording(self) -> RawCapture | None:
         """The capture being recorded; None outside a capture or while it is paused."""
         return None if self._paused else self._current
+
+    def probing(self) -> bool:
+        """Inside ``probe()``: what Dynamo compiles again runs as traced (recording_backend)."""
+        return self._probing
 
     # ------------------------------------------------------------------ compile side
     def recording_backend(self, fqn: str) -> Any:
@@ -207,6 +212,18 @@ class CaptureSession(BreakRecorder):
             counters["graph_break"].update(breaks)
             if self._log_records:
                 del self._log_records.messages[logged:]
+
+    @contextlib.contextmanager
+    def probe(self) -> Iterator[None]:
+        """Inside a capture: ``paused()`` for the recompile probe's replays, whose re-compiles
+        skip AOTAutograd unless a graph holds a higher-order op (``recording_backend``): the
+        probe reads the guards that fail, not the graphs compiled after."""
+        with self.paused():
+            self._probing = True
+            try:
+                yield
+            finally:
+                self._probing = False
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[RawCapture]:

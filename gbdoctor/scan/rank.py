@@ -456,7 +456,7 @@ def capture_block(
         if probe is not None and raw.error is None:
             # Same Dynamo state as the capture: which guards fail when the inputs change.
             stage("recompile probe (2 steps with changed inputs)")
-            with session.paused():
+            with session.probe():
                 report_stage(f"probing recompiles of {slot.fqn}")
                 recompiles = probe.run(slot, notes if notes is not None else [])
         if prove is not None and raw.error is None and not raw.frame_skips:
