@@ -56,8 +56,8 @@ def main() -> None:
     from gbdoctor.price.driver import AS_SET_UP, _median_step, _modes, breaks_tolerated
     from gbdoctor.records import Clock
     from gbdoctor.run.measure import load_average
-    from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
     from gbdoctor.run.rounds import CompileCache, train_rounds
+    from gbdoctor.run.settings import prepare_training, run_settings
     from gbdoctor.scan import scan
     from gbdoctor.spec import load_spec, with_overrides
 
@@ -70,21 +70,18 @@ def main() -> None:
     strategies = {m.name: m.strategy for m in _modes(report, plan, as_set_up)}
     strategies[COPY] = replace(as_set_up, name=COPY)
     strategies["plan"] = plan_strategy(plan, spec)
-    b, s, _ = benchmark_shape(spec, "cpu", None, None)
-    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
-    run_spec, _ = cpu_param_dtype(run_spec, "cpu")
-    framework.prepare_ranks("cpu")
+    settings = run_settings(
+        spec, backend=args.backend, warmup=2, steps=args.steps, rounds=args.rounds
+    )
+    b, s = settings.batch_size, settings.seq_len
+    run_spec, _ = prepare_training(spec, settings, real=False)
     print(
         f"scan + plan {time.perf_counter() - started:.1f} s; modes {list(strategies)}", flush=True
     )
     rounds = train_rounds(
         run_spec,
         strategies,
-        device="cpu",
-        backend=args.backend,
-        warmup=2,
-        steps=args.steps,
-        rounds=args.rounds,
+        settings,
         progress=lambda msg, done, total: print(f"  [{done}/{total}] {msg}", flush=True),
         cache=CompileCache.INDUCTOR,
         reuse_ranks=args.ranks == "shared",

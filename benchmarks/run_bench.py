@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from gbdoctor.records.io import to_jsonable
-    from gbdoctor.run import report_from_json, run_modes
+    from gbdoctor.run import report_from_json, run_modes, run_settings
     from gbdoctor.spec import load_spec
 
     info = machine()
@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     for path in [] if args.from_report is not None else args.specs:
         spec = load_spec(ROOT / path if not Path(path).is_absolute() else path, args.overrides)
         print(f"[run_bench] {path}", file=sys.stderr, flush=True)
+        training = run_settings(
+            spec, steps=args.steps, warmup=args.warmup, rounds=args.rounds, backend=args.backend
+        )
         report = run_modes(
             spec,
+            training,
             modes=args.modes,
-            steps=args.steps,
-            warmup=args.warmup,
-            rounds=args.rounds,
-            backend=args.backend,
             make_plan=not args.no_plan,
             progress=lambda msg, done, total: print(
                 f"[run_bench]   {msg} ({done}/{total})", file=sys.stderr, flush=True

@@ -69,6 +69,7 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("DS_BUILD_OPS", "0")
 
+    from gbdoctor.run.settings import Shape, run_settings
     from gbdoctor.spec import load_spec
     from gbdoctor.timeline.train import run_timeline
 
@@ -81,7 +82,10 @@ def main() -> int:
     for spec_path, lens in todo:
         spec = load_spec(ROOT / spec_path, args.set)
         start = time.perf_counter()
-        report = run_timeline(spec, backend=args.backend, steps=args.steps, seq_lens=lens, fix=True)
+        settings = run_settings(
+            spec, steps=args.steps, seq_lens=lens, backend=args.backend, shape=Shape.CAPTURE
+        )
+        report = run_timeline(spec, settings, fix=True)
         wall = time.perf_counter() - start
         print(f"\n{spec_path} ({args.backend}, {args.steps} steps, {wall:.0f} s wall)")
         print(f"  verdict: {report.verdict}")

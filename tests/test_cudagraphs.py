@@ -264,7 +264,7 @@ def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):
 
     from gbdoctor.records import KindPlan
     from gbdoctor.records.io import dumps
-    from gbdoctor.run import run_modes
+    from gbdoctor.run import run_modes, run_settings
     from gbdoctor.spec import load_spec
 
     spec = load_spec(FIXTURES / "llama3_debug.toml", ["gbdoctor.device=cpu"])
@@ -286,7 +286,7 @@ def test_run_cudagraphs_mode_is_unavailable_on_cpu(tmp_path):
     )
     path = tmp_path / "plan.json"
     path.write_text(dumps(plan))
-    report = run_modes(spec, modes=["cudagraphs"], plan_path=str(path))
+    report = run_modes(spec, run_settings(spec, steps=5), modes=["cudagraphs"], plan_path=str(path))
     (mode,) = [m for m in report.modes if m.mode == "cudagraphs"]
     assert mode.status == "unavailable" and mode.step_times_s == ()
     assert "need a CUDA device" in mode.error

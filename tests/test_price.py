@@ -144,9 +144,9 @@ def priced(tmp_path_factory, trained):
     )
     out = tmp / "price.json"
 
-    def train_rounds(spec, strategies, **options):
-        measured = rounds_module.train_rounds(spec, strategies, **options)
-        trained.append((spec, strategies, options, measured))
+    def train_rounds(spec, strategies, settings, **options):
+        measured = rounds_module.train_rounds(spec, strategies, settings, **options)
+        trained.append((spec, strategies, settings, options, measured))
         return measured
 
     with pytest.MonkeyPatch.context() as patch:
@@ -188,7 +188,7 @@ def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, tra
     from gbdoctor.run.worker import ModeJob, run_mode_rank
     from gbdoctor.setup.dist import run_ranks
 
-    spec, strategies, options, measured = trained[0]
+    spec, strategies, settings, options, measured = trained[0]
     assert options["reuse_ranks"] and not measured.failures
     modes = list(strategies)
     assert modes[0] == AS_SET_UP and len(modes) == 4  # two kinds: their fixes and the plan
@@ -203,10 +203,10 @@ def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, tra
             spec=spec,
             mode=last,
             strategy=strategies[last],
-            device=options["device"],
-            backend=options["backend"],
-            warmup=options["warmup"],
-            steps=options["steps"],
+            device=settings.device,
+            backend=settings.backend,
+            warmup=settings.warmup,
+            steps=settings.steps,
         ),
         world_size=1,
         device_type="cpu",
@@ -528,10 +528,11 @@ def test_prices_in_cpu_time_are_checked_against_the_runs_cpu_time():
 
 
 def test_price_in_cpu_time_is_refused_off_cpu(monkeypatch):
-    """``--clock cpu`` measures the host's work: on a CUDA device it is bad input (exit 2)."""
+    """``--clock cpu`` measures the host's work: on a CUDA device it is bad input (exit 2),
+    refused when the settings are built, before the scan."""
     from gbdoctor.errors import SpecError
-    from gbdoctor.price import driver as price_module
     from gbdoctor.records import Clock
+    from gbdoctor.run.settings import run_settings
     from gbdoctor.setup import dist
 
     monkeypatch.setattr(dist, "resolve_device", lambda device: "cuda")
@@ -539,8 +540,8 @@ def test_price_in_cpu_time_is_refused_off_cpu(monkeypatch):
 
     spec = load_spec(FIXTURES / "llama3_debug.toml")
     with pytest.raises(SpecError, match="--clock cpu measures the host's work, not the cuda"):
-        price_module.check_clock(Clock.CPU, spec)
-    assert price_module.check_clock(Clock.WALL, spec) == "cuda"
+        run_settings(spec, steps=3, clock=Clock.CPU)
+    assert run_settings(spec, steps=3, clock=Clock.WALL).device == "cuda"
 
 
 @pytest.mark.slow
@@ -609,6 +610,7 @@ def test_a_scan_without_breaks_is_priced_without_training():
 
     from gbdoctor.price.driver import price_scan
     from gbdoctor.records import Clock
+    from gbdoctor.run.settings import run_settings
     from gbdoctor.spec import load_spec
 
     scan = load_scan_json(FIXTURES / "scans" / "llama4_before.json")
@@ -618,6 +620,7 @@ def test_a_scan_without_breaks_is_priced_without_training():
         blocks=tuple(replace(b, breaks=()) for b in scan.blocks),
     )
     spec = load_spec(FIXTURES / "llama4_debug.toml")
-    priced = price_scan(spec, clean, make_plan(), clock=Clock.CPU).price
+    settings = run_settings(spec, steps=3, clock=Clock.CPU)
+    priced = price_scan(spec, clean, make_plan(), settings).price
     assert priced is not None and priced.clock == Clock.CPU and priced.kinds == ()
     assert "no block kind has a graph break: nothing to price" in priced.notes

@@ -31,6 +31,7 @@ from gbdoctor.run import (
     report_from_json,
     resolve_modes,
     run_modes,
+    run_settings,
 )
 from gbdoctor.spec import load_spec
 
@@ -56,11 +57,8 @@ def clean_run(tmp_path_factory):
     calls: list[tuple[str, int, int]] = []
     report = run_modes(
         spec,
+        run_settings(spec, steps=2, warmup=1, rounds=2, backend="aot_eager"),
         modes=["block-fullgraph", "eager"],
-        steps=2,
-        warmup=1,
-        rounds=2,
-        backend="aot_eager",
         progress=lambda msg, done, total: calls.append((msg, done, total)),
     )
     return report, calls
@@ -128,7 +126,9 @@ def test_recompiles_during_measured_steps_are_findings(tmp_path):
     spec = _spec(tmp_path, "recompiler.py", "tiny")
     # 1 warm-up + 3 measured steps: 4 compiles per frame, below recompile_limit (8).
     report = run_modes(
-        spec, modes=["block-fullgraph"], steps=3, warmup=1, rounds=1, backend="aot_eager"
+        spec,
+        run_settings(spec, steps=3, warmup=1, rounds=1, backend="aot_eager"),
+        modes=["block-fullgraph"],
     )
     (mode,) = report.modes
     assert mode.status == "ok"
@@ -150,7 +150,9 @@ def test_recompiles_during_measured_steps_are_findings(tmp_path):
 def test_a_failing_mode_is_recorded_and_the_others_run(tmp_path):
     spec = _spec(tmp_path, "planted.py", "graph_break")
     report = run_modes(
-        spec, modes=["eager", "block-fullgraph"], steps=1, warmup=1, rounds=2, backend="aot_eager"
+        spec,
+        run_settings(spec, steps=1, warmup=1, rounds=2, backend="aot_eager"),
+        modes=["eager", "block-fullgraph"],
     )
     eager, block = report.modes
     assert eager.status == "ok" and eager.tokens_per_s > 0
@@ -172,14 +174,11 @@ def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
     assert spec.activation_checkpoint.mode == "selective"
     report = run_modes(
         spec,
+        run_settings(
+            spec, steps=1, warmup=1, rounds=1, backend="aot_eager", batch_size=1, seq_len=32
+        ),
         modes=["eager"],
         make_plan=False,
-        steps=1,
-        warmup=1,
-        rounds=1,
-        backend="aot_eager",
-        batch_size=1,
-        seq_len=32,
     )
     (eager,) = report.modes
     assert eager.status == "ok" and eager.tokens_per_s > 0
@@ -204,7 +203,9 @@ def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
 
 def test_a_timeout_is_a_failed_mode(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean", extra="timeout_s = 0.5\n")
-    report = run_modes(spec, modes=["eager"], steps=1, warmup=1, rounds=1, backend="aot_eager")
+    report = run_modes(
+        spec, run_settings(spec, steps=1, warmup=1, rounds=1, backend="aot_eager"), modes=["eager"]
+    )
     (mode,) = report.modes
     assert mode.status == "failed" and mode.error_kind == "timeout"
     assert "did not finish" in mode.error
@@ -250,11 +251,8 @@ def test_plan_mode_runs_the_plan_file_and_marks_an_unverified_plan(tmp_path):
     seen = []
     report = run_modes(
         spec,
+        run_settings(spec, steps=1, warmup=1, rounds=1, backend="aot_eager"),
         modes=["plan"],
-        steps=1,
-        warmup=1,
-        rounds=1,
-        backend="aot_eager",
         plan_path=str(path),
         on_plan=seen.append,
     )
@@ -282,11 +280,8 @@ def test_run_makes_and_verifies_the_plan_itself(tmp_path):
     calls, plans = [], []
     report = run_modes(
         spec,
+        run_settings(spec, steps=1, warmup=1, rounds=1, backend="aot_eager"),
         modes=["plan"],
-        steps=1,
-        warmup=1,
-        rounds=1,
-        backend="aot_eager",
         progress=lambda msg, done, total: calls.append(msg),
         on_plan=plans.append,
     )
@@ -310,19 +305,19 @@ def test_run_makes_and_verifies_the_plan_itself(tmp_path):
 def test_bad_input_is_a_spec_error_before_any_process(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
     with pytest.raises(SpecError, match="--nproc 2 does not match the spec's world size 1"):
-        run_modes(spec, nproc=2)
+        run_settings(spec, steps=5, nproc=2)
     with pytest.raises(SpecError, match="unknown run mode"):
-        run_modes(spec, modes=["eager", "turbo"])
+        run_modes(spec, run_settings(spec, steps=5), modes=["eager", "turbo"])
     with pytest.raises(SpecError, match="conflicts with --no-plan"):
-        run_modes(spec, modes=["plan"], make_plan=False)
+        run_modes(spec, run_settings(spec, steps=5), modes=["plan"], make_plan=False)
     with pytest.raises(SpecError, match="conflicts with --no-plan"):
-        run_modes(spec, plan_path="plan.json", make_plan=False)
+        run_modes(spec, run_settings(spec, steps=5), plan_path="plan.json", make_plan=False)
     with pytest.raises(SpecError, match="--rounds"):
-        run_modes(spec, rounds=0)
+        run_settings(spec, steps=5, rounds=0)
     with pytest.raises(SpecError, match="--warmup"):
-        run_modes(spec, warmup=0)
+        run_settings(spec, steps=5, warmup=0)
     with pytest.raises(SpecError, match="unknown compile backend"):
-        run_modes(spec, modes=["eager"], backend="no-such-backend")
+        run_settings(spec, steps=5, backend="no-such-backend")
 
 
 def test_default_modes_include_the_plan_unless_no_plan():
@@ -391,6 +386,15 @@ def test_parse_recompile_takes_the_newest_entry():
     assert odd.reason == "something else" and odd.location is None
 
 
+def _settings(**fields):
+    """The settings a run of the ``_spec`` shape (2 x 16, one rank) trains with, ``fields`` set."""
+    from gbdoctor.records import Clock, RunSettings
+
+    base = {"device": "cpu", "backend": "aot_eager", "warmup": 1, "steps": 1, "rounds": 1}
+    base |= {"batch_size": 2, "seq_len": 16, "seq_lens": (16,), "clock": Clock.WALL, "ranks": 1}
+    return RunSettings(**(base | fields))
+
+
 def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0):
     return RankRun(
         rank=0,
@@ -438,7 +442,10 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
         ),
     ]
     report = build_report(
-        spec, raw, device="cpu", backend="aot_eager", warmup=1, steps=3, torch_version="x"
+        spec,
+        raw,
+        _settings(steps=3),
+        torch_version="x",
     )
     by = {m.mode: m for m in report.modes}
     assert report.best_baseline == "block-fullgraph"
@@ -463,10 +470,7 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     nan = build_report(
         spec,
         [("eager", STRATEGIES["none"], [[_rank([1.0], [math.nan])]], None, "")],
-        device="cpu",
-        backend="aot_eager",
-        warmup=1,
-        steps=1,
+        _settings(steps=1),
         torch_version="x",
     )
     assert nan.modes[0].diverged
@@ -606,12 +610,8 @@ def test_ratios_carry_their_round_spread_and_noise_is_never_a_speedup(tmp_path):
     report = build_report(
         spec,
         raw,
-        device="cpu",
-        backend="inductor",
-        warmup=1,
-        steps=2,
+        _settings(backend="inductor", steps=2, rounds=3),
         torch_version="x",
-        rounds=3,
         plan_source="plan.json",
         plan_verified=True,
     )
@@ -644,10 +644,7 @@ def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
     report = build_report(
         spec,
         raw,
-        device="cpu",
-        backend="aot_eager",
-        warmup=1,
-        steps=3,
+        _settings(steps=3),
         torch_version="x",
         load=(6.0, 2),
     )
@@ -656,10 +653,7 @@ def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
     quiet = build_report(
         spec,
         raw,
-        device="cpu",
-        backend="aot_eager",
-        warmup=1,
-        steps=3,
+        _settings(steps=3),
         torch_version="x",
         load=(0.5, 2),
     )

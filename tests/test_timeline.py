@@ -16,6 +16,7 @@ from repo_paths import FIXTURES
 from gbdoctor.records.io import dumps, from_dict
 from gbdoctor.records.timeline import TimelineReport
 from gbdoctor.report.timeline import render_table, step_mark
+from gbdoctor.run.settings import Shape, run_settings
 from gbdoctor.spec import load_spec
 from gbdoctor.timeline.train import run_timeline
 
@@ -23,8 +24,12 @@ TIMELINE = FIXTURES / "timeline"
 pytestmark = pytest.mark.slow  # each test trains its fixture in spawned ranks, twice
 
 
-def _timeline(name: str, fix: bool = True, **kwargs) -> TimelineReport:
-    return run_timeline(load_spec(TIMELINE / name), backend="aot_eager", fix=fix, **kwargs)
+def _timeline(name: str, fix: bool = True, steps: int = 24, seq_lens=()) -> TimelineReport:
+    spec = load_spec(TIMELINE / name)
+    settings = run_settings(
+        spec, steps=steps, seq_lens=seq_lens, backend="aot_eager", shape=Shape.CAPTURE
+    )
+    return run_timeline(spec, settings, fix=fix)
 
 
 def _without_timings(report: TimelineReport) -> dict:

@@ -43,9 +43,13 @@ def price(
         ),
     ] = None,
     backend: Annotated[
-        str,
-        typer.Option("--backend", help="inductor (what training uses) or aot_eager (quick, tests)"),
-    ] = "inductor",
+        str | None,
+        typer.Option(
+            "--backend",
+            help="inductor (what training uses) or aot_eager (quick, tests); default: the spec's "
+            "[compile] backend when it names one, else inductor (as `run` and `timeline`)",
+        ),
+    ] = None,
     rounds: Annotated[
         int, typer.Option("--rounds", help="Repeat every mode, alternating the order (spread)")
     ] = 2,
@@ -77,9 +81,9 @@ def price(
     the spread over rounds): each block kind as set up against the same kind fixed by the plan."""
     from gbdoctor.cli.scan import scan_with_progress
     from gbdoctor.plan import propose_plan, read_plan
-    from gbdoctor.price.driver import check_clock, price_scan
+    from gbdoctor.price.driver import price_scan
     from gbdoctor.report.formats import Printout, RenderOptions, render
-    from gbdoctor.run.modes import check_backend
+    from gbdoctor.run.settings import run_settings
     from gbdoctor.setup.dist import shared_ranks
     from gbdoctor.summary import has_findings
 
@@ -87,12 +91,21 @@ def price(
     preflight(format, Printout.PRICE, output, inputs=(spec, plan_file))
     # Read before the scan: a bad plan file is exit 2 in a second, not after the scan.
     saved_plan = read_plan(plan_file)[0] if plan_file is not None else None
-    check_backend(backend)
     # The strategy goes into the spec, so the plan is made against the same setup as the scan.
     overrides = [*(set_ or []), *([f"gbdoctor.strategy={strategy}"] if strategy else [])]
     loaded = load_spec_options(spec, overrides, world_size=world_size)
     spare_model_code(loaded, output)
-    check_clock(clock, loaded)
+    # Before the scan: a bad backend or clock is exit 2 in a second.
+    settings = run_settings(
+        loaded,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        backend=backend,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        clock=clock,
+    )
     # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
     with shared_ranks():
         report = scan_with_progress(
@@ -104,19 +117,7 @@ def price(
             with ProgressBar() as bar:
                 plan = propose_plan(loaded, progress=lambda m, d, t: bar(f"plan: {m}", d, t))
         with ProgressBar() as bar:
-            priced = price_scan(
-                loaded,
-                report,
-                plan,
-                backend=backend,
-                rounds=rounds,
-                steps=steps,
-                warmup=warmup,
-                batch_size=batch_size,
-                seq_len=seq_len,
-                progress=bar,
-                clock=clock,
-            )
+            priced = price_scan(loaded, report, plan, settings, progress=bar)
     notice(priced.notes, output, format)
     options = RenderOptions(details=details, width=table_width(output))
     emit(render(Printout.PRICE, format, priced, options), output)

@@ -106,6 +106,7 @@ def run(
     from gbdoctor.report.plan_table import render_plan_table
     from gbdoctor.report.run_formats import write_csv
     from gbdoctor.run import run_modes
+    from gbdoctor.run.settings import run_settings
 
     check_measuring(rounds, steps, warmup, batch_size, seq_len)
     files = tuple(spec or ()) if registry_run is None else ()
@@ -117,6 +118,16 @@ def run(
         )
     loaded = load_spec_args(spec, registry_run, set_, world_size=world_size)
     spare_model_code(loaded, output, csv)
+    settings = run_settings(
+        loaded,
+        steps=steps,
+        warmup=warmup,
+        rounds=rounds,
+        backend=backend,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        nproc=nproc,
+    )
     chosen = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
 
     def show_plan(result: Plan) -> None:
@@ -125,16 +136,10 @@ def run(
     with ProgressBar() as bar:
         report = run_modes(
             loaded,
+            settings,
             modes=chosen,
-            steps=steps,
-            warmup=warmup,
-            rounds=rounds,
-            backend=backend,
             plan_path=str(plan_file) if plan_file else None,
             make_plan=not no_plan,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            nproc=nproc,
             progress=bar,
             on_plan=show_plan,
             extra_modes=priced_mode(loaded, priced) if priced is not None else None,

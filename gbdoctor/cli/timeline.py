@@ -108,6 +108,7 @@ def timeline(
     Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
     from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.report.timeline import render_svg
+    from gbdoctor.run.settings import Shape, run_settings
     from gbdoctor.timeline.train import run_timeline, typed_dynamo_settings
 
     preflight(format, Printout.TIMELINE, output, plot, inputs=(spec, plan_file))
@@ -117,14 +118,19 @@ def timeline(
     typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
     loaded = load_spec_options(spec, set_, world_size=world_size)
     spare_model_code(loaded, output, plot)
-    print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
-    report = run_timeline(
+    training = run_settings(
         loaded,
-        mode=mode,
         steps=steps,
         seq_lens=lengths,
         batch_size=batch_size,
         backend=backend,
+        shape=Shape.CAPTURE,
+    )
+    print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
+    report = run_timeline(
+        loaded,
+        training,
+        mode=mode,
         plan_path=str(plan_file) if plan_file else None,
         dynamo_config=settings,
         fix=fix,

@@ -42,6 +42,7 @@ from gbdoctor.records import (
     Plan,
     PriceReport,
     PriceSplit,
+    RunSettings,
     ScanReport,
     Spec,
 )
@@ -50,8 +51,8 @@ from gbdoctor.run.measure import (
     load_average,
     per_step_max,
 )
-from gbdoctor.run.modes import benchmark_shape, cpu_param_dtype
 from gbdoctor.run.rounds import CompileCache, KnownBugHit, train_rounds
+from gbdoctor.run.settings import prepare_training
 from gbdoctor.run.worker import RankRun
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import BlockRecipe, Strategy
@@ -59,9 +60,6 @@ from gbdoctor.summary import group_by_kind
 
 AS_SET_UP = "as set up"
 WHOLE_PLAN = "plan"
-DEFAULT_PRICE_ROUNDS = 2
-DEFAULT_PRICE_STEPS = 3
-DEFAULT_PRICE_WARMUP = 2
 
 
 @dataclass(frozen=True)
@@ -78,18 +76,13 @@ def price_scan(
     spec: Spec,
     report: ScanReport,
     plan: Plan,
+    settings: RunSettings,
     *,
-    backend: str = "inductor",
-    rounds: int = DEFAULT_PRICE_ROUNDS,
-    steps: int = DEFAULT_PRICE_STEPS,
-    warmup: int = DEFAULT_PRICE_WARMUP,
-    batch_size: int | None = None,
-    seq_len: int | None = None,
     progress: Progress | None = None,
-    clock: Clock = Clock.WALL,
 ) -> ScanReport:
-    """``report`` (a scan of ``spec``) with ``price`` filled in: see the module doc. ``clock``:
-    the time steps are measured in (:class:`~gbdoctor.records.Clock`)."""
+    """``report`` (a scan of ``spec``) with ``price`` filled in: see the module doc.
+    ``settings``: device, backend, rounds, steps, shape and clock (``run.settings.run_settings``,
+    built once by the command)."""
 
     framework = framework_for(spec)
     if framework.capture_style != CaptureStyle.PER_BLOCK:
@@ -97,13 +90,8 @@ def price_scan(
             f"price needs per-block capture; {framework.title} scans capture whole engine steps",
             hint="price a per-block spec; `gbdoctor run` compares this framework's compile modes",
         )
-    for name, value in (("--rounds", rounds), ("--steps", steps), ("--warmup", warmup)):
-        if value < 1:
-            raise SpecError(f"{name} must be at least 1 (got {value})")
-    device = check_clock(clock, spec)
-    b, s, _ = benchmark_shape(spec, device, batch_size, seq_len)
-    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
-    run_spec, dtype_note = cpu_param_dtype(run_spec, device)
+    device, clock = settings.device, settings.clock
+    run_spec, dtype_note = prepare_training(spec, settings, real=False)
     as_set_up, relaxed = breaks_tolerated(framework.strategies[report.setup.strategy])
     modes = _modes(report, plan, as_set_up)
     notes = [dtype_note] if dtype_note else []
@@ -114,20 +102,12 @@ def price_scan(
         )
     if len(modes) == 1:
         notes.append("no block kind has a graph break: nothing to price")
-        return replace(
-            report,
-            price=_empty(report, run_spec, device, backend, rounds, warmup, steps, notes, clock),
-        )
-    framework.prepare_ranks(device)
+        return replace(report, price=_empty(report, settings, notes))
     try:
         measured = train_rounds(
             run_spec,
             {m.name: m.strategy for m in modes},
-            device=device,
-            backend=backend,
-            warmup=warmup,
-            steps=steps,
-            rounds=rounds,
+            settings,
             progress=progress,
             cache=CompileCache.INDUCTOR,
             profile_mode=AS_SET_UP,
@@ -168,15 +148,15 @@ def price_scan(
     return replace(
         report,
         price=PriceReport(
-            backend=backend,
+            backend=settings.backend,
             device=device,
             device_name=device_name(device),
-            world_size=spec.parallelism.world_size,
-            rounds=rounds,
-            warmup=warmup,
-            steps=steps,
-            batch_size=b,
-            seq_len=s,
+            world_size=settings.ranks,
+            rounds=settings.rounds,
+            warmup=settings.warmup,
+            steps=settings.steps,
+            batch_size=settings.batch_size,
+            seq_len=settings.seq_len,
             step_ms=round(step_ms, 3),
             step_spread_ms=(round(min(base), 3), round(max(base), 3)),
             kinds=kinds,
@@ -267,19 +247,6 @@ def _recipe_words(recipe: BlockRecipe) -> str:
     if recipe.split_ac:
         words += ", AC per child"
     return words
-
-
-def check_clock(clock: Clock, spec: Spec) -> str:
-    """The device prices are measured on; SpecError where ``clock`` cannot measure it."""
-    from gbdoctor.setup.dist import resolve_device
-
-    device = resolve_device(spec.gbdoctor.device)
-    if clock == Clock.CPU and device != "cpu":
-        raise SpecError(
-            f"--clock cpu measures the host's work, not the {device} device's",
-            hint="price on the device with --clock wall (the default)",
-        )
-    return device
 
 
 STEP_TIMES = {Clock.WALL: "step_times", Clock.CPU: "step_cpu_times"}
@@ -400,31 +367,21 @@ def _split(
     return out
 
 
-def _empty(
-    report: ScanReport,
-    spec: Spec,
-    device: str,
-    backend: str,
-    rounds: int,
-    warmup: int,
-    steps: int,
-    notes: list[str],
-    clock: Clock,
-) -> PriceReport:
+def _empty(report: ScanReport, settings: RunSettings, notes: list[str]) -> PriceReport:
     return PriceReport(
-        backend=backend,
-        device=device,
-        device_name=device_name(device),
-        world_size=spec.parallelism.world_size,
-        rounds=rounds,
-        warmup=warmup,
-        steps=steps,
-        batch_size=spec.gbdoctor.batch_size,
-        seq_len=spec.gbdoctor.seq_len,
+        backend=settings.backend,
+        device=settings.device,
+        device_name=device_name(settings.device),
+        world_size=settings.ranks,
+        rounds=settings.rounds,
+        warmup=settings.warmup,
+        steps=settings.steps,
+        batch_size=settings.batch_size,
+        seq_len=settings.seq_len,
         step_ms=0.0,
         step_spread_ms=(0.0, 0.0),
         kinds=(),
         breaks=(),
         notes=tuple(notes),
-        clock=clock,
+        clock=settings.clock,
     )

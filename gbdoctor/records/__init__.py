@@ -80,6 +80,7 @@ from gbdoctor.records.scan import (
     SetupInfo,
     SetupReport,
 )
+from gbdoctor.records.settings import RunSettings
 from gbdoctor.records.spec import (
     ACSpec,
     CompileSpec,
@@ -156,6 +157,7 @@ __all__ = [
     "Readiness",
     "Recompile",
     "RunReport",
+    "RunSettings",
     "SCHEMA_VERSION",
     "SEVERITIES",
     "ScanReport",

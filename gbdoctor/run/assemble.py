@@ -15,6 +15,7 @@ from gbdoctor.records import (
     ModeResult,
     ModeStatus,
     RunReport,
+    RunSettings,
     Spec,
     Verdict,
 )
@@ -35,15 +36,11 @@ failed, the note of the known-bug workaround it ran under or "")."""
 def build_report(
     spec: Spec,
     raw: list[Raw],
+    settings: RunSettings,
     *,
-    device: str,
-    backend: str,
-    warmup: int,
-    steps: int,
     torch_version: str,
     load: tuple[float, int] | None = None,
-    rounds: int = 1,
-    shape_note: str = "",
+    shape_note: str | None = None,
     optimizer: str = "",
     device_name: str = "",
     flops_per_token: int | None = None,
@@ -53,7 +50,9 @@ def build_report(
     plan_kinds: tuple[str, ...] = (),
 ) -> RunReport:
     """Per-rank measurements -> records, with ratios and their spreads, loss checks, duplicates
-    and findings."""
+    and findings. ``spec``: as trained (``run.settings.prepare_training``); ``shape_note``: the
+    settings' own unless given (with the CPU dtype note added)."""
+    device, warmup, rounds = settings.device, settings.warmup, settings.rounds
     world = spec.parallelism.world_size
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
     results: dict[str, ModeResult] = {}
@@ -205,19 +204,19 @@ def build_report(
         model=f"{spec.model.name}/{spec.model.flavor}",
         torch_version=torch_version,
         device=device,
-        backend=backend,
+        backend=settings.backend,
         world_size=world,
         batch_size=spec.capture_batch_size,
         seq_len=spec.capture_seq_len,
         warmup=warmup,
-        steps=steps,
+        steps=settings.steps,
         seed=spec.training.seed,
         tokens_per_step=tokens_per_step,
         ac_mode=ac.mode,
         ac_option=ac.selective_ac_option,
         modes=tuple(final),
         rounds=rounds,
-        shape_note=shape_note,
+        shape_note=settings.shape_note if shape_note is None else shape_note,
         optimizer=optimizer,
         device_name=device_name,
         flops_per_token=flops_per_token,

@@ -26,32 +26,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from gbdoctor.capture import torch_version
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.registry import framework_for
-from gbdoctor.records import CompileMode, RunReport, Spec
+from gbdoctor.records import CompileMode, RunReport, RunSettings, Spec
 from gbdoctor.run.assemble import build_report
 from gbdoctor.run.measure import (
     device_peak,
     load_average,
     workaround_note,
 )
-from gbdoctor.run.modes import (
-    DEFAULT_BACKEND,
-    DEFAULT_ROUNDS,
-    DEFAULT_STEPS,
-    DEFAULT_WARMUP,
-    MODES_NEEDING_PLAN,
-    benchmark_shape,
-    check_backend,
-    cpu_param_dtype,
-    framework_modes,
-    resolve_modes,
-)
+from gbdoctor.run.modes import MODES_NEEDING_PLAN, framework_modes, resolve_modes
 from gbdoctor.run.rounds import train_rounds
+from gbdoctor.run.settings import prepare_training
 from gbdoctor.scan.job import Progress
 from gbdoctor.setup.compile import STRATEGIES, Strategy
 
@@ -65,74 +54,38 @@ _NOT_MADE = Strategy(
 
 def run_modes(
     spec: Spec,
+    settings: RunSettings,
     *,
     modes: list[str] | None = None,
-    steps: int = DEFAULT_STEPS,
-    warmup: int = DEFAULT_WARMUP,
-    rounds: int = DEFAULT_ROUNDS,
-    backend: str | None = None,
     plan_path: str | None = None,
     make_plan: bool = True,
-    batch_size: int | None = None,
-    seq_len: int | None = None,
-    nproc: int | None = None,
     progress: Progress | None = None,
     on_plan: Callable[[Any], None] | None = None,
     extra_modes: Mapping[str, Strategy] | None = None,
 ) -> RunReport:
     """Make the plan, then train ``spec`` under each mode in fresh processes and compare.
 
+    ``settings``: device, backend, warm-up, steps, rounds and shape (``run.settings.run_settings``:
+    the CLI builds it once; 2 or more rounds give every ratio a spread).
     ``modes``: None runs every mode (``plan`` unless ``make_plan`` is False and no ``plan_path``).
     ``plan_path``: a saved plan JSON (``gbdoctor plan --emit-config json``) instead of making one.
-    ``rounds``: how many times the whole set of modes runs (alternating order); 2 or more gives
-    every ratio a spread.
-    ``backend``: None means the spec's ``[compile] backend`` when the config names one, else
-    ``inductor``. ``batch_size``/``seq_len``: None picks
-    :func:`benchmark_shape`. ``nproc``: must equal the spec's world size when given.
     ``on_plan``: called with the :class:`~gbdoctor.plan.Plan` once it is made or loaded.
     ``extra_modes``: more modes by name, run after the chosen ones (``run --price`` adds the
     strategy the prices were measured against).
     A mode that fails (compile error, crash, timeout) is a failed record; the others still run.
-    Bad input (unknown mode or backend, --nproc mismatch, bad plan, a model factory that fails)
-    raises SpecError (BaselineError for an unreadable plan file).
+    Bad input (unknown mode, bad plan, a model factory that fails) raises SpecError
+    (BaselineError for an unreadable plan file).
     """
-    from gbdoctor.scan.estimate import require_real
-    from gbdoctor.setup.dist import resolve_device
-
-    if steps < 1:
-        raise SpecError(f"--steps must be at least 1 (got {steps})")
-    if warmup < 1:
-        raise SpecError(
-            f"--warmup must be at least 1 (got {warmup})",
-            hint="compilation happens in the warm-up steps; they are excluded from the measurement",
-        )
-    if rounds < 1:
-        raise SpecError(f"--rounds must be at least 1 (got {rounds})")
     if plan_path and not make_plan:
         raise SpecError("--plan FILE conflicts with --no-plan", hint="drop one of them")
-    world = spec.parallelism.world_size
-    if nproc is not None and nproc != world:
-        raise SpecError(
-            f"--nproc {nproc} does not match the spec's world size {world}",
-            hint="the world size follows from [parallelism] degrees; change them (or --set) "
-            "instead, or drop --nproc",
-        )
+    framework = framework_for(spec)
     mode_strategies, all_modes, _ = framework_modes(spec)
     chosen = resolve_modes(modes, plan=make_plan or bool(plan_path), all_modes=all_modes)
-    device = resolve_device(spec.gbdoctor.device)
-    backend = backend or (spec.compile.backend if spec.compile.backend_set else DEFAULT_BACKEND)
-    check_backend(backend)
-    b, s, shape_note = benchmark_shape(spec, device, batch_size, seq_len)
-    if b < 1 or s < 1:
-        raise SpecError(f"--batch-size and --seq-len must be positive (got {b} x {s})")
-    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=b, seq_len=s))
-    run_spec, dtype_note = cpu_param_dtype(run_spec, device)
-    if dtype_note:
-        shape_note = f"{shape_note}; {dtype_note}"
-    # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec
-    # (after the cheap option checks: this builds the model on meta).
-    require_real(run_spec)
-    table = framework_for(spec).strategies
+    device = settings.device
+    # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec.
+    run_spec, dtype_note = prepare_training(spec, settings)
+    shape_note = f"{settings.shape_note}; {dtype_note}" if dtype_note else settings.shape_note
+    table = framework.strategies
     strategies: dict[str, Any] = {
         m: table[mode_strategies[m]] for m in chosen if m not in MODES_NEEDING_PLAN
     }
@@ -161,15 +114,10 @@ def run_modes(
     elif "cudagraphs" in chosen:
         strategies["cudagraphs"] = _NOT_MADE
 
-    framework_for(spec).prepare_ranks(device)
     measured = train_rounds(
         run_spec,
         {m: strategies[m] for m in chosen},
-        device=device,
-        backend=backend,
-        warmup=warmup,
-        steps=steps,
-        rounds=rounds,
+        settings,
         progress=progress,
         cudagraph_layers=cudagraph_layers,
         unavailable=_unavailable(chosen, device, cudagraph_layers),
@@ -185,20 +133,16 @@ def run_modes(
         for m in chosen
     ]
     loads = measured.loads
-    flops = _flops(spec, s)
+    flops = _flops(spec, settings.seq_len)
     device_name, peak = device_peak(device)
     from gbdoctor.setup.optim import adamw_implementation
 
     return build_report(
         run_spec,
         raw,
-        device=device,
-        backend=backend,
-        warmup=warmup,
-        steps=steps,
+        settings,
         torch_version=torch_version(),
         load=(max(loads, default=load_average()), os.cpu_count() or 1),
-        rounds=rounds,
         shape_note=shape_note,
         optimizer=f"AdamW ({adamw_implementation(device)})",
         device_name=device_name,

@@ -28,7 +28,7 @@ from enum import Enum
 
 from gbdoctor.causes import KnownIssue
 from gbdoctor.errors import DeadlineError, GbdoctorError, SetupError, SpecError
-from gbdoctor.records import ModeStatus, Spec
+from gbdoctor.records import ModeStatus, RunSettings, Spec
 from gbdoctor.records.enums import ModeFailure as FailureKind
 from gbdoctor.run.measure import known_bug_workaround, load_average, strip_rank
 from gbdoctor.run.worker import ModeFailure, ModeJob, RankRun, run_mode_rank
@@ -72,12 +72,8 @@ class Rounds:
 def train_rounds(
     spec: Spec,
     strategies: Mapping[str, Strategy],
+    settings: RunSettings,
     *,
-    device: str,
-    backend: str,
-    warmup: int,
-    steps: int,
-    rounds: int,
     progress: Progress | None,
     cache: CompileCache = CompileCache.PER_MODE,
     cudagraph_layers: tuple[str, ...] = (),
@@ -86,7 +82,8 @@ def train_rounds(
     unavailable: Mapping[str, str] | None = None,
     reuse_ranks: bool = False,
 ) -> Rounds:
-    """Train every mode of ``strategies`` (in its order) ``rounds`` times in alternating order.
+    """Train every mode of ``strategies`` (in its order) ``settings.rounds`` times in alternating
+    order, each ``settings.warmup`` + ``settings.steps`` steps on ``settings.device``.
 
     ``profile_mode``: that mode's first round also records its break frames and profiles one
     extra step (``ModeJob.profile_breaks``). ``retry_known_bugs``: a mode that fails on a known
@@ -97,7 +94,8 @@ def train_rounds(
     propagates."""
     from gbdoctor.setup.dist import run_ranks, shared_ranks
 
-    world = spec.parallelism.world_size
+    world, rounds = settings.ranks, settings.rounds
+    warmup, steps = settings.warmup, settings.steps
     chosen = list(strategies)
     result = Rounds(runs={m: [] for m in chosen})
     for mode, why in (unavailable or {}).items():
@@ -130,8 +128,8 @@ def train_rounds(
                         spec=mode_specs.get(mode, spec),
                         mode=mode,
                         strategy=strategies[mode],
-                        device=device,
-                        backend=backend,
+                        device=settings.device,
+                        backend=settings.backend,
                         warmup=warmup,
                         steps=steps,
                         cache_dir=caches.get(mode),
@@ -145,7 +143,7 @@ def train_rounds(
                                 run_mode_rank,
                                 job,
                                 world_size=world,
-                                device_type=device,
+                                device_type=settings.device,
                                 timeout_s=spec.gbdoctor.timeout_s,
                             )
                         )

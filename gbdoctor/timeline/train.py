@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gbdoctor.errors import GbdoctorError, SpecError, exception_line
-from gbdoctor.records import Recompile, Spec
+from gbdoctor.records import Recompile, RunSettings, Spec
 from gbdoctor.records.bounds import MAX_INT
 from gbdoctor.records.timeline import TimelineReport
 from gbdoctor.run.worker import ModeFailure
@@ -32,7 +32,6 @@ TIMELINE_MODES = ("as-is", "eager", "plan")
 DEFAULT_TIMELINE_STEPS = 24
 """Enough to see a period of up to 12 twice, and a frame reach the default recompile limit (8)
 when it recompiles every step or every other step."""
-DEFAULT_TIMELINE_BACKEND = "inductor"
 
 COLLECTIVES = (
     "all_reduce",
@@ -53,12 +52,10 @@ class TimelineJob:
     """What a rank needs (picklable)."""
 
     spec: Spec
+    """As trained (``run.settings.prepare_training``)."""
     strategy: Any
-    device: str
-    backend: str
-    steps: int
-    seq_lens: tuple[int, ...]
-    batch_size: int
+    settings: RunSettings
+    """Device, backend, steps, batch and the sequence lengths the steps cycle through."""
     dynamo_config: tuple[tuple[str, str], ...] = ()
     """``torch._dynamo.config`` settings applied for the whole run (the fixes under test)."""
 
@@ -233,19 +230,19 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
     from gbdoctor.models import vocab_size
     from gbdoctor.setup.train import step_batch
 
-    spec = job.spec
+    spec, settings = job.spec, job.settings
     rank, world = dist.get_rank(), dist.get_world_size()
 
     def path_fn(path: str) -> str:
         return portable_path(path, spec.root or None)
 
-    counter = GraphRunCounter(job.backend)
+    counter = GraphRunCounter(settings.backend)
     recipe = framework_for(spec)
     # Collectives are wrapped before the setup: frameworks bind them at initialization
     # (DeepSpeed's comm backend keeps torch.distributed's functions as attributes).
     with dynamo_settings(job.dynamo_config), timed_collectives(world > 1) as clock:
         try:
-            model, meshes = recipe.build(spec, job.device)
+            model, meshes = recipe.build(spec, settings.device)
             # The counting backend stands where the backend's name would.
             setup = recipe.set_up(model, spec, meshes, strategy=job.strategy, backend=counter)  # type: ignore[arg-type]
             vocab = vocab_size(model)
@@ -254,7 +251,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         except Exception as exc:  # noqa: BLE001 - reported as the run's failure
             raise ModeFailure(f"setup: {exception_line(exc)}", "setup") from exc
         accumulation = recipe.accumulation if isinstance(recipe, GradientAccumulation) else None
-        sync = torch.cuda.synchronize if job.device == "cuda" else None
+        sync = torch.cuda.synchronize if settings.device == "cuda" else None
         steps: list[RawStep] = []
         first_acc = accumulation(setup) if accumulation is not None else None
         with (
@@ -263,11 +260,11 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             recipe.step_context(setup),
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's
-            for step in range(job.steps):
+            for step in range(settings.steps):
                 watch.tag(step=step, measured=True)
-                seq = job.seq_lens[step % len(job.seq_lens)]
+                seq = settings.seq_lens[step % len(settings.seq_lens)]
                 tokens, labels = step_batch(
-                    spec, meshes, vocab, step, local_batch=job.batch_size, seq_len=seq
+                    spec, meshes, vocab, step, local_batch=settings.batch_size, seq_len=seq
                 )
                 boundary = accumulation(setup)[1] if accumulation is not None else None
                 if world > 1:
@@ -293,7 +290,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                         phases=phases,
                         collective_s=coll_s,
                         collective_calls=coll_n,
-                        tokens=job.batch_size * seq,
+                        tokens=settings.batch_size * seq,
                         boundary=boundary,
                         compiles=clog.take(),
                         graph_runs=counter.take(),
@@ -321,33 +318,30 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
 
 def run_timeline(
     spec: Spec,
+    settings: RunSettings,
     *,
     mode: str = "as-is",
-    steps: int = DEFAULT_TIMELINE_STEPS,
-    seq_lens: tuple[int, ...] = (),
-    batch_size: int | None = None,
-    backend: str | None = None,
     plan_path: str | None = None,
     dynamo_config: tuple[tuple[str, str], ...] = (),
     fix: bool = False,
 ) -> TimelineReport:
-    """Train ``spec`` ``steps`` steps in ``mode`` and explain the step-time pattern.
+    """Train ``spec`` ``settings.steps`` steps in ``mode`` and explain the step-time pattern.
 
-    ``seq_lens``: the sequence lengths the steps cycle through (default: the spec's capture
-    length). ``dynamo_config``: ``torch._dynamo.config`` settings for the run. ``fix``: apply
-    the proposed fixes, run again, and attach the comparison (``TimelineReport.verification``).
-    Bad input raises SpecError (exit 2)."""
+    ``settings``: ``run.settings.run_settings`` at the capture shape (``Shape.CAPTURE``: the
+    steps cycle through its sequence lengths). ``dynamo_config``: ``torch._dynamo.config``
+    settings for the run. ``fix``: apply the proposed fixes, run again, and attach the
+    comparison (``TimelineReport.verification``). Bad input raises SpecError (exit 2)."""
     from gbdoctor.timeline.assemble import build_report, verify
 
-    job = _job(spec, mode, steps, seq_lens, batch_size, backend, plan_path, dynamo_config)
-    before = build_report(spec, mode, job, _run_ranks(spec, job))
+    job = _job(spec, settings, mode, plan_path, dynamo_config)
+    before = build_report(spec, mode, job, _run_ranks(job))
     if not fix:
         return before
     fixes = _fix_settings(before)
     if not fixes:
         return replace(before, notes=(*before.notes, "--fix: nothing to apply"))
     fixed_job = replace(job, dynamo_config=tuple(dict((*job.dynamo_config, *fixes)).items()))
-    after = build_report(spec, mode, fixed_job, _run_ranks(spec, fixed_job))
+    after = build_report(spec, mode, fixed_job, _run_ranks(fixed_job))
     return replace(before, verification=verify(before, after, fixes))
 
 
@@ -359,18 +353,16 @@ def _fix_settings(report: TimelineReport) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(settings.items()))
 
 
-def _run_ranks(spec: Spec, job: TimelineJob) -> list[RankTimeline]:
-    from gbdoctor.frameworks.registry import framework_for
+def _run_ranks(job: TimelineJob) -> list[RankTimeline]:
     from gbdoctor.setup.dist import run_ranks
 
-    framework_for(spec).prepare_ranks(job.device)
     try:
         out: list[RankTimeline] = run_ranks(
             timeline_rank,
             job,
-            world_size=spec.parallelism.world_size,
-            device_type=job.device,
-            timeout_s=spec.gbdoctor.timeout_s,
+            world_size=job.settings.ranks,
+            device_type=job.settings.device,
+            timeout_s=job.spec.gbdoctor.timeout_s,
         )
     except ModeFailure as exc:
         raise GbdoctorError(f"timeline failed: {exc.message}", hint=exc.hint) from None
@@ -379,35 +371,23 @@ def _run_ranks(spec: Spec, job: TimelineJob) -> list[RankTimeline]:
 
 def _job(
     spec: Spec,
+    settings: RunSettings,
     mode: str,
-    steps: int,
-    seq_lens: tuple[int, ...],
-    batch_size: int | None,
-    backend: str | None,
     plan_path: str | None,
     dynamo_config: tuple[tuple[str, str], ...],
 ) -> TimelineJob:
     from gbdoctor.frameworks.registry import framework_for
-    from gbdoctor.run.modes import DEFAULT_BACKEND, check_backend, cpu_param_dtype
-    from gbdoctor.scan.estimate import require_real
-    from gbdoctor.setup.dist import resolve_device
+    from gbdoctor.run.settings import prepare_training
 
     if mode not in TIMELINE_MODES:
         raise SpecError(
             f"unknown timeline mode {mode!r}", hint=f"valid modes: {', '.join(TIMELINE_MODES)}"
         )
-    if steps < 2:
-        raise SpecError(f"--steps must be at least 2 (got {steps})")
     typed_dynamo_settings(dynamo_config)  # refused here, not in the ranks
-    if any(s < 1 for s in seq_lens) or (batch_size is not None and batch_size < 1):
-        raise SpecError("--seq-lens and --batch-size must be positive")
     if mode == "plan" and not plan_path:
         raise SpecError("mode 'plan' needs --plan FILE", hint="make one with `gbdoctor plan SPEC`")
     if plan_path and mode != "plan":
         raise SpecError("--plan FILE is for --mode plan", hint="add --mode plan or drop --plan")
-    backend = backend or (spec.compile.backend if spec.compile.backend_set else DEFAULT_BACKEND)
-    check_backend(backend)
-    device = resolve_device(spec.gbdoctor.device)
     framework = framework_for(spec)
     table = framework.strategies
     if mode == "eager":
@@ -425,18 +405,7 @@ def _job(
                 hint=f"valid: {', '.join(sorted(table))}",
             )
         strategy = table[name]
-    lens = seq_lens or (spec.capture_seq_len,)
-    batch = batch_size or spec.capture_batch_size
-    run_spec = replace(spec, gbdoctor=replace(spec.gbdoctor, batch_size=batch, seq_len=max(lens)))
-    run_spec, _ = cpu_param_dtype(run_spec, device)
-    require_real(run_spec)
+    run_spec, _ = prepare_training(spec, settings, command="timeline")
     return TimelineJob(
-        spec=run_spec,
-        strategy=strategy,
-        device=device,
-        backend=backend,
-        steps=steps,
-        seq_lens=tuple(lens),
-        batch_size=batch,
-        dynamo_config=dynamo_config,
+        spec=run_spec, strategy=strategy, settings=settings, dynamo_config=dynamo_config
     )
