@@ -268,3 +268,47 @@ def test_emitted_python_compiles_an_expert_store_forward_between_its_hooks():
         model(torch.randint(0, 256, (2, 16))).sum().backward()
     assert hook_compiling and not any(hook_compiling)
     torch._dynamo.reset()
+
+
+def test_a_plan_takes_the_commands_own_scan_and_decision(print_plan, monkeypatch):
+    """``price`` scans, then plans: the planner keeps the command's decision (no second
+    ``decide``: no meta model built again, no memory estimate) and takes its scan where it asks
+    for that same capture (the baseline strategy, no recompile probe). Oracle: the plan made
+    from scratch, same in every field, with one capture more and one decision more."""
+    from gbdoctor import scan as scan_package
+    from gbdoctor.frameworks.torchtitan_v02.plan import BASELINE_STRATEGY
+    from gbdoctor.plan import PriorScan
+    from gbdoctor.scan import environment, scan_decision
+
+    spec, _ = print_plan
+    captures, decisions = [], []
+    real_scan, real_decide = scan_package.scan, environment.decide
+
+    def counting_scan(spec, **options):
+        captures.append(options.get("strategy"))
+        return real_scan(spec, **options)
+
+    def counting_decide(spec, **options):
+        decisions.append(spec.key)
+        return real_decide(spec, **options)
+
+    monkeypatch.setattr(scan_package, "scan", counting_scan)
+    monkeypatch.setattr(environment, "decide", counting_decide)
+    fresh = propose_plan(spec)
+    fresh_captures, fresh_decisions = len(captures), len(decisions)
+    assert fresh_decisions == 1 and fresh_captures >= 3  # baseline, a round, strict
+
+    captures.clear()
+    decisions.clear()
+    decision = scan_decision(spec)
+    report = real_scan(spec, strategy=BASELINE_STRATEGY, recompiles=False, decision=decision)
+    prior = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=False)
+    reused = propose_plan(spec, decision=decision, prior=prior)
+    assert reused == fresh
+    assert len(decisions) == 1  # the command's own, above
+    assert len(captures) == fresh_captures - 1
+    # A scan made otherwise (the recompile probe on) is not the planner's capture: scanned again.
+    captures.clear()
+    other = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=True)
+    assert propose_plan(spec, decision=decision, prior=other) == fresh
+    assert len(captures) == fresh_captures

@@ -80,10 +80,11 @@ def price(
     """Scan, then measure what each distinct break costs a training step (ms and share, with
     the spread over rounds): each block kind as set up against the same kind fixed by the plan."""
     from gbdoctor.cli.scan import scan_with_progress
-    from gbdoctor.plan import propose_plan, read_plan
+    from gbdoctor.plan import PriorScan, propose_plan, read_plan
     from gbdoctor.price.driver import price_scan
     from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.run.settings import run_settings
+    from gbdoctor.scan import scan_decision
     from gbdoctor.setup.dist import shared_ranks
     from gbdoctor.summary import has_findings
 
@@ -106,16 +107,24 @@ def price(
         seq_len=seq_len,
         clock=clock,
     )
+    # Real or simulated is decided once, for the scan and every re-scan of the plan; the plan
+    # takes the scan below where it asks for that same capture (PriorScan).
+    decision = scan_decision(loaded)
+    chosen = choose_strategy(loaded, strategy, None)
     # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
     with shared_ranks():
-        report = scan_with_progress(
-            loaded, choose_strategy(loaded, strategy, None), recompiles=False
-        )
+        report = scan_with_progress(loaded, chosen, recompiles=False, decision=decision)
         if saved_plan is not None:
             plan = saved_plan
         else:
+            prior = PriorScan(report=report, spec=loaded, strategy=chosen, recompiles=False)
             with ProgressBar() as bar:
-                plan = propose_plan(loaded, progress=lambda m, d, t: bar(f"plan: {m}", d, t))
+                plan = propose_plan(
+                    loaded,
+                    progress=lambda m, d, t: bar(f"plan: {m}", d, t),
+                    decision=decision,
+                    prior=prior,
+                )
         with ProgressBar() as bar:
             priced = price_scan(loaded, report, plan, settings, progress=bar)
     notice(priced.notes, output, format)

@@ -32,7 +32,7 @@ from gbdoctor.cli.output import (
 from gbdoctor.errors import ExitCode
 
 if TYPE_CHECKING:
-    from gbdoctor.records import ScanReport, Spec
+    from gbdoctor.records import Decision, ScanReport, Spec
 
 
 def scan(
@@ -108,10 +108,21 @@ def _oracle_agrees(spec: Spec, report: ScanReport) -> bool:
 
 
 def scan_with_progress(
-    spec: Spec, strategy: Any, dedupe: bool = True, recompiles: bool | None = None
+    spec: Spec,
+    strategy: Any,
+    dedupe: bool = True,
+    recompiles: bool | None = None,
+    decision: Decision | None = None,
 ) -> ScanReport:
     """``gbdoctor.scan.scan`` under a progress bar on stderr."""
     from gbdoctor.scan import scan as run_scan
 
     with ProgressBar() as bar:
-        return run_scan(spec, strategy=strategy, dedupe=dedupe, progress=bar, recompiles=recompiles)
+        return run_scan(
+            spec,
+            strategy=strategy,
+            dedupe=dedupe,
+            progress=bar,
+            recompiles=recompiles,
+            decision=decision,
+        )

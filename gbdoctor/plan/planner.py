@@ -2,9 +2,11 @@
 framework's planner, ``Framework.propose_plan``), apply a plan (``Framework.plan_strategy``),
 and read and write plan files.
 
-Real or simulated is decided once here (``scan.estimate.decide``, as for ``scan``) and kept, so
-every verification re-scan runs the same way: a simulated plan is verified by simulated
-re-scans.
+Real or simulated is decided once (``scan.scan_decision``, as for ``scan``; by the command when
+it scanned first) and kept, so every verification re-scan runs the same way: a simulated plan is
+verified by simulated re-scans, and no re-scan decides again (builds the model on meta,
+estimates its memory). A scan the command already made (``price``'s) answers the planner's
+request for that same capture (``PriorScan``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,6 @@ from gbdoctor.errors import BaselineError, SpecError
 from gbdoctor.frameworks.interface import Planner
 from gbdoctor.frameworks.registry import (
     all_frameworks,
-    can_simulate,
     framework_for,
     framework_named,
     framework_names,
@@ -29,6 +30,7 @@ from gbdoctor.frameworks.registry import (
 from gbdoctor.records import (
     PLAN_SCHEMA_VERSION,
     READABLE_PLAN_SCHEMA_VERSIONS,
+    Decision,
     Plan,
     ScanReport,
     Spec,
@@ -42,25 +44,77 @@ from gbdoctor.records.io import (
 )
 
 
+@dataclass(frozen=True)
+class PriorScan:
+    """A scan the command already made before it plans (``price`` scans the spec as set up):
+    where the planner asks for the same capture (same spec, strategy and options), it gets this
+    report instead of capturing it again."""
+
+    report: ScanReport
+    spec: Spec
+    """As given to ``scan`` (before the decision is pinned)."""
+    strategy: Any = None
+    """As given to ``scan``: None (the spec's own), a preset's name, or a strategy."""
+    recompiles: bool | None = None
+    """As given to ``scan`` (None: ``job.probe_by_default``)."""
+
+
 def propose_plan(
     spec: Spec,
     *,
     scan_fn: Callable[..., ScanReport] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    decision: Decision | None = None,
+    prior: PriorScan | None = None,
 ) -> Plan:
-    """Scan, propose, verify (the spec's framework's planner), and return the plan."""
-    from gbdoctor.scan import scan
-    from gbdoctor.scan.estimate import decide, pin
+    """Scan, propose, verify (the spec's framework's planner), and return the plan.
+
+    ``decision``: the command's own ``scan.scan_decision(spec)`` (``price`` made it for its
+    scan), else decided here once; every re-scan keeps it. ``prior``: a scan the command made
+    (``price``'s), reused where the planner asks for that same capture."""
+    from gbdoctor.scan import scan, scan_decision
+    from gbdoctor.scan.estimate import pin
 
     framework = framework_for(spec)
     if scan_fn is None:
-        scan_fn = scan
-        if can_simulate(framework):
-            decision = decide(spec)
-            spec = pin(spec, decision)
-            # Re-scans keep the first decision (and its reason, for the notice).
-            scan_fn = functools.partial(scan, decision=decision)
+        if decision is None:
+            decision = scan_decision(spec)
+        # Re-scans keep the first decision (and its reason, for the notice).
+        scan_fn = functools.partial(scan, decision=decision)
+        if prior is not None:
+            scan_fn = _reusing(scan_fn, prior, pin(prior.spec, decision))
+        spec = pin(spec, decision)
     return planner_of(framework).propose_plan(spec, scan_fn=scan_fn, progress=progress)
+
+
+def _reusing(
+    scan_fn: Callable[..., ScanReport], prior: PriorScan, pinned: Spec
+) -> Callable[..., ScanReport]:
+    """``scan_fn``, answering the capture ``prior`` already made with its report. ``pinned``:
+    the prior scan's spec with the decision pinned, as ``scan`` scanned it."""
+    from gbdoctor.scan.job import probe_by_default, strategy_for
+
+    def resolved(spec: Spec, strategy: Any, recompiles: bool | None) -> tuple[Any, bool]:
+        if strategy is None or isinstance(strategy, str):
+            strategy = strategy_for(spec, strategy)
+        return strategy, probe_by_default() if recompiles is None else recompiles
+
+    made = resolved(prior.spec, prior.strategy, prior.recompiles)
+
+    def scan_or_reuse(
+        spec: Spec,
+        *,
+        strategy: Any = None,
+        strict: bool = False,
+        recompiles: bool | None = None,
+        **options: Any,
+    ) -> ScanReport:
+        if spec == pinned and not strict and not options:
+            if resolved(spec, strategy, recompiles) == made:
+                return prior.report
+        return scan_fn(spec, strategy=strategy, strict=strict, recompiles=recompiles, **options)
+
+    return scan_or_reuse
 
 
 def plan_strategy(plan: Plan, spec: Spec | None = None, *, identity: str | None = None) -> Any:

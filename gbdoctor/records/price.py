@@ -113,7 +113,8 @@ class PriceCheck:
     ratio: float | None = None
     """``predicted_ms / measured_ms``."""
     consistent: bool | None = None
-    """Within 30 %, or either number inside the other's spread; None when not comparable."""
+    """Within :data:`PRICE_CONSISTENT_WITHIN` of the measured gain, or either number inside the
+    other's spread; None when not comparable."""
     detail: str = ""
     clock: Clock = Clock.WALL
     """The prices' clock, which the measured side is read in too (run schema 5)."""

@@ -6,7 +6,7 @@ Modules, top to bottom: ``environment`` (``scan``, ``simulate_scan``) -> ``merge
 ``job``. ``inspect`` describes the setup a scan would capture.
 """
 
-from gbdoctor.scan.environment import scan, simulate_scan
+from gbdoctor.scan.environment import scan, scan_decision, simulate_scan
 from gbdoctor.scan.job import Progress, RankScan, ScanJob, strategy_for
 from gbdoctor.scan.rank import build_and_setup, scan_rank, setup_info
 
@@ -16,6 +16,7 @@ __all__ = [
     "ScanJob",
     "build_and_setup",
     "scan",
+    "scan_decision",
     "scan_rank",
     "setup_info",
     "simulate_scan",

@@ -55,12 +55,9 @@ def scan_engine_steps(
     is a spawned process: such an engine keeps process-wide state (DeepSpeed's comm backend,
     ZeRO's module stack, the nvtx switch ``engine.compile`` flips) that a second setup in one
     process would inherit."""
-    from gbdoctor.scan.estimate import require_real
-
     framework = _engine_framework(spec)
-    # These scans train real steps on local ranks: no simulation, and the same size limits
-    # as `run` (exit 2 with how to shrink the spec).
-    require_real(spec, command="scan")
+    # These scans train real steps on local ranks: no simulation, and the same size limits as
+    # `run`, checked by the caller (``environment.scan_decision``: exit 2 with how to shrink).
     device = resolve_device(spec.gbdoctor.device)
     job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=False, strict=strict)
     world = spec.parallelism.world_size

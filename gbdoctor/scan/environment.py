@@ -50,9 +50,9 @@ def scan(
     ``recompiles``: probe every captured block with changed inputs (``probe.py``; about two
     eager training steps and two block replays per block kind); None: on unless
     ``GBDOCTOR_RECOMPILE_PROBE=0`` (``job.probe_by_default``). A simulation runs no step, so it
-    never probes. ``decision``: an earlier ``decide(spec)`` to keep (plan re-scans keep the
-    first one, its reason and notice included); None decides now. With ``recompiles``, a real
-    pipeline-parallel scan also trains the config's schedule on its ranks
+    never probes. ``decision``: an earlier :func:`scan_decision` to keep (plan re-scans keep
+    the first one, its reason and notice included); None decides now. With ``recompiles``, a
+    real pipeline-parallel scan also trains the config's schedule on its ranks
     (``scan.pipeline_schedule``: the recompiles and crashes only PP causes)."""
     if recompiles is None:
         recompiles = probe_by_default()
@@ -60,18 +60,12 @@ def scan(
         strategy = strategy_for(spec, strategy)
     launched.check_world(spec.parallelism.world_size)
     framework = framework_for(spec)
+    if decision is None:
+        decision = scan_decision(spec)
     if framework.capture_style == CaptureStyle.ENGINE_STEPS:
         from gbdoctor.scan.engine_steps import scan_engine_steps
 
         return scan_engine_steps(spec, strategy=strategy, progress=progress, strict=strict)
-    # --simulate, a world too large for local ranks, too much memory; or a smaller CPU shape.
-    # A framework that cannot simulate runs for real or is refused with how to shrink it.
-    if decision is None:
-        decision = (
-            decide(spec)
-            if can_simulate(framework)
-            else Decision(simulate=False, estimate=require_real(spec, command="scan"))
-        )
     spec = pin(spec, decision)
     if decision.simulate:
         return simulate_scan(
@@ -140,6 +134,18 @@ def _with_pipeline_schedule(
         # stands; the report says the schedule's findings are missing, and why.
         return replace(report, notes=(*report.notes, f"pipeline schedule: failed: {exc.message}"))
     return with_schedule(report, found)
+
+
+def scan_decision(spec: Spec) -> Decision:
+    """How a scan of ``spec`` runs, decided once per command (``plan`` keeps it for every
+    re-scan, ``price`` for its scan and its plan): ``--simulate``, a world too large for local
+    ranks or too much memory simulates, or a smaller CPU shape is captured (``estimate.decide``);
+    a framework that cannot simulate runs for real or is refused with how to shrink it (exit 2),
+    and so does one that captures whole engine steps (they train real steps)."""
+    framework = framework_for(spec)
+    if can_simulate(framework) and framework.capture_style != CaptureStyle.ENGINE_STEPS:
+        return decide(spec)
+    return Decision(simulate=False, estimate=require_real(spec, command="scan"))
 
 
 def with_notice(report: ScanReport, decision: Decision) -> ScanReport:

@@ -197,12 +197,11 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
         notes.append("Dynamo's compile metrics overflowed in some step: its compiles are partial")
     if job.dynamo_config:
         notes.append("torch._dynamo.config: " + ", ".join(f"{k}={v}" for k, v in job.dynamo_config))
-    from gbdoctor.frameworks.registry import framework_for
-
     return TimelineReport(
         schema_version=TIMELINE_SCHEMA_VERSION,
         spec=spec.key,
-        framework=framework_for(spec).name,
+        # The registry keys every framework by its name: the spec's [gbdoctor] framework.
+        framework=spec.gbdoctor.framework,
         mode=mode,
         strategy=job.strategy.name,
         backend=job.settings.backend,
