@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from gbdoctor.cli.bounds import check_timeline
+from gbdoctor.cli.bounds import check_options, check_timeline
 from gbdoctor.cli.inputs import load_spec_options
 from gbdoctor.cli.options import (
     DetailsOpt,
@@ -20,6 +20,8 @@ from gbdoctor.cli.options import (
 )
 from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
+from gbdoctor.records.bounds import Range
+from gbdoctor.records.shapes import ShapeStream
 
 TIMELINE_FORMATS = ("table", "json")
 
@@ -47,6 +49,28 @@ def _lengths(text: str | None) -> tuple[int, ...]:
             f"--seq-lens {text!r} is not a comma-separated list of lengths",
             hint="e.g. --seq-lens 64,64,96 (the steps cycle through them)",
         ) from None
+
+
+def load_shapes(text: str | None, pad_buckets: int | None) -> ShapeStream | None:
+    """``--shapes``: a preset (``varlen:steps=30``) or a stream file, padded to
+    ``--pad-buckets`` N buckets when asked (the padding cost goes to stderr)."""
+    from gbdoctor.records.shape_presets import is_preset, pad_to_buckets, preset_stream
+    from gbdoctor.records.shapes import read_shape_stream
+
+    if text is None:
+        if pad_buckets is not None:
+            raise SpecError("--pad-buckets pads a --shapes stream", hint="add --shapes")
+        return None
+    stream = preset_stream(text) if is_preset(text) else read_shape_stream(text)
+    if pad_buckets is None:
+        return stream
+    padded, buckets, extra = pad_to_buckets(stream, pad_buckets)
+    share = 100.0 * extra / max(1, stream.tokens())
+    print_err(
+        f"shapes padded to {len(buckets)} buckets {'/'.join(map(str, buckets))}: "
+        f"+{extra} padding tokens ({share:.1f}% of {stream.tokens()})"
+    )
+    return padded
 
 
 def timeline(
@@ -93,6 +117,30 @@ def timeline(
         bool,
         typer.Option("--fix", help="Apply the proposed fixes, run again and compare"),
     ] = False,
+    shapes: Annotated[
+        str | None,
+        typer.Option(
+            "--shapes",
+            help="The batch shapes per step and rank: a shape-stream JSON file, or a preset "
+            "(varlen|buckets|packed|last-partial[:k=v,...]); the steps follow it (docs/shapes.md)",
+        ),
+    ] = None,
+    predict: Annotated[
+        bool,
+        typer.Option(
+            "--predict",
+            help="With --shapes: predict the timeline from one forward per distinct shape "
+            "instead of training every step",
+        ),
+    ] = False,
+    pad_buckets: Annotated[
+        int | None,
+        typer.Option("--pad-buckets", help="Pad the --shapes stream to N bucket lengths"),
+    ] = None,
+    save_shapes: Annotated[
+        Path | None,
+        typer.Option("--save-shapes", help="Also write the --shapes stream (as used) as JSON"),
+    ] = None,
     format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write the step times as an SVG plot")
@@ -116,23 +164,53 @@ def timeline(
         )
     lengths = _lengths(seq_lens)
     check_timeline(steps, batch_size, lengths)
+    if pad_buckets is not None:
+        check_options((("--pad-buckets", pad_buckets, Range(1, 1_000, "buckets")),))
+    stream = load_shapes(shapes, pad_buckets)
+    if stream is None and (predict or save_shapes is not None):
+        raise SpecError("--predict and --save-shapes need --shapes", hint="add --shapes FILE")
+    if stream is not None and lengths:
+        raise SpecError("--shapes and --seq-lens both set the shapes", hint="drop one")
     settings = _pairs(dynamo_config)
     typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
-    preflight(None, "timeline", output, plot, inputs=(spec, plan_file))
+    preflight(None, "timeline", output, plot, save_shapes, inputs=(spec, plan_file, shapes))
     loaded = load_spec_options(spec, set_, world_size=world_size)
     spare_model_code(loaded, output, plot)
-    print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
-    report = run_timeline(
-        loaded,
-        mode=mode,
-        steps=steps,
-        seq_lens=lengths,
-        batch_size=batch_size,
-        backend=backend,
-        plan_path=str(plan_file) if plan_file else None,
-        dynamo_config=settings,
-        fix=fix,
-    )
+    if save_shapes is not None and stream is not None:
+        from gbdoctor.records.atomic_write import write_atomic
+        from gbdoctor.records.io import dumps
+
+        write_atomic(save_shapes, dumps(stream))
+        print_err(f"wrote {save_shapes}")
+    plan_path = str(plan_file) if plan_file else None
+    if predict and stream is not None:
+        from gbdoctor.timeline.predict import predict_timeline
+
+        print_err(f"timeline: predicting {len(stream.steps)} steps ({mode}) from their shapes")
+        report = predict_timeline(
+            loaded,
+            stream,
+            mode=mode,
+            backend=backend,
+            plan_path=plan_path,
+            dynamo_config=settings,
+            fix=fix,
+        )
+    else:
+        n = len(stream.steps) if stream is not None else steps
+        print_err(f"timeline: training {n} steps ({mode}); this takes a while on CPU")
+        report = run_timeline(
+            loaded,
+            mode=mode,
+            steps=steps,
+            seq_lens=lengths,
+            batch_size=batch_size,
+            backend=backend,
+            plan_path=plan_path,
+            dynamo_config=settings,
+            fix=fix,
+            shapes=stream,
+        )
     emit(render_json(report) if format == "json" else render_table(report, details=details), output)
     if plot is not None:
         from gbdoctor.records.atomic_write import write_atomic

@@ -109,6 +109,8 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
         highlight=False,
         soft_wrap=True,
     )
+    for line in shape_lines(report):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for p in report.periods:
         extra = []
         if p.amplitude_s is not None:
@@ -172,6 +174,23 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
             soft_wrap=True,
         )
     return out.getvalue()
+
+
+def shape_lines(report: TimelineReport) -> list[str]:
+    """A ``--shapes`` run's graphs: what each made dynamic, and how many distinct shapes it ran
+    at (a CUDA-graph recording each under ``mode="reduce-overhead"``); nothing without one."""
+    if not report.shapes:
+        return []
+    how = "predicted from one forward per distinct shape" if report.predicted else "trained"
+    lines = [f"shapes: {report.shapes} ({len(report.steps)} steps, {how})"]
+    for g in report.graphs:
+        dynamic = ", ".join(g.dynamic) if g.dynamic else "all sizes static"
+        lines.append(
+            f"  {g.frame} graph {g.graph} (compiled in step {g.compiled_step}): {dynamic}; "
+            f"{len(g.shape_steps)} distinct input shape(s) = CUDA-graph recordings, "
+            f"new in steps {','.join(map(str, g.shape_steps))}"
+        )
+    return lines
 
 
 _COLORS = {

@@ -14,6 +14,7 @@ from gbdoctor.records.timeline import (
     TIMELINE_SCHEMA_VERSION,
     FrameTimeline,
     StepCompile,
+    TimelineGraph,
     TimelineReport,
     TimelineStep,
     TimelineVerification,
@@ -185,10 +186,24 @@ def _frames(steps: list[TimelineStep], raws: list[dict[str, Any]]) -> tuple[Fram
     return tuple(out)
 
 
+def _graphs(runs: list[Any], frames: dict[int, str]) -> tuple[TimelineGraph, ...]:
+    """Rank 0's compiled graphs (``capture.timeline_hooks.GraphShapes``)."""
+    return tuple(
+        TimelineGraph(
+            frame=frames.get(g.frame_id, f"frame {g.frame_id}"),
+            graph=g.index,
+            compiled_step=g.compiled_at,
+            dynamic=g.dynamic,
+            shape_steps=g.new_shape_calls,
+        )
+        for g in runs[0].graphs
+    )
+
+
 def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineReport:
     from gbdoctor.capture import torch_version
 
-    steps, _, raws = build_steps(runs)
+    steps, frames, raws = build_steps(runs)
     warmup = warmup_steps(steps)
     limit = runs[0].recompile_limit
     found, periods = findings(steps, warmup, limit)
@@ -221,6 +236,8 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
         verdict=verdict(found, warmup),
         sources=SOURCES,
         notes=tuple(notes),
+        graphs=_graphs(runs, frames),
+        shapes=getattr(job, "shapes_source", ""),
     )
 
 
