@@ -62,6 +62,8 @@ def load_shapes(text: str | None, pad_buckets: int | None) -> ShapeStream | None
             raise SpecError("--pad-buckets pads a --shapes stream", hint="add --shapes")
         return None
     stream = preset_stream(text) if is_preset(text) else read_shape_stream(text)
+    if len(stream.steps) < 2:
+        raise SpecError(f"--shapes {text[:60]}: 1 step; a timeline needs at least 2")
     if pad_buckets is None:
         return stream
     padded, buckets, extra = pad_to_buckets(stream, pad_buckets)

@@ -25,7 +25,7 @@ __all__ = [
 
 TIMELINE_SCHEMA_VERSION = 2
 READABLE_TIMELINE_SCHEMA_VERSIONS = (1, 2)
-"""2 added ``graphs``, ``shapes`` and ``predicted`` (defaults keep a version-1 file readable)."""
+"""2 added ``graphs``, ``shapes``, ``rank_compile_steps`` and ``predicted`` (defaults keep a version-1 file readable)."""
 
 
 @record
@@ -212,6 +212,10 @@ class TimelineReport:
     shapes: str = ""
     """The ``--shapes`` stream the steps followed (its preset, or the file), "" for
     ``seq_lens``."""
+    rank_compile_steps: tuple[tuple[int, ...], ...] = ()
+    """Per rank (world size > 1), the steps in which Dynamo compiled a frame or hit its limit:
+    ranks that differ here diverge (per-rank shapes), and a collective inside a compiled region
+    can wait on a rank that is compiling; empty at world size 1."""
     predicted: bool = False
     """Predicted (``timeline.predict``: one forward per distinct shape class), not trained:
     every timing is 0."""

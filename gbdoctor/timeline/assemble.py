@@ -200,6 +200,15 @@ def _graphs(runs: list[Any], frames: dict[int, str]) -> tuple[TimelineGraph, ...
     )
 
 
+def _rank_compile_steps(runs: list[Any]) -> tuple[tuple[int, ...], ...]:
+    if len(runs) < 2:
+        return ()
+    return tuple(
+        tuple(i for i, raw in enumerate(run.steps) if any(e.forward for e in raw.compiles))
+        for run in runs
+    )
+
+
 def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineReport:
     from gbdoctor.capture import torch_version
 
@@ -210,6 +219,12 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
     notes = []
     if runs[0].lost_metrics:
         notes.append("Dynamo's compile metrics overflowed in some step: its compiles are partial")
+    per_rank = _rank_compile_steps(runs)
+    if len(set(per_rank)) > 1:
+        notes.append(
+            "ranks compile in different steps (they diverge): "
+            + "; ".join(f"rank {r}: {list(steps)}" for r, steps in enumerate(per_rank))
+        )
     if job.dynamo_config:
         notes.append("torch._dynamo.config: " + ", ".join(f"{k}={v}" for k, v in job.dynamo_config))
     from gbdoctor.frameworks.registry import framework_for
@@ -237,6 +252,7 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
         sources=SOURCES,
         notes=tuple(notes),
         graphs=_graphs(runs, frames),
+        rank_compile_steps=_rank_compile_steps(runs),
         shapes=getattr(job, "shapes_source", ""),
     )
 

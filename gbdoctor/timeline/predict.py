@@ -22,6 +22,7 @@ makes the same number of calls (FSDP's collectives pair up); a repeat hits the c
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -38,6 +39,14 @@ from gbdoctor.timeline.train import (
     _run_ranks,
     with_stream,
 )
+
+PREDICT_BACKEND = "eager"
+"""What the prediction's calls compile with: Dynamo's ``eager`` backend runs the graphs Dynamo
+captured as they are. Recompiles, dynamic dims and limit hits are Dynamo's decisions, made
+before a backend sees the graph, so they need no backend compile (most of a compile's time with
+``aot_eager`` or inductor). A backend can add shape guards of its own while it compiles a
+dynamic graph (inductor's lowering can); ``compile_with="same"`` (``--predict-backend same``)
+predicts with the timeline's backend, at its compile cost."""
 
 
 def shape_classes(job: TimelineJob) -> list[list[tuple[int, int]]]:
@@ -130,38 +139,63 @@ def predict_timeline(
     plan_path: str | None = None,
     dynamo_config: tuple[tuple[str, str], ...] = (),
     fix: bool = False,
+    compile_with: str = PREDICT_BACKEND,
 ) -> TimelineReport:
     """The timeline ``run_timeline(spec, shapes=shapes, ...)`` would record, predicted from one
     forward per distinct shape class (step times 0; ``predicted`` is set). ``fix``: predict
-    again with the proposed fixes and attach the comparison, as ``run_timeline`` does."""
+    again with the proposed fixes and attach the comparison, as ``run_timeline`` does.
+    ``compile_with``: the backend the prediction's calls compile with (:data:`PREDICT_BACKEND`;
+    ``"same"``: the timeline's own)."""
     from gbdoctor.timeline.assemble import verify
     from gbdoctor.timeline.train import _fix_settings
 
     job = with_stream(_job(spec, mode, 2, (), None, backend, plan_path, dynamo_config), shapes)
-    before = _predict(spec, mode, job)
+    before = _predict(spec, mode, job, compile_with)
     if not fix:
         return before
     fixes = _fix_settings(before)
     if not fixes:
         return replace(before, notes=(*before.notes, "--fix: nothing to apply"))
     fixed = replace(job, dynamo_config=tuple(dict((*job.dynamo_config, *fixes)).items()))
-    return replace(before, verification=verify(before, _predict(spec, mode, fixed), fixes))
+    return replace(
+        before, verification=verify(before, _predict(spec, mode, fixed, compile_with), fixes)
+    )
 
 
-def _predict(spec: Spec, mode: str, job: TimelineJob) -> TimelineReport:
+def _predict(spec: Spec, mode: str, job: TimelineJob, compile_with: str) -> TimelineReport:
     from gbdoctor.timeline.assemble import build_report
 
     calls = prediction_job(job)
-    runs = _prediction_ranks(spec, calls)
+    if compile_with != "same":
+        calls = replace(calls, backend=compile_with)
+    try:
+        runs = _prediction_ranks(spec, calls)
+    except GbdoctorError as exc:
+        raise _at_step(exc, job) from None
     shares = job.shapes
     # A rank follows its data-parallel rank's shapes (TP ranks share one).
     mapped = [_rank_steps(shares[run.data_rank if len(shares) > 1 else 0], run) for run in runs]
     report = build_report(spec, mode, job, mapped)
     note = (
         f"predicted: {calls.steps} forward(s), one per distinct shape class, for "
-        f"{job.steps} steps; step times are not predicted"
+        f"{job.steps} steps, compiled with {calls.backend}; step times are not predicted"
     )
     return replace(report, predicted=True, notes=(*report.notes, note))
+
+
+def _at_step(exc: GbdoctorError, job: TimelineJob) -> GbdoctorError:
+    """A failed call said as the training run would fail: at the step where its shape class
+    first appears (rank 0's stream)."""
+    order = shape_classes(job)[0]
+    found = re.search(r"step (\d+): ", exc.message)
+    if found is None or int(found.group(1)) >= len(order):
+        return exc
+    step = job.shapes[0].index(order[int(found.group(1))])
+    rest = exc.message[found.end() :]
+    return type(exc)(
+        f"predicted: training fails at step {step} (shape {order[int(found.group(1))]}): {rest}",
+        hint=exc.hint,
+    )
 
 
 def events(report: TimelineReport) -> dict[str, Any]:
@@ -183,4 +217,5 @@ def events(report: TimelineReport) -> dict[str, Any]:
         "graphs": [
             (g.frame, g.graph, g.compiled_step, g.dynamic, g.shape_steps) for g in report.graphs
         ],
+        "ranks": report.rank_compile_steps,
     }

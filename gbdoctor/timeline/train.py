@@ -406,6 +406,8 @@ def _run_ranks(spec: Spec, job: TimelineJob) -> list[RankTimeline]:
 
 def with_stream(job: TimelineJob, stream: ShapeStream) -> TimelineJob:
     """``job`` following ``stream``: one step per stream step, each rank its own shapes."""
+    if len(stream.steps) < 2:
+        raise SpecError("a shape stream of 1 step: a timeline needs at least 2")
     per_rank = tuple(
         tuple(stream.shape(i, r).shape for i in range(len(stream.steps)))
         for r in range(stream.ranks)
