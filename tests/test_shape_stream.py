@@ -128,3 +128,11 @@ def test_cli_refuses_bad_shapes_before_any_model(tmp_path) -> None:
         result = runner.invoke(app, ["timeline", spec, *args])
         assert result.exit_code == ExitCode.BAD_INPUT, (args, result.output)
         assert words in result.output, (args, result.output)
+    for command, args, words in (
+        ("scan", ["--shapes", "varlen", "--no-recompile-probe"], "--no-recompile-probe"),
+        ("gate", ["--baseline", str(tmp_path / "b.json"), "--shapes", "varlen"], "--recompiles"),
+        ("scan", ["--shapes", str(bad)], "missing"),
+    ):
+        result = runner.invoke(app, [command, spec, *args])
+        assert result.exit_code == ExitCode.BAD_INPUT, (command, args, result.output)
+        assert words in result.output, (command, args, result.output)

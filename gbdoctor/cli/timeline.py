@@ -14,9 +14,11 @@ from gbdoctor.cli.options import (
     DetailsOpt,
     OutputOpt,
     SetOpt,
+    ShapesOpt,
     SpecArg,
     StrictOpt,
     WorldSizeOpt,
+    load_shapes,
 )
 from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
@@ -51,19 +53,16 @@ def _lengths(text: str | None) -> tuple[int, ...]:
         ) from None
 
 
-def load_shapes(text: str | None, pad_buckets: int | None) -> ShapeStream | None:
-    """``--shapes``: a preset (``varlen:steps=30``) or a stream file, padded to
-    ``--pad-buckets`` N buckets when asked (the padding cost goes to stderr)."""
-    from gbdoctor.records.shape_presets import is_preset, pad_to_buckets, preset_stream
-    from gbdoctor.records.shapes import read_shape_stream
+def padded_shapes(text: str | None, pad_buckets: int | None) -> ShapeStream | None:
+    """``--shapes`` (``options.load_shapes``), padded to ``--pad-buckets`` N buckets when asked
+    (the padding cost goes to stderr)."""
+    from gbdoctor.records.shape_presets import pad_to_buckets
 
-    if text is None:
+    stream = load_shapes(text)
+    if stream is None:
         if pad_buckets is not None:
             raise SpecError("--pad-buckets pads a --shapes stream", hint="add --shapes")
         return None
-    stream = preset_stream(text) if is_preset(text) else read_shape_stream(text)
-    if len(stream.steps) < 2:
-        raise SpecError(f"--shapes {text[:60]}: 1 step; a timeline needs at least 2")
     if pad_buckets is None:
         return stream
     padded, buckets, extra = pad_to_buckets(stream, pad_buckets)
@@ -119,14 +118,7 @@ def timeline(
         bool,
         typer.Option("--fix", help="Apply the proposed fixes, run again and compare"),
     ] = False,
-    shapes: Annotated[
-        str | None,
-        typer.Option(
-            "--shapes",
-            help="The batch shapes per step and rank: a shape-stream JSON file, or a preset "
-            "(varlen|buckets|packed|last-partial[:k=v,...]); the steps follow it (docs/shapes.md)",
-        ),
-    ] = None,
+    shapes: ShapesOpt = None,
     predict: Annotated[
         bool,
         typer.Option(
@@ -135,6 +127,14 @@ def timeline(
             "instead of training every step",
         ),
     ] = False,
+    predict_backend: Annotated[
+        str,
+        typer.Option(
+            "--predict-backend",
+            help="What --predict compiles with: eager (Dynamo's decisions only, the default) or "
+            "same (the timeline's backend, with any shape guards it adds)",
+        ),
+    ] = "eager",
     pad_buckets: Annotated[
         int | None,
         typer.Option("--pad-buckets", help="Pad the --shapes stream to N bucket lengths"),
@@ -168,9 +168,11 @@ def timeline(
     check_timeline(steps, batch_size, lengths)
     if pad_buckets is not None:
         check_options((("--pad-buckets", pad_buckets, Range(1, 1_000, "buckets")),))
-    stream = load_shapes(shapes, pad_buckets)
+    stream = padded_shapes(shapes, pad_buckets)
     if stream is None and (predict or save_shapes is not None):
         raise SpecError("--predict and --save-shapes need --shapes", hint="add --shapes FILE")
+    if predict_backend not in ("eager", "same"):
+        raise SpecError(f"--predict-backend {predict_backend[:40]!r}", hint="valid: eager, same")
     if stream is not None and lengths:
         raise SpecError("--shapes and --seq-lens both set the shapes", hint="drop one")
     settings = _pairs(dynamo_config)
@@ -197,6 +199,7 @@ def timeline(
             plan_path=plan_path,
             dynamo_config=settings,
             fix=fix,
+            compile_with=predict_backend,
         )
     else:
         n = len(stream.steps) if stream is not None else steps

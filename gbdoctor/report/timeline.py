@@ -11,7 +11,7 @@ import io
 from xml.sax.saxutils import escape
 
 from gbdoctor.records.io import dumps
-from gbdoctor.records.timeline import TimelineReport, TimelineStep
+from gbdoctor.records.timeline import TimelineGraph, TimelineReport, TimelineStep
 
 STRIP_LEGEND = (
     "strip: R recompile, L recompile_limit hit, E eager fallback, B accumulation boundary, "
@@ -177,18 +177,28 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
 
 
 def shape_lines(report: TimelineReport) -> list[str]:
-    """A ``--shapes`` run's graphs: what each made dynamic, and how many distinct shapes it ran
-    at (a CUDA-graph recording each under ``mode="reduce-overhead"``); nothing without one."""
+    """A ``--shapes`` run's graphs per frame: when each was compiled, what became dynamic and
+    when, and how many distinct input shapes they ran at (one CUDA-graph recording each under
+    ``mode="reduce-overhead"``); nothing without a stream."""
     if not report.shapes:
         return []
     how = "predicted from one forward per distinct shape" if report.predicted else "trained"
     lines = [f"shapes: {report.shapes} ({len(report.steps)} steps, {how})"]
+    frames: dict[str, list[TimelineGraph]] = {}
     for g in report.graphs:
-        dynamic = ", ".join(g.dynamic) if g.dynamic else "all sizes static"
+        frames.setdefault(g.frame, []).append(g)
+    for frame, graphs in frames.items():
+        dynamic = next((g for g in graphs if g.dynamic), None)
+        became = (
+            f"dynamic from step {dynamic.compiled_step}: {', '.join(dynamic.dynamic)}"
+            if dynamic is not None
+            else "every size static"
+        )
+        records = sum(len(g.shape_steps) for g in graphs)
         lines.append(
-            f"  {g.frame} graph {g.graph} (compiled in step {g.compiled_step}): {dynamic}; "
-            f"{len(g.shape_steps)} distinct input shape(s) = CUDA-graph recordings, "
-            f"new in steps {','.join(map(str, g.shape_steps))}"
+            f"  {frame}: {len(graphs)} graph(s), compiled in steps "
+            f"{','.join(str(g.compiled_step) for g in graphs)}; {became}; {records} distinct "
+            "input shape(s) = CUDA-graph recordings"
         )
     return lines
 
