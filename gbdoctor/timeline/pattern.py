@@ -64,17 +64,17 @@ def classify_guard(reason: str, hint: str = "") -> tuple[str, str]:
     return GuardKind.OTHER, f"guard `{reason}` failed"
 
 
-_SIZE = re.compile(r"tensor '(?P<name>.+)' (?P<what>size|stride) mismatch at index (?P<dim>\d+)\.")
-
-
 def _guard_subject(reason: str) -> str:
     """What a guard is about, its values left out: one finding for a tensor dim that takes many
     sizes (a varlen stream), one per attribute that takes many values."""
     m = _EQ.match(reason.strip())
     if m:
         return m.group("lhs")
-    size = _SIZE.match(reason.strip())
-    return f"{size['name']} {size['what']}[{size['dim']}]" if size else reason
+    size = _SIZE.search(reason)
+    if size is None:
+        return reason
+    name, what, dim, _, _ = size.groups()
+    return f"{name} {what}[{dim}]"
 
 
 # --------------------------------------------------------------------------- periods
