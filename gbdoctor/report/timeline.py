@@ -155,8 +155,14 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
             + ", ".join(f"{k}={val}" for k, val in v.applied)
             + f"): recompiles {v.before_recompiles} -> {v.after_recompiles}, limit hits "
             f"{v.before_limit_hits} -> {v.after_limit_hits}, eager steps {v.before_eager_steps} "
-            f"-> {v.after_eager_steps}, steady median "
-            f"{_ms(v.before_median_s or 0)} -> {_ms(v.after_median_s or 0)} ms; "
+            f"-> {v.after_eager_steps}"
+            + (
+                ""
+                if report.predicted
+                else f", steady median {_ms(v.before_median_s or 0)} -> "
+                f"{_ms(v.after_median_s or 0)} ms"
+            )
+            + "; "
             + ("pattern gone" if v.gone else "pattern NOT gone"),
             markup=False,
             highlight=False,
