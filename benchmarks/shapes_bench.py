@@ -7,7 +7,9 @@ settings, and prints both wall times, their ratio (the target is at most 1/3), t
 calls (one forward per distinct shape class) against the stream's steps, and whether the events
 (recompiles, dynamic dims, limit hits, eager steps, distinct shapes per graph) are equal.
 
-    python benchmarks/shapes_bench.py                     # llama3_debug, varlen 30 steps
+    python benchmarks/shapes_bench.py                     # varlen_tiny, varlen 30 steps
+    python benchmarks/shapes_bench.py --spec fixtures/llama3_debug.toml \
+        --set gbdoctor.strategy=block-nofullgraph --shapes varlen:steps=30,min=8,max=96
     python benchmarks/shapes_bench.py --shapes buckets:steps=30,lens=16/32/64 --repeat 2
     python benchmarks/shapes_bench.py --dynamo-config automatic_dynamic_shapes=false
 
@@ -27,9 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default=str(ROOT / "fixtures/llama3_debug.toml"))
-    parser.add_argument("--set", action="append", default=["gbdoctor.strategy=block-nofullgraph"])
-    parser.add_argument("--shapes", default="varlen:steps=30,min=8,max=96")
+    parser.add_argument("--spec", default=str(ROOT / "fixtures/shapes/varlen_tiny.toml"))
+    parser.add_argument("--set", action="append", default=None, help="spec overrides")
+    parser.add_argument("--shapes", default="varlen:steps=30,min=8,max=56,multiple=4")
     parser.add_argument("--backend", default="aot_eager")
     parser.add_argument("--dynamo-config", action="append", default=[])
     parser.add_argument("--repeat", type=int, default=1)
@@ -41,7 +43,7 @@ def main() -> None:
     from gbdoctor.timeline.predict import events, predict_timeline
     from gbdoctor.timeline.train import run_timeline
 
-    spec = load_spec(args.spec, overrides=args.set)
+    spec = load_spec(args.spec, overrides=args.set or ())
     stream = preset_stream(args.shapes) if is_preset(args.shapes) else read_shape_stream(args.shapes)
     config = tuple(tuple(text.split("=", 1)) for text in args.dynamo_config)
     print(f"spec {args.spec} {args.set}, shapes {args.shapes}, backend {args.backend}, {config}")

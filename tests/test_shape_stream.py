@@ -109,10 +109,10 @@ def test_a_bad_preset_is_a_spec_error(text) -> None:
 
 
 def test_cli_refuses_bad_shapes_before_any_model(tmp_path) -> None:
+    from repo_paths import FIXTURES
     from typer.testing import CliRunner
 
     from gbdoctor.cli.root import app
-    from repo_paths import FIXTURES
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema_version": 1, "steps": [{"ranks": [{"batch": 1}]}]}))
@@ -136,3 +136,27 @@ def test_cli_refuses_bad_shapes_before_any_model(tmp_path) -> None:
         result = runner.invoke(app, [command, spec, *args])
         assert result.exit_code == ExitCode.BAD_INPUT, (command, args, result.output)
         assert words in result.output, (command, args, result.output)
+
+
+def test_a_version_1_timeline_still_reads_and_a_version_2_round_trips() -> None:
+    """Schema 2 added graphs, shapes, rank_compile_steps and predicted, all with defaults."""
+    from gbdoctor.records.io import from_dict
+    from gbdoctor.records.timeline import TimelineGraph, TimelineReport
+    from gbdoctor.report.html.documents import _load_timeline
+
+    v1 = {
+        "schema_version": 1, "spec": "s.toml", "framework": "f", "mode": "as-is",
+        "strategy": "block", "backend": "aot_eager", "device": "cpu", "world_size": 1,
+        "torch_version": "2.13", "recompile_limit": 8, "seq_lens": [8], "batch_size": 2,
+        "steps": [], "frames": [], "warmup_steps": 0, "findings": [], "periods": [],
+    }  # fmt: skip
+    old = _load_timeline(json.loads(json.dumps(v1)), "t.json")
+    assert old.graphs == () and not old.predicted and old.shapes == ""
+    graph = TimelineGraph(
+        frame="forward", graph=1, compiled_step=1, dynamic=("L['x'] dim 1",), shape_steps=(1, 4)
+    )
+    new = from_dict(TimelineReport, {**v1, "schema_version": 2})
+    from dataclasses import replace
+
+    new = replace(new, graphs=(graph,), shapes="varlen", predicted=True)
+    assert _load_timeline(json.loads(dumps(new)), "t.json") == new

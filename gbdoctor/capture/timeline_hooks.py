@@ -146,7 +146,7 @@ class GraphShapes:
 def _dynamic_dims(gm: Any) -> tuple[str, ...]:
     import torch
 
-    out = []
+    out: list[str] = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue

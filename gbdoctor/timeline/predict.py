@@ -66,7 +66,7 @@ def _rank_steps(stream_shapes: tuple[tuple[int, int], ...], run: RankTimeline) -
     """The class calls of one rank mapped onto the stream's steps (module docstring)."""
     order = list(dict.fromkeys(stream_shapes))
     call_of = {shape: i for i, shape in enumerate(order)}
-    first_step = {}
+    first_step: dict[int, int] = {}
     for step, shape in enumerate(stream_shapes):
         first_step.setdefault(call_of[shape], step)
     steps: list[RawStep] = []
@@ -98,7 +98,9 @@ def _rank_steps(stream_shapes: tuple[tuple[int, int], ...], run: RankTimeline) -
         replace(
             g,
             compiled_at=first_step.get(g.compiled_at, g.compiled_at),
-            new_shape_calls=tuple(sorted(first_step[c] for c in g.new_shape_calls)),
+            new_shape_calls=tuple(
+                sorted(first_step[c] for c in g.new_shape_calls if c in first_step)
+            ),
         )
         for g in run.graphs
         if g.compiled_at in first_step
