@@ -4,9 +4,10 @@ A 30-step varlen stream on the tiny debug spec (``fixtures/shapes/varlen_tiny.to
 prediction (one forward per distinct shape, Dynamo's eager backend, in this process) must give
 the same recompiles, dynamic dims, limit hits, eager steps and distinct shapes per graph (the
 CUDA-graph re-records) as a real ``timeline`` run training every step with aot_eager, then the
-same for each fix on the same stream: ``--fix`` (every size dynamic) and padding to 4 buckets.
-Each test trains the stream for real in spawned ranks (one to two minutes on a loaded 2-core
-machine), hence slow.
+same for each fix on the same stream: ``--fix`` (every size dynamic) and padding to 4 buckets;
+at world size 2 with per-rank lengths, the same steps per rank (which ranks diverge). Then
+``scan --shapes``: the recompile probe at the stream's shapes. Each test trains or scans for
+real (minutes on a loaded 2-core machine), hence slow.
 """
 
 from __future__ import annotations
@@ -100,3 +101,15 @@ def test_scan_probe_follows_the_stream() -> None:
     assert probed and all(not r.measured and not r.limit_hit for r in probed)
     assert all("size mismatch at index 1" in r.reason for r in probed)
     assert len({(r.function, r.step) for r in probed}) == len(probed)
+
+
+def test_per_rank_shapes_predict_which_ranks_diverge() -> None:
+    """Two FSDP ranks, each its own lengths: the ranks compile in different steps, and the
+    prediction names the same steps per rank as the real run."""
+    spec = load_spec(SPEC, overrides=["parallelism.data_parallel_shard_degree=2"])
+    stream = preset_stream("varlen:steps=8,min=8,max=24,multiple=8,ranks=2")
+    predicted = predict_timeline(spec, stream, backend="aot_eager")
+    real = run_timeline(spec, shapes=stream, backend="aot_eager")
+    assert events(predicted) == events(real)
+    assert len(set(real.rank_compile_steps)) == 2, real.rank_compile_steps
+    assert any("diverge" in n for n in real.notes) and any("diverge" in n for n in predicted.notes)

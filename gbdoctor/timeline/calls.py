@@ -6,10 +6,12 @@ makes (``timeline.predict``)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from gbdoctor.errors import SpecError
 from gbdoctor.records import Spec
+from gbdoctor.records.shapes import ShapeStream
 
 
 def call_shape(job: Any, call: int, meshes: Any) -> tuple[int, int]:
@@ -60,3 +62,31 @@ def forward_step(setup: Any, tokens: Any, labels: Any) -> tuple[float, float, fl
     del loss
     reset_fsdp_state(setup.model)
     return (time.perf_counter() - start, 0.0, 0.0)
+
+
+def with_stream(job: Any, stream: ShapeStream) -> Any:
+    """``job`` (a ``timeline.train.TimelineJob``) following ``stream``: one step per stream step,
+    each rank its own shapes."""
+    if len(stream.steps) < 2:
+        raise SpecError("a shape stream of 1 step: a timeline needs at least 2")
+    per_rank = tuple(
+        tuple(stream.shape(i, r).shape for i in range(len(stream.steps)))
+        for r in range(stream.ranks)
+    )
+    seqs = tuple(dict.fromkeys(seq for rank in per_rank for _, seq in rank))
+    batch = max(b for rank in per_rank for b, _ in rank)
+    spec = replace(
+        job.spec, gbdoctor=replace(job.spec.gbdoctor, batch_size=batch, seq_len=max(seqs))
+    )
+    from gbdoctor.scan.estimate import require_real
+
+    require_real(spec)
+    return replace(
+        job,
+        spec=spec,
+        steps=len(stream.steps),
+        seq_lens=seqs,
+        batch_size=batch,
+        shapes=per_rank,
+        shapes_source=stream.source or "file",
+    )

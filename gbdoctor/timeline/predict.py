@@ -31,13 +31,13 @@ from gbdoctor.records import Spec
 from gbdoctor.records.shapes import ShapeStream
 from gbdoctor.records.timeline import TimelineReport
 from gbdoctor.run.worker import ModeFailure
+from gbdoctor.timeline.calls import with_stream
 from gbdoctor.timeline.train import (
     RankTimeline,
     RawStep,
     TimelineJob,
     _job,
     _run_ranks,
-    with_stream,
 )
 
 PREDICT_BACKEND = "eager"

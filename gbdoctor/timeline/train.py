@@ -366,6 +366,8 @@ def run_timeline(
 
     job = _job(spec, mode, steps, seq_lens, batch_size, backend, plan_path, dynamo_config)
     if shapes is not None:
+        from gbdoctor.timeline.calls import with_stream
+
         job = with_stream(job, shapes)
     before = build_report(spec, mode, job, _run_ranks(spec, job))
     if not fix:
@@ -402,33 +404,6 @@ def _run_ranks(spec: Spec, job: TimelineJob) -> list[RankTimeline]:
     except ModeFailure as exc:
         raise GbdoctorError(f"timeline failed: {exc.message}", hint=exc.hint) from None
     return out
-
-
-def with_stream(job: TimelineJob, stream: ShapeStream) -> TimelineJob:
-    """``job`` following ``stream``: one step per stream step, each rank its own shapes."""
-    if len(stream.steps) < 2:
-        raise SpecError("a shape stream of 1 step: a timeline needs at least 2")
-    per_rank = tuple(
-        tuple(stream.shape(i, r).shape for i in range(len(stream.steps)))
-        for r in range(stream.ranks)
-    )
-    seqs = tuple(dict.fromkeys(seq for rank in per_rank for _, seq in rank))
-    batch = max(b for rank in per_rank for b, _ in rank)
-    spec = replace(
-        job.spec, gbdoctor=replace(job.spec.gbdoctor, batch_size=batch, seq_len=max(seqs))
-    )
-    from gbdoctor.scan.estimate import require_real
-
-    require_real(spec)
-    return replace(
-        job,
-        spec=spec,
-        steps=len(stream.steps),
-        seq_lens=seqs,
-        batch_size=batch,
-        shapes=per_rank,
-        shapes_source=stream.source or "file",
-    )
 
 
 def _job(
