@@ -78,11 +78,11 @@ def compact_layers(fqns: tuple[str, ...] | list[str]) -> str:
 
 
 def fix_hint(cause: str) -> str:
-    """First fix of a cause from the taxonomy; ``""`` for an unknown cause id."""
-    from gbdoctor.causes import CAUSES  # lazy: the taxonomy is only needed for hints
+    """First fix of a cause from the taxonomy (the frameworks' additions included); ``""`` for
+    an unknown cause id."""
+    from gbdoctor.frameworks.registry import cause_taxonomy  # lazy: only hints need it
 
-    entry = CAUSES.get(cause)
-    return entry.fixes[0] if entry is not None and entry.fixes else ""
+    return cause_taxonomy().fix_hint(cause)
 
 
 def _unique(items: list) -> tuple:

@@ -20,13 +20,17 @@ from torch_versions import expected_gb_types, torch_bug
 
 from gbdoctor import causes
 from gbdoctor.causes import (
-    CAUSES,
+    BLOCKER_EXPLANATIONS,
     EFFORTS,
+    GENERIC_CAUSES,
     OWNERS,
     PLAN_ACTIONS,
     Cause,
+    CauseKnowledge,
+    KnownIssue,
+    Precedent,
     classify,
-    explain_cause,
+    combine,
     gb_id_for,
     gb_registry,
     gb_type_in,
@@ -34,8 +38,10 @@ from gbdoctor.causes import (
     parse_reasons,
 )
 from gbdoctor.causes.parse import DATA_DEPENDENT_BRANCHING
-from gbdoctor.errors import SpecError
-from gbdoctor.records import Location, RawBreak
+from gbdoctor.errors import PluginError, SpecError
+from gbdoctor.frameworks import registry
+from gbdoctor.frameworks.registry import cause_taxonomy
+from gbdoctor.records import BlockerKind, CauseId, Location, RawBreak
 from gbdoctor.torch_compat import torch_version
 
 PLANTED_PATH = FIXTURES / "models" / "planted.py"
@@ -293,9 +299,59 @@ def frames(*specs: tuple[str, int, str]) -> tuple[Location, ...]:
 # --------------------------------------------------------------------------- taxonomy
 
 
+CAUSES = cause_taxonomy().causes
+"""The whole taxonomy: the generic causes and the frameworks' additions."""
+
+
 def test_cause_ids_are_exactly_the_contract():
-    assert set(CAUSES) == EXPECTED_IDS
-    assert tuple(CAUSES) == causes.CAUSE_IDS
+    assert set(CAUSES) == EXPECTED_IDS == {str(c) for c in CauseId}
+    assert tuple(CAUSES) == cause_taxonomy().cause_ids
+    # zero-hook is DeepSpeed's (its library's hooks), the rest generic.
+    assert set(GENERIC_CAUSES) == EXPECTED_IDS - {"zero-hook"}
+
+
+def test_frameworks_add_precedents_to_generic_fixes():
+    generic = GENERIC_CAUSES["fsdp-hook"].fixes[0]
+    assert CAUSES["fsdp-hook"].fixes[0] == generic + " (torchtitan's order: compile, then FSDP)"
+    assert CAUSES["fsdp-hook"].fixes[1:] == GENERIC_CAUSES["fsdp-hook"].fixes[1:]
+    what, fix = cause_taxonomy().blockers[BlockerKind.DYNAMIC_SHAPE]
+    assert what == BLOCKER_EXPLANATIONS[BlockerKind.DYNAMIC_SHAPE][0]
+    assert BLOCKER_EXPLANATIONS[BlockerKind.DYNAMIC_SHAPE][1] == (
+        "pad to a fixed size or mark the region static"
+    )
+    assert fix == "pad to a fixed size (torchtitan pads expert groups) or mark the region static"
+    issue = KnownIssue(pattern="boom", summary="s", link="https://x", workaround="w")
+    combined = combine(
+        [CauseKnowledge(precedents=(Precedent("error", 1, "a"), Precedent("error", 1, "b")))]
+        + [CauseKnowledge(known_issues=(issue,))]
+    )
+    assert combined.causes["error"].fixes[1] == GENERIC_CAUSES["error"].fixes[1] + " (a) (b)"
+    # Said where it belongs in the sentence: after the part it names.
+    ep = "set torch._dynamo.config.capture_scalar_outputs = True (torchtitan's apply_compile does)"
+    assert CAUSES["ep-dispatch"].fixes[0].startswith(ep + " so the split sizes")
+    assert combined.known_issue("it went boom") is issue and combined.known_issue("x") is None
+
+
+def test_a_contribution_that_contradicts_the_taxonomy_is_refused():
+    with pytest.raises(ValueError, match="defined twice"):
+        combine([CauseKnowledge(causes=(GENERIC_CAUSES["error"],))])
+    with pytest.raises(ValueError, match="precedent of no fix"):
+        combine([CauseKnowledge(precedents=(Precedent("error", 9, "x"),))])
+    with pytest.raises(ValueError, match="precedent of no fix"):
+        combine([CauseKnowledge(precedents=(Precedent("no-such-cause", 0, "x"),))])
+    with pytest.raises(ValueError, match="is not once in the fix"):
+        combine([CauseKnowledge(precedents=(Precedent("error", 0, "x", after="no such words"),))])
+
+
+def test_a_plugin_contradicting_the_taxonomy_is_a_plugin_error(monkeypatch):
+    class Redefines:
+        name = "redefines"
+        cause_knowledge = CauseKnowledge(causes=(GENERIC_CAUSES["error"],))
+
+    frameworks = (*registry.all_frameworks(), Redefines())
+    monkeypatch.setattr(registry, "all_frameworks", lambda: frameworks)
+    with pytest.raises(PluginError, match="'redefines' adds to the cause taxonomy"):
+        cause_taxonomy()
 
 
 @pytest.mark.parametrize("cause_id", sorted(EXPECTED_IDS))
@@ -320,9 +376,10 @@ def test_data_dependent_fixes_are_concrete():
 
 
 def test_explain_cause():
-    assert explain_cause("fsdp-hook") is CAUSES["fsdp-hook"]
+    taxonomy = cause_taxonomy()
+    assert taxonomy.explain("fsdp-hook") == CAUSES["fsdp-hook"]
     with pytest.raises(SpecError) as info:
-        explain_cause("no-such-cause")
+        taxonomy.explain("no-such-cause")
     assert "no-such-cause" in info.value.message
     assert "data-dependent" in info.value.hint and "unsupported" in info.value.hint
 

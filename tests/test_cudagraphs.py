@@ -17,6 +17,7 @@ from repo_paths import FIXTURES
 from gbdoctor.capture import CaptureSession, run_block
 from gbdoctor.capture.cudagraph_verdict import readiness
 from gbdoctor.causes import BLOCKER_EXPLANATIONS
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import BlockerEffect, BlockerKind, CudaGraphFinding
 
 PLANTED = FIXTURES / "models" / "cudagraph_blockers.py"
@@ -211,7 +212,7 @@ def test_zz_every_kind_is_planted_and_explained():
     if len(PLANTED_KINDS) < 3:
         pytest.skip("run the whole file: this checks what the planted tests saw")
     assert PLANTED_KINDS == set(BlockerKind)
-    assert set(BLOCKER_EXPLANATIONS) == set(BlockerKind)
+    assert set(BLOCKER_EXPLANATIONS) == set(BlockerKind) == set(cause_taxonomy().blockers)
 
 
 def _line(f: CudaGraphFinding) -> str:

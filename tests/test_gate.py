@@ -8,8 +8,8 @@ from dataclasses import replace
 import pytest
 from repo_paths import FIXTURES
 
-from gbdoctor.causes import CAUSES
 from gbdoctor.errors import BaselineError, ExitCode
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.gate import (
     Baseline,
     baseline_from_reports,
@@ -87,7 +87,7 @@ def test_a_new_break_fails_and_names_kind_cause_and_location(before, after) -> N
     assert finding.gb_type == "Dynamic shape operator"
     assert finding.what == "new cause data-dependent (breaks 0 -> 1)"
     assert finding.locations == (NEW_BREAK_AT,) and finding.location == NEW_BREAK_AT
-    assert finding.hint == CAUSES["data-dependent"].fixes[0]
+    assert finding.hint == cause_taxonomy().causes["data-dependent"].fixes[0]
 
 
 def test_removing_a_break_passes_and_reports_an_improvement(before, after) -> None:

@@ -35,8 +35,9 @@ def test_the_report_prints_every_count():
     )
     counts = dict(re.findall(r"^(\S.*?): (\d+)", done.stdout, re.M))
     assert tuple(counts) == HEADINGS
-    # What this branch brought to 0: the interface is typed and every optional member is a
-    # capability callers test with isinstance.
+    # What the branches brought to 0 (or 1): the interface is typed and every optional member
+    # is a capability callers test with isinstance; one format registry (report/formats.py).
+    assert counts["format registries"] == "1"
     assert counts["duck-typed framework members"] == "0"
     assert counts["Any in frameworks/interface.py"] == "0"
     # Every module the layering test lets name a framework for now is listed under its count.
@@ -75,3 +76,47 @@ def test_each_counter_counts_a_planted_case(tmp_path):
         package, REPO / "docs" / "architecture.md"
     )
     assert {"gbdoctor.scan.duck", "gbdoctor.run.acme"} <= set(missing.items)
+
+
+# A second registry in each shape the counter knows, none named ``...FORMATS``: a table spelled
+# with OutputFormat members, one spelled with the names' strings, a second enum of the names,
+# and an if-chain choosing by name (what report/run_formats.py was).
+SECOND_REGISTRIES = {
+    "members": (
+        "from gbdoctor.records.enums import OutputFormat\n"
+        "RUN_RENDERERS = {OutputFormat.TABLE: 'a', OutputFormat.JSON: 'b'}\n",
+        "gbdoctor.report.planted.RUN_RENDERERS",
+    ),
+    "strings": (
+        "CHOICES = ('table', 'markdown')\n",
+        "gbdoctor.report.planted.CHOICES",
+    ),
+    "enum": (
+        "from enum import StrEnum\n"
+        "class Layout(StrEnum):\n    TABLE = 'table'\n    HTML = 'html'\n",
+        "gbdoctor.report.planted.Layout",
+    ),
+    "if-chain": (
+        "def render(report, fmt):\n"
+        "    if fmt == 'json':\n        return '{}'\n"
+        "    if fmt == 'table':\n        return ''\n",
+        "gbdoctor.report.planted.render (if-chain over json, table)",
+    ),
+}
+
+
+def test_the_format_registry_count_finds_a_second_registry(tmp_path):
+    package = tmp_path / "gbdoctor"
+    shutil.copytree(REPO / "gbdoctor", package, ignore=shutil.ignore_patterns("__pycache__"))
+    real = layout_report.format_registries(package)
+    assert real.items == ("gbdoctor.report.formats.RENDERERS",)
+    for code, found in SECOND_REGISTRIES.values():
+        (package / "report" / "planted.py").write_text(code)
+        planted = layout_report.format_registries(package)
+        assert set(planted.items) == {*real.items, found}, code
+    # The vocabulary is not a registry; a single name compared (``format != "table"``) and a
+    # table holding one format name (``--emit-config json|python``) are not either.
+    (package / "report" / "planted.py").write_text(
+        "EMITTERS = {'json': 1, 'python': 2}\ndef notice(fmt):\n    return fmt != 'table'\n"
+    )
+    assert layout_report.format_registries(package).items == real.items

@@ -179,3 +179,148 @@ def _stage_oracle(spec, report) -> list[tuple[str, tuple]]:
             )
     assert hidden.shape[-1] == vocab_size(model)  # the last stage produced the logits
     return found
+
+
+def test_schedule_findings_are_read_from_the_crash_and_the_compiles():
+    """The parent's reading of a schedule run: which crash a message is (the workaround is
+    chosen by it), and which compiles are recompiles of a block (every one after its first,
+    paired with the recompile log record that came just before it)."""
+    from gbdoctor.records import Recompile
+    from gbdoctor.scan.pipeline_schedule import (
+        CrashKind,
+        ScheduleCrash,
+        block_recompiles,
+        crash_kind,
+        runnable,
+    )
+    from gbdoctor.spec import load_spec
+
+    def kind(text: str) -> CrashKind:
+        return crash_kind(ScheduleCrash(text))
+
+    assert (
+        kind(
+            "rank 0: ZBVZeroBubble step 0 (first microbatch shape) crashed on PP rank 0: "
+            "RuntimeError: ... non-empty donated buffers ..."
+        )
+        == CrashKind.ZERO_BUBBLE
+    )
+    assert kind("rank 1: 1F1B step 2 (second microbatch shape) crashed") == CrashKind.SECOND_SHAPE
+    assert kind("rank 1: 1F1B step 3 (first microbatch shape, LRU cache on) crashed") == (
+        CrashKind.AC_CACHE
+    )
+    assert kind("rank 1: 1F1B step 1 (first microbatch shape) crashed") == CrashKind.OTHER
+
+    reason = Recompile(step=2, measured=False, function="forward at m.py:1", reason="size 64 != 32")
+    other = Recompile(step=0, measured=False, function="forward at m.py:1", reason="id mismatch")
+    result = {
+        "records": [other, reason],
+        "compiles": [
+            ("layers.0", 0, ((2, 64, 8),), 0),  # first compile: not a recompile
+            ("layers.1", 0, ((2, 64, 8),), 1),  # its first too (logged: layers.0's entry failed)
+            ("layers.0", 2, ((2, 32, 8),), 2),  # recompile, after the second record
+            ("loss", 2, ((2, 32, 8),), 2),  # first compile of the loss, no new record
+        ],
+    }
+    assert block_recompiles(result) == {"layers.0": (replace_step(reason, 2),)}
+
+    spec = FIXTURES / "llama3_debug_pp2.toml"
+    assert runnable(load_spec(spec)) is None
+    hybrid = load_spec(spec, ["parallelism.data_parallel_shard_degree=2"])
+    assert "pure PP ranks only" in runnable(hybrid)
+
+
+def replace_step(r, step):
+    from dataclasses import replace
+
+    return replace(
+        r,
+        step=step,
+        measured=False,
+        hint=f"pipeline schedule step {step} (second microbatch shape)",
+    )
+
+
+@pytest.fixture(scope="module")
+def pp1_scan():
+    from gbdoctor.scan import scan
+    from gbdoctor.spec import load_spec
+
+    return scan(
+        load_spec(
+            FIXTURES / "llama3_debug_pp2.toml",
+            ["parallelism.pipeline_parallel_degree=1", "gbdoctor.batch_size=2"],
+        ),
+        recompiles=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1F1B", "ZBVZeroBubble"])
+def test_pp2_schedule_matches_pp1_and_reports_pp_only_findings(schedule, pp1_scan):
+    """PP = 2 on 2 gloo ranks with torch's 1F1B and zero-bubble V schedules: per kind the same
+    breaks as the PP = 1 scan; then the schedule trained for real on the ranks
+    (``scan.pipeline_schedule``) adds what only PP causes: every recompile comes from the second
+    microbatch shape (none in the steady step), that shape through the same schedule crashes
+    the last stage's loss, ZBV's split backward crashes on donated buffers, each workaround
+    verified by training again; and the loss is the whole model's, computed without PP."""
+    import torch
+
+    from gbdoctor.models import build_model, vocab_size
+    from gbdoctor.scan import scan
+    from gbdoctor.scan.pipeline_schedule import run_schedule, with_schedule
+    from gbdoctor.setup.train import synthetic_batch
+    from gbdoctor.spec import load_spec
+
+    spec = load_spec(
+        FIXTURES / "llama3_debug_pp2.toml", [f"parallelism.pipeline_parallel_schedule={schedule}"]
+    )
+    pp2 = scan(spec, recompiles=False)
+    assert pp2.setup.pp_schedule == schedule and not pp2.setup.simulated
+    assert all(b.error is None for b in pp2.blocks)
+    assert _per_kind(pp2) == _per_kind(pp1_scan)
+
+    found = run_schedule(spec)
+    report = with_schedule(pp2, found)
+    assert _per_kind(report) == _per_kind(pp1_scan)  # the schedule adds findings, not breaks
+    recompiles = [(b.fqn, r) for b in report.blocks for r in b.recompiles]
+    assert recompiles and {r.step for _, r in recompiles} == {2}
+    assert all(
+        "size mismatch at index 1. expected 64, actual 32" in r.reason for _, r in recompiles
+    )
+    crashes = [e for e in report.blocks[0].events if e.kind == "pipeline_crash"]
+    expected = {"second-microbatch-shape"} | (
+        {"zero-bubble-backward"} if schedule == "ZBVZeroBubble" else set()
+    )
+    assert {e.detail.split(":", 1)[0] for e in crashes} == expected
+    assert all("(verified:" in e.detail for e in crashes)
+    assert all(r.hint.startswith("pipeline schedule step 2") for _, r in recompiles)
+    if schedule == "ZBVZeroBubble":
+        assert any("donated buffers" in e.detail for e in crashes)
+    assert all(len(b.events) == len(report.blocks[0].events) for b in report.blocks)
+    assert any("does not reproduce here" in n for n in report.notes)  # pytorch#166926, AC on
+
+    # Oracle for the training itself: step 0's loss is the plain model's on the same batch.
+    torch.manual_seed(spec.training.seed)
+    model = build_model(spec.model, max_seq_len=spec.training.seq_len)
+    tokens, labels = synthetic_batch(
+        seed=spec.training.seed,
+        step=0,
+        vocab=vocab_size(model),
+        local_batch=8,
+        seq_len=spec.capture_seq_len,
+        rank=0,
+        world_size=1,
+        device="cpu",
+    )
+    with torch.no_grad():
+        logits = model(tokens)
+    plain = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    assert len(found.losses) == 4
+    assert found.losses[0] == pytest.approx(float(plain), abs=1e-4)
+
+    if schedule == "1F1B":
+        # The stage-module oracle for a second schedule: 1 stage per rank, layers 0-2 and 3-5.
+        oracle = _stage_oracle(spec, pp2)
+        assert [fqn for fqn, _ in oracle] == [f"layers.{i}" for i in range(6)]
+        assert all(not unexpected for _, unexpected in oracle), oracle

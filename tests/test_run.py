@@ -18,6 +18,7 @@ from repo_paths import FIXTURES
 
 from gbdoctor.capture.recompiles import parse_recompile
 from gbdoctor.errors import SpecError
+from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
 from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, RunReport
 from gbdoctor.records.io import dumps
 from gbdoctor.report.run_formats import CSV_COLUMNS, render_run, tokens_bar, write_csv
@@ -31,7 +32,6 @@ from gbdoctor.run import (
     resolve_modes,
     run_modes,
 )
-from gbdoctor.setup.compile import STRATEGIES
 from gbdoctor.spec import load_spec
 
 MODELS = FIXTURES / "models"

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from repo_paths import FIXTURES
 
-from gbdoctor.causes import CAUSES
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import Event
 from gbdoctor.report.json import load_scan_json
 from gbdoctor.summary import compact_layers, fix_hint, has_findings, summarize
@@ -101,7 +101,7 @@ def test_compact_layers(fqns: tuple[str, ...], label: str) -> None:
 
 
 def test_fix_hint() -> None:
-    assert fix_hint("fsdp-hook") == CAUSES["fsdp-hook"].fixes[0]
+    assert fix_hint("fsdp-hook") == cause_taxonomy().causes["fsdp-hook"].fixes[0]
     assert fix_hint("no-such-cause") == ""
 
 

@@ -12,7 +12,7 @@ import copy
 import re
 import traceback
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -27,7 +27,8 @@ def run_block(outer: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     out = outer(*args, **kwargs)
     tensors = [t for t in _flatten(out) if isinstance(t, torch.Tensor) and t.requires_grad]
     if tensors:
-        loss = sum(t.float().square().mean() for t in tensors)
+        # A tensor, not sum's start value 0: ``tensors`` is not empty.
+        loss = cast(torch.Tensor, sum(t.float().square().mean() for t in tensors))
         loss.backward()
 
 

@@ -395,7 +395,7 @@ class Locator:
     def __call__(self, frames: tuple[Location, ...], root: str = "") -> tuple[str, str]:
         """``root``: the FQN of the block being captured; frames are matched inside it only
         (every layer shares its class's code, so code alone cannot tell layers apart)."""
-        component = (
+        component: str = (
             Component.MODEL if any(not is_torch_file(f.file) for f in frames) else Component.TORCH
         )
         module = root
@@ -421,9 +421,9 @@ class Locator:
             if candidates:
                 # Several instances of one class share a forward: prefer the one inside the
                 # module matched so far, and the shallowest such (nearest descendant).
-                inside = [
+                nested = [
                     c for c in candidates if not module or c == module or c.startswith(module + ".")
                 ]
-                pool = inside or candidates
+                pool = nested or candidates
                 module = min(pool, key=lambda c: (c.count("."), c))
         return module, component

@@ -18,7 +18,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch._dynamo
@@ -100,6 +100,7 @@ class CaptureSession(BreakRecorder):
         would trace them."""
         module.compile(backend=self._region_backend, fullgraph=False)
         compiled = module._compiled_call_impl
+        assert compiled is not None  # set by module.compile() just above
 
         def call(*args: Any, **kwargs: Any) -> Any:
             with self.in_region(fqn):
@@ -111,7 +112,11 @@ class CaptureSession(BreakRecorder):
         if not isinstance(module, nn.Module):
             return self.compile_function(module, fqn, fullgraph)
         session = self
-        compiled = torch.compile(module, backend=self._region_backend, fullgraph=False)
+        # torch.compile of a module returns an OptimizedModule (an nn.Module, with hooks); its
+        # stub only says a callable.
+        compiled = cast(
+            nn.Module, torch.compile(module, backend=self._region_backend, fullgraph=False)
+        )
 
         def enter(mod: nn.Module, args: Any) -> None:
             # Not while paused: the recompile probe's eager steps enter every region.
@@ -138,7 +143,10 @@ class CaptureSession(BreakRecorder):
         result = RawCapture()
         torch._dynamo.reset()
         counters.clear()
-        original = symbolic_convert.InstructionTranslatorBase.log_graph_break
+        # Dynamo's class as Any: replacing its method (with a looser signature) is the point
+        # here, and mypy rejects assigning to a method.
+        translator: Any = symbolic_convert.InstructionTranslatorBase
+        original = translator.log_graph_break
         session = self
 
         def intercept(tracer: Any, code_options: Any, reason: str, exc: Any) -> None:
@@ -155,14 +163,14 @@ class CaptureSession(BreakRecorder):
         try:
             with graph_break_log() as log:
                 self._log_records, logged = log, log.messages
-                symbolic_convert.InstructionTranslatorBase.log_graph_break = intercept
+                translator.log_graph_break = intercept
                 self._current = result
                 self._region_stack.clear()
                 try:
                     yield result
                 finally:
                     self._current = None
-                    symbolic_convert.InstructionTranslatorBase.log_graph_break = original
+                    translator.log_graph_break = original
         finally:
             compiled = _end_compile_metrics(metrics_limit)
             result.cudagraph_findings += cudagraphs.released_static_inputs(result.static_inputs)

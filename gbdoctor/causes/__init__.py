@@ -1,10 +1,20 @@
 """Causes: the taxonomy, the installed torch's graph-break registry, reason parsing and the
 classification rules. The only package that reads Dynamo's message text; no torch import.
 
-``taxonomy`` (``CAUSES``, fixes, plan actions per cause) <- ``rules`` (``classify``) <-
-``parse`` (reason text -> parts) and ``gb_registry`` (gb_type -> ``GBxxxx``).
+``taxonomy`` (``GENERIC_CAUSES``, fixes, plan actions per cause) <- ``rules`` (``classify``) <-
+``parse`` (reason text -> parts) and ``gb_registry`` (gb_type -> ``GBxxxx``). ``contributions``:
+what a framework adds (its causes, precedents of fixes, upstream bugs) and the combined
+:class:`Taxonomy` (the stages above read it from ``frameworks.registry.cause_taxonomy``).
 """
 
+from gbdoctor.causes.contributions import (
+    GENERIC_TAXONOMY,
+    BlockerPrecedent,
+    CauseKnowledge,
+    Precedent,
+    Taxonomy,
+    combine,
+)
 from gbdoctor.causes.cudagraph_blockers import BLOCKER_EXPLANATIONS
 from gbdoctor.causes.gb_registry import (
     RegistryEntry,
@@ -16,7 +26,7 @@ from gbdoctor.causes.gb_registry import (
     registry_path,
 )
 from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
-from gbdoctor.causes.known_issues import KNOWN_ISSUES, KnownIssue, known_issue, known_issue_note
+from gbdoctor.causes.known_issues import KnownIssue
 from gbdoctor.causes.parse import (
     Reason,
     called_function,
@@ -30,19 +40,23 @@ from gbdoctor.causes.parse import (
 from gbdoctor.causes.renames import GB_RENAMES, GbRename, gb_type_in, renamed
 from gbdoctor.causes.rules import RULE_ORDER, classify, recompile_cause
 from gbdoctor.causes.taxonomy import (
-    CAUSE_IDS,
-    CAUSES,
     EFFORTS,
+    GENERIC_CAUSES,
     OWNERS,
     PLAN_ACTIONS,
     Cause,
-    explain_cause,
     flags_removing,
-    plan_actions_for,
 )
 from gbdoctor.torch_compat import release_name, torch_release
 
 __all__ = [
+    "GENERIC_CAUSES",
+    "GENERIC_TAXONOMY",
+    "BlockerPrecedent",
+    "CauseKnowledge",
+    "Precedent",
+    "Taxonomy",
+    "combine",
     "NO_FRAMEWORK_HOOKS",
     "FrameworkHooks",
     "GB_RENAMES",
@@ -51,14 +65,9 @@ __all__ = [
     "release_name",
     "renamed",
     "torch_release",
-    "KNOWN_ISSUES",
     "is_torch_file",
     "KnownIssue",
-    "known_issue",
-    "known_issue_note",
     "BLOCKER_EXPLANATIONS",
-    "CAUSES",
-    "CAUSE_IDS",
     "EFFORTS",
     "OWNERS",
     "PLAN_ACTIONS",
@@ -69,7 +78,6 @@ __all__ = [
     "called_function",
     "chain_reasons",
     "classify",
-    "explain_cause",
     "flags_removing",
     "gb_id_for",
     "gb_id_from_text",
@@ -78,7 +86,6 @@ __all__ = [
     "parse_graph_break_log",
     "parse_reason",
     "parse_reasons",
-    "plan_actions_for",
     "recompile_cause",
     "registry",
     "registry_path",

@@ -38,12 +38,11 @@ BLOCKER_EXPLANATIONS: dict[BlockerKind, tuple[str, str]] = {
     ),
     BlockerKind.COLLECTIVE: (
         "a collective inside the graph",
-        "capturable with NCCL when every rank replays the same graphs (torchtitan sets "
-        "NCCL_GRAPH_REGISTER=0); not with gloo",
+        "capturable with NCCL when every rank replays the same graphs; not with gloo",
     ),
     BlockerKind.DYNAMIC_SHAPE: (
         "a shape that depends on data (unbacked) or changes between calls",
-        "pad to a fixed size (torchtitan pads expert groups) or mark the region static",
+        "pad to a fixed size or mark the region static",
     ),
     BlockerKind.RELEASED_STATIC_INPUT: (
         "a parameter whose memory the setup frees after the step (FSDP2 reshards it)"
@@ -51,7 +50,8 @@ BLOCKER_EXPLANATIONS: dict[BlockerKind, tuple[str, str]] = {
         "new address (pytorch/pytorch#183451)",
         "leave this block's parameters resident (not sharded, or no resharding at all: backward "
         "reshards even with reshard_after_forward=False), or gather them inside the compiled "
-        "graph (torchtitan's SimpleFSDP in graph_trainer) so they are not graph inputs",
+        "graph so they are not graph inputs",
     ),
 }
-"""Per blocker kind: (what it is, the fix)."""
+"""Per blocker kind: (what it is, the fix), naming no framework: a framework adds precedents of
+the fixes (``contributions``)."""

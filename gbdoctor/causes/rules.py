@@ -1,9 +1,9 @@
-"""The classification rules: a :class:`~gbdoctor.records.RawBreak` -> a cause id of ``CAUSES``.
+"""The classification rules: a :class:`~gbdoctor.records.RawBreak` -> a cause id of the taxonomy.
 
 ``causes/`` is the ONLY package that reads Dynamo's message text. Everything else handles
 records: ``capture/`` turns log records into :class:`~gbdoctor.records.RawBreak` (using
 ``causes.parse_reason`` for the gb_type, explanation, hints, context and HOP), and
-:func:`classify` maps each one to a cause id from ``causes.CAUSES``.
+:func:`classify` maps each one to a cause id of the taxonomy (``zero-hook`` is a framework's).
 
 Three signals decide the cause (DESIGN.md section 6):
 

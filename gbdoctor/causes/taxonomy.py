@@ -1,14 +1,14 @@
 """The cause taxonomy: every documented cause of graph breaks, its fixes and its plan actions.
 
-``Cause.plan_actions`` is what the planner (``plan/``) reads to decide what it may do about a
-break of that cause (:func:`plan_actions_for`); ``gbdoctor causes`` lists the taxonomy.
+``Cause.plan_actions`` is what a planner reads to decide what it may do about a break of that
+cause (``Taxonomy.plan_actions``); ``gbdoctor causes`` lists the taxonomy. The causes here name
+no framework: a framework adds its own causes and the precedents of these fixes
+(``contributions``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from gbdoctor.errors import SpecError
 
 # --------------------------------------------------------------------------- causes
 
@@ -80,30 +80,6 @@ _CAUSE_LIST = (
         plan_actions=("flag:compiled_autograd", "isolate-child", "move-out-of-region"),
     ),
     Cause(
-        id="zero-hook",
-        title="DeepSpeed ZeRO-3 hook inside the compiled region",
-        explanation=(
-            "ZeRO-3 installs parameter gather/release (pre/post-forward) and pre-backward hooks on "
-            "every sub-module; they are torch.compiler.disable'd or untraceable, so a region that "
-            "contains ZeRO-managed sub-modules (engine.compile(), block.compile()) runs in pieces "
-            "and recompiles as the hooks' guards change from module to module."
-        ),
-        fixes=(
-            "compile between the hooks: make each block a ZeRO-3 leaf module "
-            "(zero_optimization.leaf_module.classes, or deepspeed.utils.set_z3_leaf_modules) so "
-            "ZeRO hooks only the block, and compile the block's forward instead of its __call__",
-            "use ZeRO-1 or ZeRO-2 (no parameter partitioning, no hooks in forward) when the "
-            "parameters fit on every rank: engine.compile() then captures one graph",
-            'on CUDA, DeepCompile ("compile": {"deepcompile": true} + engine.compile()) puts '
-            "ZeRO-3's gather/release into the graph itself",
-            "engine.compile(compiled_autograd_enabled=True) traces the backward hooks with the "
-            "backward (the forward hooks still break)",
-        ),
-        owner="training-setup",
-        effort="easy",
-        plan_actions=("compile-between-hooks", "move-out-of-region"),
-    ),
-    Cause(
         id="fsdp-hook",
         title="FSDP sharding hook inside the compiled region",
         explanation=(
@@ -112,7 +88,7 @@ _CAUSE_LIST = (
         ),
         fixes=(
             "compile each block before fully_shard and never compile a module that contains "
-            "separately sharded children (torchtitan's order: compile, then FSDP)",
+            "separately sharded children",
             "compile the children of the sharded module (attention, feed_forward, ...) instead of "
             "its __call__, so that the FSDP hooks run outside every compiled region",
             "with EP, keep moe.experts (sharded on its own) eager and compile the other MoE "
@@ -131,8 +107,8 @@ _CAUSE_LIST = (
             "device-to-host sync), a data-dependent break in every MoE layer."
         ),
         fixes=(
-            "set torch._dynamo.config.capture_scalar_outputs = True (torchtitan's apply_compile "
-            "does) so the split sizes become SymInts and the all-to-all stays in the graph",
+            "set torch._dynamo.config.capture_scalar_outputs = True so the split sizes become "
+            "SymInts and the all-to-all stays in the graph",
             "compile the MoE children but leave moe.experts, with its dispatch/combine hooks, eager",
             "use a fixed-capacity dispatch (padded, static split sizes) so no host sync is needed",
         ),
@@ -150,8 +126,8 @@ _CAUSE_LIST = (
         fixes=(
             "count with a fixed-size op: torch.histc(expert_idx.float(), bins=num_experts, "
             "min=0, max=num_experts - 1) instead of torch.bincount",
-            "update expert_bias outside the compiled region (an optimizer pre-step hook, as "
-            "torchtitan does) and only accumulate tokens_per_expert in forward",
+            "update expert_bias outside the compiled region, in an optimizer pre-step hook, and "
+            "only accumulate tokens_per_expert in forward",
             "set torch._dynamo.config.capture_dynamic_output_shape_ops = True (and "
             "capture_scalar_outputs) when the data-dependent op must stay",
             "leave the router eager and compile the rest of the block",
@@ -174,7 +150,7 @@ _CAUSE_LIST = (
         ),
         fixes=(
             "set torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True "
-            "(torchtitan does) when the side effect need not be replayed in backward",
+            "when the side effect need not be replayed in backward",
             "move the mutation (call counters, caches, tokens_per_expert/expert_bias updates) "
             "out of the checkpointed function",
             "wrap AC/SAC per child so only the child with the mutation falls back to eager",
@@ -238,11 +214,11 @@ _CAUSE_LIST = (
             "AsyncCollectiveTensor-vs-Tensor inputs."
         ),
         fixes=(
-            "apply TP before compile and compile each block whole (torchtitan's order), so the "
-            "styles' hooks are traced with the block",
+            "apply TP before compile and compile each block whole, so the styles' hooks are "
+            "traced with the block",
             "keep use_local_output consistent across a block boundary so the block always sees the "
             "same input class (plain Tensor or DTensor), not an AsyncCollectiveTensor on some steps",
-            "raise torch._dynamo.config.recompile_limit for TP+EP models (torchtitan PR #3737)",
+            "raise torch._dynamo.config.recompile_limit for TP+EP models",
         ),
         owner="training-setup",
         effort="moderate",
@@ -327,27 +303,10 @@ _CAUSE_LIST = (
     ),
 )
 
-CAUSES: dict[str, Cause] = {c.id: c for c in _CAUSE_LIST}
-"""Every cause, keyed by its kebab-case id (the JSON contract)."""
-
-CAUSE_IDS: tuple[str, ...] = tuple(CAUSES)
-
-
-def explain_cause(cause_id: str) -> Cause:
-    """The :class:`Cause` for ``cause_id``; :class:`SpecError` naming the valid ids otherwise."""
-    try:
-        return CAUSES[cause_id]
-    except KeyError:
-        raise SpecError(
-            f"unknown cause {cause_id!r}",
-            hint=f"valid causes: {', '.join(CAUSE_IDS)}",
-        ) from None
-
-
-def plan_actions_for(cause_id: str) -> tuple[str, ...]:
-    """The plan actions the taxonomy allows for a cause, preferred first (``()`` if unknown)."""
-    cause = CAUSES.get(cause_id)
-    return cause.plan_actions if cause is not None else ()
+GENERIC_CAUSES: dict[str, Cause] = {c.id: c for c in _CAUSE_LIST}
+"""Every cause no framework contributes, keyed by its kebab-case id (the JSON contract). The
+whole taxonomy adds the frameworks' (``contributions.combine``,
+``frameworks.registry.cause_taxonomy``)."""
 
 
 _SCALAR_GB = {

@@ -18,7 +18,8 @@ def causes(
     ] = False,
 ) -> None:
     """List the cause ids gbdoctor classifies breaks into, or explain one."""
-    from gbdoctor.report.causes_table import render_causes, render_cudagraph_blockers
+    from gbdoctor.report.causes_table import CausesPrintout
+    from gbdoctor.report.formats import Printout, render
 
-    preflight(format, "causes")
-    emit(render_cudagraph_blockers(format) if cudagraphs else render_causes(cause_id, format), None)
+    preflight(format, Printout.CAUSES)
+    emit(render(Printout.CAUSES, format, CausesPrintout(cause_id, cudagraphs)), None)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from gbdoctor.cli.options import DiffFormatOpt, OutputOpt, StrictImprovementsOpt
+from gbdoctor.cli.options import GateFormatOpt, OutputOpt, StrictImprovementsOpt
 from gbdoctor.cli.output import emit, preflight
 
 
@@ -24,15 +24,16 @@ def diff(
             metavar="PCT",
         ),
     ] = None,
-    format: DiffFormatOpt = "table",
+    format: GateFormatOpt = "table",
     output: OutputOpt = None,
 ) -> None:
     """Compare two saved scans (e.g. before/after a torch upgrade) with the gate's rules."""
     from gbdoctor.gate import diff_reports
-    from gbdoctor.report import render_gate
+    from gbdoctor.report.formats import Printout, render
+    from gbdoctor.report.gate_formats import GatePrintout
     from gbdoctor.report.json import load_scan_json
 
-    preflight(format, "diff", output, inputs=(old, new))
+    preflight(format, Printout.GATE, output, inputs=(old, new))
     if max_price_rise is not None and max_price_rise < 0:
         raise typer.BadParameter(f"--max-price-rise must be >= 0 (got {max_price_rise})")
     result = diff_reports(
@@ -41,5 +42,5 @@ def diff(
         strict_improvements=strict_improvements,
         max_price_rise=max_price_rise,
     )
-    emit(render_gate(result, format, title="gbdoctor diff"), output)
+    emit(render(Printout.GATE, format, GatePrintout(result, title="gbdoctor diff")), output)
     raise typer.Exit(result.exit_code)

@@ -89,15 +89,22 @@ def gate(
     world_size: WorldSizeOpt = None,
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
-    from gbdoctor.cli.report import gate_html, write_step_summary
+    from gbdoctor.cli.report import gate_printout, write_step_summary
     from gbdoctor.gate import open_baseline, run_gate
-    from gbdoctor.report import render_gate
+    from gbdoctor.records.enums import OutputFormat
+    from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.report.json import load_scan_json
 
     if not specs and not scan_json and registry_run is None:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
     files = [spec_path([s]) for s in specs or []] if registry_run is None else []
-    preflight(format, "gate", output, html, inputs=(baseline, *files, *(scan_json or []), shapes))
+    preflight(
+        format,
+        Printout.GATE,
+        output,
+        html,
+        inputs=(baseline, *files, *(scan_json or []), shapes),
+    )
     if shapes is not None and not recompiles:
         raise typer.BadParameter("--shapes is what the recompile probe follows: add --recompiles")
     stream = load_shapes(shapes)
@@ -145,11 +152,12 @@ def gate(
         print_err(f"baseline written: {baseline}")
         return
     gated = [*reports, *scanned]
-    page = functools.partial(gate_html, result, gated, scan_json or ())
-    emit(page() if format == "html" else render_gate(result, format, details=details), output)
+    printout = gate_printout(result, gated, scan_json or ())
+    emit(render(Printout.GATE, format, printout, RenderOptions(details=details)), output)
     if html is not None:
-        emit(page(), html)
-    write_step_summary(result, html if html is not None else output if format == "html" else None)
+        emit(render(Printout.GATE, OutputFormat.HTML, printout), html)
+    page = html if html is not None else output if format == OutputFormat.HTML else None
+    write_step_summary(result, page)
     raise typer.Exit(result.exit_code)
 
 

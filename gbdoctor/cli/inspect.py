@@ -30,14 +30,16 @@ def inspect(
     world_size: WorldSizeOpt = None,
 ) -> None:
     """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
-    from gbdoctor.report.inspect import render_inspect
+    from gbdoctor.report.formats import Printout, render
     from gbdoctor.scan.inspect import inspect_spec
 
-    preflight(format, "inspect", output, inputs=tuple(spec or ()) if registry_run is None else ())
+    preflight(
+        format, Printout.INSPECT, output, inputs=tuple(spec or ()) if registry_run is None else ()
+    )
     loaded = load_spec_args(spec, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
     # The model's own prints go to stderr: stdout holds only the report.
     with contextlib.redirect_stdout(sys.stderr):
         report = inspect_spec(loaded, strategy=choose_strategy(loaded, strategy, None))
     notice(report.notes, output, format)
-    emit(render_inspect(report, format), output)
+    emit(render(Printout.INSPECT, format, report), output)

@@ -13,7 +13,7 @@ import typer
 from typer.models import OptionInfo
 
 from gbdoctor.frameworks.registry import command_line_runs
-from gbdoctor.report import COMMAND_FORMATS
+from gbdoctor.report.formats import Printout, format_help
 
 if TYPE_CHECKING:
     from gbdoctor.records.shapes import ShapeStream
@@ -128,19 +128,21 @@ WorldSizeOpt = Annotated[
 ]
 
 
-def _format_option(command: str) -> OptionInfo:
-    """``--format/-f`` of ``command``: its help lists the formats ``report.COMMAND_FORMATS``
-    registers for the command (``output.preflight`` checks the value against the same list)."""
-    return typer.Option("--format", "-f", help="|".join(COMMAND_FORMATS[command]))
+def _format_option(printout: Printout) -> OptionInfo:
+    """``--format/-f`` of a command that prints ``printout``: its help lists the formats
+    ``report.formats.RENDERERS`` has for it (``output.preflight`` checks the value against the
+    same registry, and the command renders through it)."""
+    return typer.Option("--format", "-f", help=format_help(printout))
 
 
-ScanFormatOpt = Annotated[str, _format_option("scan")]
-InspectFormatOpt = Annotated[str, _format_option("inspect")]
-CausesFormatOpt = Annotated[str, _format_option("causes")]
-RunFormatOpt = Annotated[str, _format_option("run")]
-PlanFormatOpt = Annotated[str, _format_option("plan")]
-GateFormatOpt = Annotated[str, _format_option("gate")]
-DiffFormatOpt = Annotated[str, _format_option("diff")]
+ScanFormatOpt = Annotated[str, _format_option(Printout.SCAN)]
+PriceFormatOpt = Annotated[str, _format_option(Printout.PRICE)]
+InspectFormatOpt = Annotated[str, _format_option(Printout.INSPECT)]
+CausesFormatOpt = Annotated[str, _format_option(Printout.CAUSES)]
+RunFormatOpt = Annotated[str, _format_option(Printout.RUN)]
+PlanFormatOpt = Annotated[str, _format_option(Printout.PLAN)]
+GateFormatOpt = Annotated[str, _format_option(Printout.GATE)]
+TimelineFormatOpt = Annotated[str, _format_option(Printout.TIMELINE)]
 
 
 ShapesOpt = Annotated[

@@ -14,8 +14,11 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from gbdoctor.records.enums import OutputFormat
+
 if TYPE_CHECKING:
     from gbdoctor.records import Spec
+    from gbdoctor.report.formats import Printout
 
 err_console = Console(stderr=True)
 
@@ -56,7 +59,7 @@ def table_width(output: Path | None) -> int | None:
 def notice(notes: Iterable[str], output: Path | None, format: str) -> None:
     """An automatic simulation's notice, also on stderr when the report does not go to the
     terminal as a table (whose header carries it)."""
-    if output is not None or format != "table":
+    if output is not None or format != OutputFormat.TABLE:
         for note in notes:
             if note.startswith("notice:"):
                 print_err(note)
@@ -64,21 +67,20 @@ def notice(notes: Iterable[str], output: Path | None, format: str) -> None:
 
 def preflight(
     format: str | None,
-    command: str,
+    printout: Printout,
     *outputs: Path | None,
     inputs: Iterable[Path | str | None] = (),
 ) -> None:
-    """Check the options that need no model before any work: the format name and every output
-    location (a bad one is exit 2 in a second, instead of a lost scan). ``inputs``: the files
-    the command reads; an output that is one of them would destroy it (``scan s.toml -o
-    s.toml``), so it is refused here."""
-    from gbdoctor.errors import SpecError
+    """Check the options that need no model before any work: the format name (one of those
+    ``report.formats`` has for the command's ``printout``) and every output location (a bad
+    one is exit 2 in a second, instead of a lost scan). ``inputs``: the files the command
+    reads; an output that is one of them would destroy it (``scan s.toml -o s.toml``), so it
+    is refused here."""
     from gbdoctor.records.atomic_write import check_writable
-    from gbdoctor.report import COMMAND_FORMATS
+    from gbdoctor.report.formats import check_format
 
-    formats = COMMAND_FORMATS.get(command, ())
-    if format is not None and format not in formats:
-        raise SpecError(f"unknown --format {format!r}", hint=f"valid formats: {', '.join(formats)}")
+    if format is not None:
+        check_format(printout, format, named="--format")
     read = tuple(Path(path) for path in inputs if path is not None)
     written = [path for path in outputs if path is not None]
     for i, path in enumerate(written):

@@ -47,30 +47,28 @@ def plan(
     """Propose a per-block compile/wrapping plan, verify it by re-scanning, emit it.
 
     Exit 1 when some block kind could not be verified (it is then left out of emitted code)."""
+    from gbdoctor.cli.report import plan_printout
     from gbdoctor.plan import propose_plan
     from gbdoctor.plan.emit import EMITTERS
     from gbdoctor.plan.emit import emit as emit_plan
-    from gbdoctor.report.plan_table import render_plan_table
+    from gbdoctor.records.enums import OutputFormat
+    from gbdoctor.report.formats import Printout, render
 
     if emit_config is not None and emit_config not in EMITTERS:
         raise typer.BadParameter(f"--emit-config must be one of {', '.join(EMITTERS)}")
     files = tuple(spec or ()) if registry_run is None else ()
-    preflight(format, "plan", output, inputs=(*files, price_file))
+    preflight(format, Printout.PLAN, output, inputs=(*files, price_file))
     price = read_priced_scan(price_file).price if price_file is not None else None
     loaded = load_spec_args(spec, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
     with ProgressBar() as bar:
         result = propose_plan(loaded, progress=bar)
-    if format == "html":
-        # The page shows the emitted config (--emit-config's, else the framework's own).
-        from gbdoctor.cli.report import plan_html
-
-        emit(plan_html(result, emit_config), output)
-    elif emit_config is None:
-        emit(render_plan_table(result, price), output)
+    printout = plan_printout(result, price, emit_config)
+    if emit_config is None or format == OutputFormat.HTML:
+        emit(render(Printout.PLAN, format, printout), output)
     else:
         # The table still shows (on stderr): stdout or --output holds only the emitted config.
-        err_console.print(render_plan_table(result, price), markup=False, highlight=False)
+        err_console.print(render(Printout.PLAN, format, printout), markup=False, highlight=False)
         emit(emit_plan(result, emit_config), output)
     if not result.verified:
         raise typer.Exit(int(ExitCode.FINDINGS))

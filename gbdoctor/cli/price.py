@@ -13,7 +13,7 @@ from gbdoctor.cli.inputs import choose_strategy, load_spec_options
 from gbdoctor.cli.options import (
     DetailsOpt,
     OutputOpt,
-    ScanFormatOpt,
+    PriceFormatOpt,
     SetOpt,
     SpecArg,
     StrategyOpt,
@@ -67,7 +67,7 @@ def price(
             "steady on a busy machine (CPU devices)",
         ),
     ] = Clock.WALL,
-    format: ScanFormatOpt = "table",
+    format: PriceFormatOpt = "table",
     output: OutputOpt = None,
     details: DetailsOpt = False,
     strict: StrictOpt = False,
@@ -78,13 +78,13 @@ def price(
     from gbdoctor.cli.scan import scan_with_progress
     from gbdoctor.plan import propose_plan, read_plan
     from gbdoctor.price.driver import check_clock, price_scan
-    from gbdoctor.report import render
+    from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.run.modes import check_backend
     from gbdoctor.setup.dist import shared_ranks
     from gbdoctor.summary import has_findings
 
     check_measuring(rounds, steps, warmup, batch_size, seq_len)
-    preflight(format, "scan", output, inputs=(spec, plan_file))
+    preflight(format, Printout.PRICE, output, inputs=(spec, plan_file))
     # Read before the scan: a bad plan file is exit 2 in a second, not after the scan.
     saved_plan = read_plan(plan_file)[0] if plan_file is not None else None
     check_backend(backend)
@@ -118,6 +118,7 @@ def price(
                 clock=clock,
             )
     notice(priced.notes, output, format)
-    emit(render(priced, format, details=details, width=table_width(output)), output)
+    options = RenderOptions(details=details, width=table_width(output))
+    emit(render(Printout.PRICE, format, priced, options), output)
     if strict and has_findings(priced):
         raise typer.Exit(int(ExitCode.FINDINGS))

@@ -11,10 +11,13 @@ import typer
 
 from gbdoctor.cli.options import OutputOpt
 from gbdoctor.cli.output import emit, preflight
+from gbdoctor.records.enums import OutputFormat
 
 if TYPE_CHECKING:
-    from gbdoctor.records import GateResult, Plan, ScanReport
+    from gbdoctor.records import GateResult, Plan, PriceReport, ScanReport
+    from gbdoctor.report.gate_formats import GatePrintout
     from gbdoctor.report.html import Document
+    from gbdoctor.report.plan_table import PlanPrintout
 
 
 def report(
@@ -40,9 +43,10 @@ def report(
 ) -> None:
     """Write one HTML page (offline: no network at view time) of scan, plan, run, gate and
     timeline results."""
-    from gbdoctor.report.html import load_document, render_html
+    from gbdoctor.report.formats import Printout, render
+    from gbdoctor.report.html import Results, load_document
 
-    preflight(None, "report", output, inputs=results)
+    preflight(None, Printout.REPORT, output, inputs=results)
     documents = []
     for path in results:
         doc = load_document(path)
@@ -53,7 +57,7 @@ def report(
 
     scans = [doc.record.spec for doc in documents if isinstance(doc.record, ScanReport)]
     roots = source_roots([*(source_root or []), *(p.parent for p in results)], scans)
-    emit(render_html(documents, source_roots=roots), output)
+    emit(render(Printout.REPORT, OutputFormat.HTML, Results(tuple(documents), roots)), output)
 
 
 def source_roots(chosen: Sequence[Path], specs: Sequence[str]) -> tuple[Path, ...]:
@@ -91,29 +95,26 @@ def plan_configs(plan: Plan, emitter: str | None) -> tuple[tuple[str, str], ...]
     return ((name, emit_plan(plan, name)),)
 
 
-def plan_html(plan: Plan, emitter: str | None) -> str:
-    """``plan --format html``: the plan's page, with its JSON twin and emitted config."""
-    from gbdoctor.plan.planner import dump_plan
-    from gbdoctor.report.html import plan_document, render_html
+def plan_printout(
+    plan: Plan, price: PriceReport | None = None, emitter: str | None = None
+) -> PlanPrintout:
+    """What ``plan`` prints: the plan, each kind's predicted gain from ``price``, and for the
+    page the config the plan emits (``emitter``'s, else the framework's own)."""
+    from gbdoctor.report.plan_table import PlanPrintout
 
-    return render_html([plan_document(plan, dump_plan(plan), plan_configs(plan, emitter))])
+    return PlanPrintout(plan, price, configs=lambda: plan_configs(plan, emitter))
 
 
-def gate_html(
+def gate_printout(
     result: GateResult, scans: Sequence[ScanReport], scan_files: Sequence[Path] = ()
-) -> str:
-    """The gate's page: its verdict and findings first, then every scan it gated (source lines
-    from the roots :func:`source_roots` allows, ``scan_files`` being the ``--scan`` JSONs)."""
-    from gbdoctor.report.gate_formats import GateJsonFormat
-    from gbdoctor.report.html import gate_document, render_html, scan_document
-    from gbdoctor.summary import with_user_names
+) -> GatePrintout:
+    """What ``gate`` prints: its verdict and findings, and for the page every scan it gated
+    (source lines from the roots :func:`source_roots` allows, ``scan_files`` being the
+    ``--scan`` JSONs)."""
+    from gbdoctor.report.gate_formats import GatePrintout
 
-    # Every output says Dynamo's generated names in the user's terms (report.render's rule).
-    result, scans = with_user_names(result), [with_user_names(s) for s in scans]
-    gate_doc = gate_document(result, GateJsonFormat().render(result))
     roots = source_roots([p.parent for p in scan_files], [s.spec for s in scans])
-    documents = [gate_doc, *(scan_document(s, f"scan-{i}") for i, s in enumerate(scans))]
-    return render_html(documents, source_roots=roots)
+    return GatePrintout(result, scans=tuple(scans), source_roots=roots)
 
 
 def write_step_summary(result: GateResult, html: Path | None) -> None:
@@ -122,12 +123,13 @@ def write_step_summary(result: GateResult, html: Path | None) -> None:
     names (the action in action.yml sets it), else the file."""
     import os
 
-    from gbdoctor.report.gate_formats import render_gate
+    from gbdoctor.report.formats import Printout, render
+    from gbdoctor.report.gate_formats import GatePrintout
 
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if not summary:
         return
-    text = render_gate(result, "markdown")
+    text = render(Printout.GATE, OutputFormat.MARKDOWN, GatePrintout(result))
     if html is not None:
         artifact = os.environ.get("GBDOCTOR_REPORT_ARTIFACT")
         where = (

@@ -102,13 +102,14 @@ def run(
     It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
     memory estimate and how to shrink it."""
     from gbdoctor.price.check import priced_mode, with_price_check
+    from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.report.plan_table import render_plan_table
-    from gbdoctor.report.run_formats import render_run, write_csv
+    from gbdoctor.report.run_formats import write_csv
     from gbdoctor.run import run_modes
 
     check_measuring(rounds, steps, warmup, batch_size, seq_len)
     files = tuple(spec or ()) if registry_run is None else ()
-    preflight(format, "run", output, csv, inputs=(*files, plan_file, price_file))
+    preflight(format, Printout.RUN, output, csv, inputs=(*files, plan_file, price_file))
     priced = read_priced_scan(price_file) if price_file is not None else None
     if priced is not None and no_plan:
         raise typer.BadParameter(
@@ -140,7 +141,7 @@ def run(
         )
     if priced is not None:
         report = with_price_check(report, priced)
-    emit(render_run(report, format, details=details), output)
+    emit(render(Printout.RUN, format, report, RenderOptions(details=details)), output)
     if csv is not None:
         write_csv(report, csv)
     # A mode that failed by a graph break or a compile error is a finding about that mode;

@@ -75,11 +75,11 @@ def scan(
     ] = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
-    from gbdoctor.report import render
+    from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.summary import has_findings
 
     files = () if registry_run is not None else tuple((spec_args or [])[:1])
-    preflight(format, "scan", output, inputs=(*files, plan, shapes))
+    preflight(format, Printout.SCAN, output, inputs=(*files, plan, shapes))
     if shapes is not None and recompile_probe is False:
         raise typer.BadParameter(
             "--shapes is what the recompile probe follows: drop one of it and --no-recompile-probe"
@@ -100,7 +100,8 @@ def scan(
         shapes=stream,
     )
     notice(report.notes, output, format)
-    emit(render(report, format, details=details, width=table_width(output)), output)
+    options = RenderOptions(details=details, width=table_width(output))
+    emit(render(Printout.SCAN, format, report, options), output)
     disagrees = oracle and not _oracle_agrees(loaded, report)
     if (strict and has_findings(report)) or disagrees:
         raise typer.Exit(int(ExitCode.FINDINGS))

@@ -17,6 +17,7 @@ from gbdoctor.cli.options import (
     ShapesOpt,
     SpecArg,
     StrictOpt,
+    TimelineFormatOpt,
     WorldSizeOpt,
     load_shapes,
 )
@@ -24,8 +25,6 @@ from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
 from gbdoctor.records.bounds import Range
 from gbdoctor.records.shapes import ShapeStream
-
-TIMELINE_FORMATS = ("table", "json")
 
 
 def _pairs(values: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -143,7 +142,7 @@ def timeline(
         Path | None,
         typer.Option("--save-shapes", help="Also write the --shapes stream (as used) as JSON"),
     ] = None,
-    format: Annotated[str, typer.Option("--format", "-f", help="table|json")] = "table",
+    format: TimelineFormatOpt = "table",
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write the step times as an SVG plot")
     ] = None,
@@ -157,13 +156,13 @@ def timeline(
     past recompile_limit running eagerly; warm-up vs steady state, periods, causes, fixes.
 
     Exit 1 with --strict when a problem (recompile or eager fallback) is found."""
-    from gbdoctor.report.timeline import render_json, render_svg, render_table
+    from gbdoctor.report.formats import Printout, RenderOptions, render
+    from gbdoctor.report.timeline import render_svg
     from gbdoctor.timeline.train import run_timeline, typed_dynamo_settings
 
-    if format not in TIMELINE_FORMATS:
-        raise SpecError(
-            f"unknown --format {format!r}", hint=f"valid formats: {', '.join(TIMELINE_FORMATS)}"
-        )
+    preflight(
+        format, Printout.TIMELINE, output, plot, save_shapes, inputs=(spec, plan_file, shapes)
+    )
     lengths = _lengths(seq_lens)
     check_timeline(steps, batch_size, lengths)
     if pad_buckets is not None:
@@ -177,7 +176,6 @@ def timeline(
         raise SpecError("--shapes and --seq-lens both set the shapes", hint="drop one")
     settings = _pairs(dynamo_config)
     typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
-    preflight(None, "timeline", output, plot, save_shapes, inputs=(spec, plan_file, shapes))
     loaded = load_spec_options(spec, set_, world_size=world_size)
     spare_model_code(loaded, output, plot)
     if save_shapes is not None and stream is not None:
@@ -216,7 +214,7 @@ def timeline(
             fix=fix,
             shapes=stream,
         )
-    emit(render_json(report) if format == "json" else render_table(report, details=details), output)
+    emit(render(Printout.TIMELINE, format, report, RenderOptions(details=details)), output)
     if plot is not None:
         from gbdoctor.records.atomic_write import write_atomic
 

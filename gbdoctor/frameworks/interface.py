@@ -20,7 +20,10 @@ The capabilities a framework may add:
 - :class:`RegistryRuns`: it names runs by its own config registry, on the command line;
 - :class:`EngineStepFramework`: its scans capture whole engine steps;
 - :class:`GradientAccumulation`: ``timeline`` reads its accumulation boundaries;
-- :class:`OwnHookLibrary`: its library's hooks, where a break is the ``zero-hook`` cause.
+- :class:`OwnHookLibrary`: its library's hooks, where a break is the ``zero-hook`` cause;
+- :class:`ZeroStages`: the ZeRO stage a spec sets up, for the setup record;
+- :class:`CauseContributor`: what it adds to the cause taxonomy (causes, precedents of fixes,
+  upstream bugs its setups hit).
 
 How a scan captures a step (:class:`CaptureStyle`):
 
@@ -39,6 +42,7 @@ from dataclasses import Field
 from enum import StrEnum
 from typing import TYPE_CHECKING, ClassVar, NoReturn, Protocol, runtime_checkable
 
+from gbdoctor.causes.contributions import CauseKnowledge
 from gbdoctor.causes.hooks import FrameworkHooks
 from gbdoctor.records import Plan, ScanReport, SetupInfo, Spec
 
@@ -337,6 +341,26 @@ class OwnHookLibrary(Protocol):
     releases parameters in hooks): a break inside them is the ``zero-hook`` cause."""
 
     hook_library: FrameworkHooks
+
+
+@runtime_checkable
+class CauseContributor(Protocol):
+    """A framework that adds to the cause taxonomy: causes only its setups meet (DeepSpeed's
+    ``zero-hook``), precedents of generic fixes (torchtitan's order: compile, then FSDP) and the
+    upstream bugs its setups hit. ``registry.cause_taxonomy`` combines every framework's with
+    the generic taxonomy (``causes.contributions``), which names no framework."""
+
+    cause_knowledge: CauseKnowledge
+
+
+@runtime_checkable
+class ZeroStages(Protocol):
+    """A framework that shards by ZeRO stage (DeepSpeed): the stage a spec sets up, recorded in
+    the setup record of its scans and inspections (``SetupInfo.zero_stage``)."""
+
+    def zero_stage(self, spec: Spec) -> int | None:
+        """The ZeRO stage ``spec`` sets up (None: the spec sets none)."""
+        ...
 
 
 @runtime_checkable

@@ -27,10 +27,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar, cast
 
+from gbdoctor.causes.contributions import CauseKnowledge, Taxonomy, combine
 from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import PluginError, SpecError, first_line
 from gbdoctor.frameworks.interface import (
     PLUGIN_API_VERSION,
+    CauseContributor,
     Emitter,
     Framework,
     HasEmitters,
@@ -40,6 +42,7 @@ from gbdoctor.frameworks.interface import (
     RegistryRuns,
     RunModes,
     Simulation,
+    ZeroStages,
 )
 from gbdoctor.records import Spec
 
@@ -221,6 +224,32 @@ def registry_run_frameworks() -> tuple[RegistryRuns, ...]:
     return tuple(f for f in _frameworks().values() if isinstance(f, RegistryRuns))
 
 
+def cause_taxonomy() -> Taxonomy:
+    """The whole cause taxonomy: the generic one with every framework's additions
+    (:class:`~interface.CauseContributor`), in registry order. Read by reports too: when a
+    plug-in cannot load, the built-ins' (as :func:`command_line_runs` does), so that reading a
+    result never fails on a plug-in; a contribution that contradicts the taxonomy is the
+    plug-in's error (exit 2)."""
+    try:
+        frameworks = all_frameworks()
+    except PluginError:
+        own = (PluginSource(name, value, _OWN_DISTRIBUTION) for name, value in BUILTIN_ENTRY_POINTS)
+        frameworks = tuple(load_plugin(source) for source in own)
+    added: list[CauseKnowledge] = []
+    for framework in frameworks:
+        if isinstance(framework, CauseContributor):
+            try:
+                combine((*added, framework.cause_knowledge))
+            except ValueError as exc:
+                raise PluginError(
+                    f"framework plug-in {framework.name!r} adds to the cause taxonomy what "
+                    f"contradicts it: {exc}",
+                    "fix its cause_knowledge, or uninstall it",
+                ) from None
+            added.append(framework.cause_knowledge)
+    return combine(added)
+
+
 def command_line_runs() -> tuple[RegistryRuns, ...]:
     """The frameworks whose ``flag`` every command that takes a spec offers (each with
     :class:`~interface.RegistryRuns`), in registry order. Read as the command line is built: when
@@ -289,6 +318,11 @@ def run_modes_of(framework: Framework) -> RunModes:
 def hooks_of(framework: Framework) -> FrameworkHooks:
     """Where ``framework``'s own library hooks the model (none without the capability)."""
     return framework.hook_library if isinstance(framework, OwnHookLibrary) else NO_FRAMEWORK_HOOKS
+
+
+def zero_stage_of(framework: Framework, spec: Spec) -> int | None:
+    """The ZeRO stage ``spec`` sets up under ``framework`` (None without the capability)."""
+    return framework.zero_stage(spec) if isinstance(framework, ZeroStages) else None
 
 
 def emitters_of(framework: Framework) -> Mapping[str, Emitter]:

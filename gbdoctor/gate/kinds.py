@@ -26,6 +26,7 @@ FAILING_EVENTS = (
     EventKind.REGION_EAGER,
     EventKind.FRAME_SKIPPED,
     EventKind.RECOMPILE_LIMIT,
+    EventKind.PIPELINE_CRASH,
     EventKind.DIVERGENCE,
 )
 """Event kinds whose rising count fails the gate; other kinds warn (``rank_divergence``, the

@@ -142,7 +142,7 @@ def yarn_frequencies(
         )
 
     low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), rot_dim - 1)
+    high: float = min(math.ceil(correction_dim(beta_slow)), rot_dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(rot_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

@@ -9,12 +9,14 @@ the parallelism and AC code address modules by these names and FQNs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import torch
 from torch import nn
 
-from .attention import causal_block_mask
-from .common import RMSNorm, depth_init_std, rope_table, trunc_normal_
+from .attention import Attention, MLAttention, causal_block_mask
+from .common import FeedForward, RMSNorm, depth_init_std, rope_table, trunc_normal_
+from .moe import MoE
 
 
 class TransformerBlock(nn.Module):
@@ -26,9 +28,9 @@ class TransformerBlock(nn.Module):
         layer_id: int,
         dim: int,
         norm_eps: float,
-        attention: nn.Module,
-        feed_forward: nn.Module | None = None,
-        moe: nn.Module | None = None,
+        attention: Attention | MLAttention,
+        feed_forward: FeedForward | None = None,
+        moe: MoE | None = None,
     ) -> None:
         super().__init__()
         if (feed_forward is None) == (moe is None):
@@ -40,7 +42,7 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = RMSNorm(dim, eps=norm_eps)
         if moe is not None:
             self.moe = moe
-        else:
+        elif feed_forward is not None:  # always, by the check above
             self.feed_forward = feed_forward
         self.weight_init_std = depth_init_std(layer_id)
 
@@ -57,6 +59,10 @@ class TransformerBlock(nn.Module):
         (self.moe if self.moe_enabled else self.feed_forward).init_weights(self.weight_init_std)
 
 
+class _InitWeights(Protocol):
+    def init_weights(self) -> None: ...
+
+
 class Decoder(nn.Module):
     """Base for each family's ``Transformer``; a family supplies its blocks and a zero-argument
     ``rope_freqs_fn`` returning its RoPE inverse frequencies (fp32, ``rot_dim // 2``).
@@ -65,6 +71,8 @@ class Decoder(nn.Module):
     buffer (not recomputed in forward) so that compiled blocks only see a tensor input, and it is
     rebuilt by ``init_weights`` so that ``to_empty()`` after a meta build restores it.
     """
+
+    rope_cache: torch.Tensor  # a buffer (register_buffer), declared for mypy
 
     def __init__(
         self,
@@ -104,7 +112,8 @@ class Decoder(nn.Module):
             if self.tok_embeddings is not None:
                 nn.init.normal_(self.tok_embeddings.weight)
             for block in self.layers.values():
-                block.init_weights()
+                # A TransformerBlock, or a wrapper of one (AC, compile) that forwards attributes.
+                cast(_InitWeights, block).init_weights()
             if self.norm is not None:
                 self.norm.init_weights()
             if self.output is not None:

@@ -6,7 +6,7 @@ recorded in ``MoEArgs`` but not applied; multi-token prediction is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from .attention import MLAttention, mla_softmax_scale
@@ -78,7 +78,8 @@ def _moe(
     )
 
 
-_DEBUG = dict(
+# Variants are ``replace``d from a base (not ``**`` of a dict) so that mypy checks every field.
+_DEBUG = DeepSeekV3Args(
     vocab_size=2048,
     dim=256,
     inter_dim=1024,
@@ -96,10 +97,8 @@ _DEBUG = dict(
 )
 
 FLAVORS: dict[str, DeepSeekV3Args] = {
-    "debugmodel": DeepSeekV3Args(**_DEBUG),
-    "debugmodel_flex_attn": DeepSeekV3Args(
-        **_DEBUG, attn_type="flex", attn_mask_type="block_causal"
-    ),
+    "debugmodel": _DEBUG,
+    "debugmodel_flex_attn": replace(_DEBUG, attn_type="flex", attn_mask_type="block_causal"),
     "16B": DeepSeekV3Args(
         vocab_size=102400,
         dim=2048,
@@ -167,13 +166,20 @@ class Transformer(Decoder):
                 norm_eps=args.norm_eps,
                 attn_type=args.attn_type,
             )
-            if moe_enabled(args, i):
-                ffn = dict(moe=MoE(args.moe, dim=args.dim, hidden_dim=args.moe_inter_dim))
-            else:
-                ffn = dict(feed_forward=FeedForward(args.dim, args.inter_dim))
+            moe = (
+                MoE(args.moe, dim=args.dim, hidden_dim=args.moe_inter_dim)
+                if moe_enabled(args, i)
+                else None
+            )
+            ffn = FeedForward(args.dim, args.inter_dim) if moe is None else None
             blocks.append(
                 TransformerBlock(
-                    layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn
+                    layer_id=i,
+                    dim=args.dim,
+                    norm_eps=args.norm_eps,
+                    attention=attention,
+                    feed_forward=ffn,
+                    moe=moe,
                 )
             )
         super().__init__(

@@ -6,7 +6,7 @@ not load (the graph does not depend on it beyond the embedding/output shapes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from .attention import Attention
@@ -32,11 +32,12 @@ class Llama3Args:
     """``block_causal`` is accepted and run as causal (see ``attention.py``)."""
 
 
-_DEBUG = dict(dim=256, n_layers=6, n_heads=16, vocab_size=2048, rope_theta=500000.0)
+# Variants are ``replace``d from a base (not ``**`` of a dict) so that mypy checks every field.
+_DEBUG = Llama3Args(dim=256, n_layers=6, n_heads=16, vocab_size=2048, rope_theta=500000.0)
 
 FLAVORS: dict[str, Llama3Args] = {
-    "debugmodel": Llama3Args(**_DEBUG),
-    "debugmodel_flex_attn": Llama3Args(**_DEBUG, attn_type="flex", attn_mask_type="block_causal"),
+    "debugmodel": _DEBUG,
+    "debugmodel_flex_attn": replace(_DEBUG, attn_type="flex", attn_mask_type="block_causal"),
     "8B": Llama3Args(
         dim=4096,
         n_layers=32,

@@ -6,7 +6,7 @@ attention; their chunked (``fixed_attn_block_size``) mask is approximated by a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -50,7 +50,8 @@ class Llama4Args:
     interleave_moe_layer_step: int = 2
 
 
-_DEBUG = dict(
+# Variants are ``replace``d from a base (not ``**`` of a dict) so that mypy checks every field.
+_DEBUG = Llama4Args(
     dim=256,
     n_layers=6,
     n_heads=16,
@@ -58,8 +59,7 @@ _DEBUG = dict(
     rope_theta=500000.0,
     rope_scaling=RoPEScalingArgs(),
 )
-_IROPE = dict(every_n_layers_nope=4, attn_type="flex", attn_mask_type="block_causal")
-_17B = dict(
+_17B = Llama4Args(
     dim=5120,
     n_layers=48,
     n_heads=40,
@@ -69,24 +69,29 @@ _17B = dict(
     rope_theta=500000.0,
 )
 
+
+def _irope(args: Llama4Args) -> Llama4Args:
+    """``args`` with iRoPE: every 4th layer without RoPE, chunked attention (run as causal)."""
+    return replace(args, every_n_layers_nope=4, attn_type="flex", attn_mask_type="block_causal")
+
+
 FLAVORS: dict[str, Llama4Args] = {
-    "debugmodel": Llama4Args(**_DEBUG),
-    "debugmodel_irope": Llama4Args(**_DEBUG, **_IROPE, fixed_attn_block_size=256),
-    "17bx16e": Llama4Args(
-        **_17B,
+    "debugmodel": _DEBUG,
+    "debugmodel_irope": replace(_irope(_DEBUG), fixed_attn_block_size=256),
+    "17bx16e": replace(
+        _17B,
         rope_scaling=RoPEScalingArgs(),
         moe=MoEArgs(num_experts=16),
         interleave_moe_layer_step=1,
     ),
-    "17bx128e": Llama4Args(**_17B, moe=MoEArgs(num_experts=128)),
-    "17bx16e_irope": Llama4Args(
-        **_17B,
-        **_IROPE,
+    "17bx128e": replace(_17B, moe=MoEArgs(num_experts=128)),
+    "17bx16e_irope": replace(
+        _irope(_17B),
         rope_scaling=RoPEScalingArgs(),
         moe=MoEArgs(num_experts=16),
         interleave_moe_layer_step=1,
     ),
-    "17bx128e_irope": Llama4Args(**_17B, **_IROPE, moe=MoEArgs(num_experts=128)),
+    "17bx128e_irope": replace(_irope(_17B), moe=MoEArgs(num_experts=128)),
 }
 
 
@@ -129,13 +134,20 @@ class Transformer(Decoder):
             attention = Attention(
                 args.dim, args.n_heads, args.n_kv_heads, attn_type=args.attn_type, use_rope=not nope
             )
-            if moe_enabled(args, i):
-                ffn = dict(moe=MoE(args.moe, dim=args.dim, hidden_dim=expert_hidden_dim(args)))
-            else:
-                ffn = dict(feed_forward=FeedForward(args.dim, dense_hidden))
+            moe = (
+                MoE(args.moe, dim=args.dim, hidden_dim=expert_hidden_dim(args))
+                if moe_enabled(args, i)
+                else None
+            )
+            ffn = FeedForward(args.dim, dense_hidden) if moe is None else None
             blocks.append(
                 TransformerBlock(
-                    layer_id=i, dim=args.dim, norm_eps=args.norm_eps, attention=attention, **ffn
+                    layer_id=i,
+                    dim=args.dim,
+                    norm_eps=args.norm_eps,
+                    attention=attention,
+                    feed_forward=ffn,
+                    moe=moe,
                 )
             )
         super().__init__(

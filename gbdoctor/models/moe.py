@@ -198,6 +198,10 @@ class TokenReorderer(nn.Module):
 class MoE(nn.Module):
     """Router -> reorder -> grouped experts (+ shared experts) -> combine."""
 
+    # Buffers (register_buffer), declared so that mypy does not read them as submodules.
+    expert_bias: torch.Tensor | None
+    tokens_per_expert: torch.Tensor | None
+
     def __init__(self, args: MoEArgs, *, dim: int, hidden_dim: int) -> None:
         super().__init__()
         use_grouped_mm = (

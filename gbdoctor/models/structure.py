@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch.nn as nn
 
 from ..errors import SpecError
+
+# What holds blocks or experts. Typed as the container classes, not nn.Module: nn.Module's
+# __getattr__ makes every missing attribute (__iter__, __len__) ``Tensor | Module`` to mypy.
+Container = nn.ModuleList | nn.ModuleDict | nn.Sequential
 
 _BLOCKS_HINT = (
     'set [gbdoctor] blocks = "dotted.path" to the ModuleList/ModuleDict of transformer blocks'
@@ -42,8 +47,8 @@ class BlockContainer:
 
     path: str
     """Dotted path from the model root (``model.layers``; ``""`` if the root itself)."""
-    container: nn.Module
-    """The ``nn.ModuleList`` or ``nn.ModuleDict``."""
+    container: Container
+    """The ``nn.ModuleList`` or ``nn.ModuleDict`` (an ``nn.Sequential`` when named explicitly)."""
 
     def items(self) -> list[tuple[str, str, nn.Module]]:
         """(fqn, key, block) in container order: ``("model.layers.3", "3", block)``."""
@@ -62,17 +67,17 @@ class BlockContainer:
             self.container[int(key)] = module
 
 
-def _is_container(module: nn.Module) -> bool:
+def _is_container(module: nn.Module) -> TypeGuard[nn.ModuleList | nn.ModuleDict]:
     # nn.Sequential is left out on purpose: it is often a model's whole pipeline (embedding,
     # blocks, head), not a list of blocks; ``[gbdoctor] blocks`` can still point at one.
     return isinstance(module, (nn.ModuleList, nn.ModuleDict)) and len(module) > 0
 
 
-def _entries(container: nn.Module) -> list[nn.Module]:
+def _entries(container: Container) -> list[nn.Module]:
     return list(container.values()) if isinstance(container, nn.ModuleDict) else list(container)
 
 
-def _repeated_params(container: nn.Module) -> int:
+def _repeated_params(container: Container) -> int:
     """Parameters in entries whose class occurs more than once (a hybrid's mamba and attention
     blocks both repeat; a list of distinct heads does not); all of them for a single entry."""
     entries = _entries(container)
@@ -90,7 +95,7 @@ def find_blocks(model: nn.Module, path: str | None = None) -> BlockContainer:
     """The model's block container: ``path`` when given, else found by structure (module doc)."""
     if path is not None and path.strip() != "":
         return _explicit_blocks(model, path.strip())
-    candidates: list[tuple[str, nn.Module]] = []
+    candidates: list[tuple[str, Container]] = []
     for name, module in model.named_modules():
         if not _is_container(module) or not any(_n_params(e) for e in _entries(module)):
             continue
@@ -302,6 +307,6 @@ def ep_refusal(moe: MoELayer, experts: nn.Module) -> str | None:
     if len(params) != 2:
         return (
             f"{moe.experts}.forward takes {len(params)} positional argument(s); gbdoctor's EP "
-            "dispatch calls experts(tokens_sorted_by_expert, num_tokens_per_expert) as torchtitan does"
+            "dispatch calls experts(tokens_sorted_by_expert, num_tokens_per_expert)"
         )
     return None

@@ -43,6 +43,7 @@ from gbdoctor.records.plan import (
     DeepSpeedPlan,
     KindPlan,
     Plan,
+    PlanSection,
 )
 from gbdoctor.records.price import (
     PRICE_CONSISTENT_WITHIN,
@@ -119,6 +120,7 @@ __all__ = [
     "CudaGraphReadiness",
     "Decision",
     "DeepSpeedPlan",
+    "PlanSection",
     "DeepSpeedSpec",
     "RegistryRun",
     "Event",

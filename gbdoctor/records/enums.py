@@ -12,7 +12,8 @@ from enum import StrEnum
 
 
 class CauseId(StrEnum):
-    """Cause ids of :data:`gbdoctor.causes.CAUSES` (``Break.cause``)."""
+    """Cause ids of the taxonomy, the frameworks' causes included (``Break.cause``;
+    ``frameworks.registry.cause_taxonomy``)."""
 
     ZERO_HOOK = "zero-hook"
     FSDP_HOOK = "fsdp-hook"
@@ -108,6 +109,9 @@ class EventKind(StrEnum):
     """Ranks captured different graphs or breaks."""
     RECOMPILE_LIMIT = "recompile_limit"
     """Dynamo hit ``recompile_limit`` on some code, which runs eagerly from then on."""
+    PIPELINE_CRASH = "pipeline_crash"
+    """A pipeline schedule's real training step crashed with this block compiled (a PP scan runs
+    the schedule on its ranks): the detail names the error, the workaround and the issue."""
     DIVERGENCE = "divergence"
     """Not a block's event: the gate's count, per kind, of the breaks some ranks meet and others
     do not (``ScanReport.divergence``), kept with the events in a baseline; a rise fails."""
@@ -233,7 +237,8 @@ class ACMode(StrEnum):
 
 
 class OutputFormat(StrEnum):
-    """``--format`` values; each command accepts a subset (see ``report.FORMATS``)."""
+    """``--format`` values, the only source of format names; each command accepts those its
+    printout has renderers for (``report.formats.RENDERERS``)."""
 
     TABLE = "table"
     JSON = "json"

@@ -50,6 +50,23 @@ class KindPlan:
 
 
 @record
+class PlanSection:
+    """A framework's own part of a plan, as reports show it (:meth:`Plan.framework_section`):
+    described here, where the plan's field is, so that a report lays it out without knowing the
+    framework. Not written to JSON (the plan's own field is)."""
+
+    key: str
+    """The ``Plan`` field it describes (``deepspeed``): the HTML section's id."""
+    title: str
+    headline: str
+    """One line for the plan's table."""
+    fields: tuple[tuple[str, str], ...]
+    """(label, value) pairs for the HTML page."""
+    remaining: tuple[str, ...] = ()
+    """Breaks the plan does not remove, each with why."""
+
+
+@record
 class DeepSpeedPlan:
     """How a DeepSpeed training script applies the plan (``plan.deepspeed``)."""
 
@@ -61,6 +78,25 @@ class DeepSpeedPlan:
     """Class names for ``zero_optimization.leaf_module.classes`` (ZeRO-3)."""
     remaining: tuple[str, ...] = ()
     """Breaks the plan does not remove, each with why."""
+
+    def section(self) -> PlanSection:
+        """The compile call, the ZeRO stage and the leaf modules, for reports."""
+        modules = ", ".join(self.leaf_modules)
+        leaf = f"; ZeRO-3 leaf modules: {modules}" if self.leaf_modules else ""
+        return PlanSection(
+            key="deepspeed",
+            title="DeepSpeed",
+            headline=(
+                f"DeepSpeed (ZeRO-{self.zero_stage}): compile {self.mode}, "
+                f"fullgraph={self.fullgraph}{leaf}"
+            ),
+            fields=(
+                ("compile", f"{self.mode}{' fullgraph' if self.fullgraph else ''}"),
+                ("ZeRO stage", str(self.zero_stage)),
+                ("leaf modules", modules or "-"),
+            ),
+            remaining=self.remaining,
+        )
 
 
 @record
@@ -84,3 +120,7 @@ class Plan:
     framework: str = "torchtitan"
     deepspeed: DeepSpeedPlan | None = None
     """The DeepSpeed compile call and config changes (``framework = "deepspeed"`` plans)."""
+
+    def framework_section(self) -> PlanSection | None:
+        """The part of the plan only its framework has, described for reports (None: none)."""
+        return self.deepspeed.section() if self.deepspeed is not None else None

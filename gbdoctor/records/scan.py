@@ -87,7 +87,7 @@ class Break:
     """One graph break, keyed for baselines by (block kind, cause, gb_type, location, hop)."""
 
     cause: str
-    """Cause id from ``causes.CAUSES`` (kebab-case, part of the JSON contract)."""
+    """Cause id of the taxonomy (``causes.Taxonomy``; kebab-case, part of the JSON contract)."""
     gb_type: str
     """First line of Dynamo's message: the registry's ``Gb_type``."""
     gb_id: str | None
@@ -165,7 +165,8 @@ class Recompile:
     step: int
     """Step (0-based) during which it happened: a training step for ``run`` (warm-up steps
     included) and DeepSpeed scans, a probe step for ``scan`` (0 is the capture, 1 and 2 the
-    changed inputs)."""
+    changed inputs); for a PP scan's pipeline schedule (``scan.pipeline_schedule``), its
+    training step (0 and 1 at the microbatch shape, 2 at a second one, 3 the first again)."""
     measured: bool
     """It happened in steady state: a measured step (``run``) or the last probe step (``scan``),
     after any one-time recompile for a new shape was done. A finding."""
@@ -283,7 +284,7 @@ class RankDivergence:
     gb_type: str
     location: Location | None
     break_cause: str
-    """The break's cause id (``causes.CAUSES``), as in ``Break.cause``."""
+    """The break's cause id (``causes.Taxonomy``), as in ``Break.cause``."""
     cause: DivergenceCause
     hazard: CollectiveHazard
     fix: str

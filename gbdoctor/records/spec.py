@@ -93,7 +93,7 @@ class ToolSpec:
     """The ``[gbdoctor]`` section: the tool's own settings."""
 
     strategy: str = "block"
-    """Compile strategy preset (see ``setup.compile.STRATEGIES``)."""
+    """Compile strategy preset (one of the spec's framework's ``strategies``)."""
     batch_size: int = 0
     """Batch size for scan/inspect captures; 0 means ``training.local_batch_size``."""
     seq_len: int = 0

@@ -1,44 +1,19 @@
 """Formatters: lay out records, compute nothing (counts come from ``summary``).
 
-``FORMATS``/``render``/``Formatter`` (scan reports, :mod:`gbdoctor.report.base`) and
-``GATE_FORMATS``/``render_gate`` (gate results, :mod:`gbdoctor.report.gate_formats`) are
-re-exported lazily, so importing :mod:`gbdoctor.report.serialize` does not load rich.
+:mod:`gbdoctor.report.formats` is the one registry of output formats (each command's printout,
+its ``--format`` values and their renderers). ``render``/``Formatter`` (scan reports,
+:mod:`gbdoctor.report.base`) and ``render_gate`` (gate results,
+:mod:`gbdoctor.report.gate_formats`) are re-exported lazily, so importing this package (the
+CLI does, at startup) does not load rich or a formatter.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gbdoctor.records.enums import OutputFormat
-
-_SCAN = (
-    OutputFormat.TABLE,
-    OutputFormat.JSON,
-    OutputFormat.MARKDOWN,
-    OutputFormat.JUNIT,
-    OutputFormat.GITHUB,
-    OutputFormat.HTML,
-)
-COMMAND_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
-    "scan": _SCAN,
-    "inspect": (OutputFormat.TABLE, OutputFormat.JSON),
-    "causes": (OutputFormat.TABLE, OutputFormat.JSON),
-    "plan": (OutputFormat.TABLE, OutputFormat.HTML),
-    "run": (OutputFormat.TABLE, OutputFormat.JSON, OutputFormat.MARKDOWN, OutputFormat.HTML),
-    "gate": _SCAN,
-    "diff": _SCAN,
-    "report": (),
-}
-"""The one registry of ``--format`` values per command (the CLI's option and its check read
-it without importing a formatter; a test checks it against the formatter registries)."""
-
 _LAZY = {
-    "FORMATS": "base",
-    "FORMAT_NAMES": "base",
     "Formatter": "base",
     "render": "base",
-    "GATE_FORMATS": "gate_formats",
-    "GATE_FORMAT_NAMES": "gate_formats",
     "render_gate": "gate_formats",
 }
 

@@ -1,53 +1,72 @@
-"""Layout of ``gbdoctor causes [ID]``."""
+"""Layout of ``gbdoctor causes [ID]`` (its renderers; the registry is
+:mod:`gbdoctor.report.formats`)."""
 
 from __future__ import annotations
 
-from gbdoctor.errors import SpecError
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from gbdoctor.records.io import dumps
+from gbdoctor.report.formats import RenderOptions
+
+if TYPE_CHECKING:
+    from gbdoctor.causes import Cause
 
 
-def render_cudagraph_blockers(fmt: str) -> str:
-    """``gbdoctor causes --cudagraphs``: every CUDA-graph blocker kind, what it is, the fix."""
-    from gbdoctor.causes import BLOCKER_EXPLANATIONS
+@dataclass(frozen=True)
+class CausesPrintout:
+    """What ``gbdoctor causes`` prints: one cause (``cause_id``), every cause, or
+    (``cudagraphs``) every CUDA-graph blocker kind."""
 
-    rows = [(str(k), what, fix) for k, (what, fix) in BLOCKER_EXPLANATIONS.items()]
-    if fmt == "json":
+    cause_id: str | None = None
+    cudagraphs: bool = False
+
+
+def _blocker_rows() -> list[tuple[str, str, str]]:
+    from gbdoctor.frameworks.registry import cause_taxonomy
+
+    blockers = cause_taxonomy().blockers
+    return [(str(k), what, fix) for k, (what, fix) in blockers.items()]
+
+
+def _selected_causes(cause_id: str | None) -> list[Cause]:
+    from gbdoctor.frameworks.registry import cause_taxonomy
+
+    taxonomy = cause_taxonomy()
+    if cause_id:
+        return [taxonomy.explain(cause_id)]
+    return [taxonomy.causes[k] for k in sorted(taxonomy.causes)]
+
+
+def causes_json(printout: CausesPrintout, options: RenderOptions) -> str:
+    if printout.cudagraphs:
+        rows = _blocker_rows()
         return dumps(
             {
                 "schema_version": 1,
                 "cudagraph_blockers": [{"kind": k, "what": w, "fix": f} for k, w, f in rows],
             }
         )
-    if fmt != "table":
-        raise SpecError(f"unknown format {fmt!r} for causes", hint="use --format table or json")
+    return dumps({"schema_version": 1, "causes": _selected_causes(printout.cause_id)})
+
+
+def causes_table(printout: CausesPrintout, options: RenderOptions) -> str:
     from rich.table import Table
 
     from gbdoctor.report.table import plain_text, recording_console
 
     console = recording_console()
-    table = Table(title="CUDA-graph blockers (scan reports them per compiled region)")
-    for col in ("kind", "what", "fix"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*row)
-    console.print(table)
-    return plain_text(console)
-
-
-def render_causes(cause_id: str | None, fmt: str) -> str:
-    from gbdoctor.causes import CAUSES, explain_cause
-
-    selected = [explain_cause(cause_id)] if cause_id else [CAUSES[k] for k in sorted(CAUSES)]
-    if fmt == "json":
-        return dumps({"schema_version": 1, "causes": selected})
-    if fmt != "table":
-        raise SpecError(f"unknown format {fmt!r} for causes", hint="use --format table or json")
-    from rich.table import Table
-
-    from gbdoctor.report.table import plain_text, recording_console
-
-    console = recording_console()
-    if cause_id:
+    if printout.cudagraphs:
+        # ``gbdoctor causes --cudagraphs``: every CUDA-graph blocker kind, what it is, the fix.
+        table = Table(title="CUDA-graph blockers (scan reports them per compiled region)")
+        for col in ("kind", "what", "fix"):
+            table.add_column(col)
+        for row in _blocker_rows():
+            table.add_row(*row)
+        console.print(table)
+        return plain_text(console)
+    selected = _selected_causes(printout.cause_id)
+    if printout.cause_id:
         c = selected[0]
         console.print(f"[bold]{c.id}[/]: {c.title}")
         console.print(c.explanation)

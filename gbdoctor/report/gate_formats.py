@@ -1,26 +1,51 @@
-"""Formatters for :class:`~gbdoctor.gate.GateResult` (``gbdoctor gate`` / ``gbdoctor diff``).
+"""Formatters for :class:`~gbdoctor.gate.GateResult` (``gbdoctor gate`` / ``gbdoctor diff``),
+and their renderers of a :class:`GatePrintout` (the registry is :mod:`gbdoctor.report.formats`).
 
 ``table`` lives in :mod:`gbdoctor.report.table` (the only rich importer); the others are
 plain text: ``json`` (byte-stable), ``markdown`` (PR comment), ``github`` (annotations at the
-file:line of each new break) and ``junit``.
+file:line of each new break) and ``junit``; ``html`` is one page of the verdict and the scans.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
-from gbdoctor.errors import SpecError
-from gbdoctor.records import SEVERITIES, Finding, GateResult
+from gbdoctor.records import SEVERITIES, Finding, GateResult, ScanReport
 from gbdoctor.records.io import dumps, to_jsonable
+from gbdoctor.report.formats import Printout, RenderOptions, render
 from gbdoctor.report.github import command
-from gbdoctor.report.html import gate_document, render_html
+from gbdoctor.report.html import gate_document, render_html, scan_document
 from gbdoctor.report.junit import element, xml_safe, xml_text
 from gbdoctor.report.layout import short_location
 from gbdoctor.report.markdown import code, md_table
 from gbdoctor.report.table import GATE_TITLE, GateTableFormat
 from gbdoctor.summary import with_user_names
 
-__all__ = ["GATE_FORMATS", "GATE_FORMAT_NAMES", "GateFormatter", "render_gate"]
+__all__ = [
+    "GateFormatter",
+    "GatePrintout",
+    "gate_github",
+    "gate_html",
+    "gate_json",
+    "gate_junit",
+    "gate_markdown",
+    "gate_table",
+    "render_gate",
+]
+
+
+@dataclass(frozen=True)
+class GatePrintout:
+    """What ``gate`` and ``diff`` print: the result under the command's ``title``; the HTML
+    page also shows the ``scans`` gated, quoting source lines only under ``source_roots``."""
+
+    result: GateResult
+    title: str = GATE_TITLE
+    scans: tuple[ScanReport, ...] = ()
+    source_roots: tuple[Path, ...] = ()
 
 
 class GateFormatter(Protocol):
@@ -45,15 +70,6 @@ class GateJsonFormat:
             counts={s: result.count(s) for s in SEVERITIES},
         )
         return dumps(data)
-
-
-class GateHtmlFormat:
-    """``--format html``: the verdict and what went up first, as one page (its JSON embedded)."""
-
-    title = GATE_TITLE
-
-    def render(self, result: GateResult) -> str:
-        return render_html([gate_document(result, GateJsonFormat().render(result))])
 
 
 def _where(f: Finding) -> str:
@@ -179,33 +195,47 @@ class GateJunitFormat:
         return xml_text(root)
 
 
-GATE_FORMATS: dict[str, type[GateFormatter]] = {
-    "table": GateTableFormat,
-    "json": GateJsonFormat,
-    "markdown": GateMarkdownFormat,
-    "junit": GateJunitFormat,
-    "github": GateGithubFormat,
-    "html": GateHtmlFormat,
-}
-"""``--format`` name -> gate formatter class (constructed without arguments)."""
+def _titled(formatter: type[GateFormatter]) -> Callable[[GatePrintout, RenderOptions], str]:
+    """The renderer of a gate format: the formatter under the printout's title."""
 
-GATE_FORMAT_NAMES: tuple[str, ...] = tuple(GATE_FORMATS)
+    def render_titled(printout: GatePrintout, options: RenderOptions) -> str:
+        titled = formatter()
+        titled.title = printout.title
+        if isinstance(titled, GateTableFormat):
+            titled.details = options.details
+        # A recompile finding quotes its guard, which may name Dynamo's stack slots.
+        return titled.render(with_user_names(printout.result))
+
+    return render_titled
+
+
+gate_table = _titled(GateTableFormat)
+gate_json = _titled(GateJsonFormat)
+gate_markdown = _titled(GateMarkdownFormat)
+gate_junit = _titled(GateJunitFormat)
+gate_github = _titled(GateGithubFormat)
+
+
+def gate_html(printout: GatePrintout, options: RenderOptions) -> str:
+    """``--format html``: the verdict and what went up first, then every scan gated, as one
+    page (each with its JSON embedded)."""
+    # Every output says Dynamo's generated names in the user's terms (report.render's rule).
+    result = with_user_names(printout.result)
+    documents = [
+        gate_document(result, GateJsonFormat().render(result)),
+        *(
+            scan_document(with_user_names(scan), f"scan-{i}")
+            for i, scan in enumerate(printout.scans)
+        ),
+    ]
+    return render_html(documents, source_roots=printout.source_roots)
 
 
 def render_gate(
     result: GateResult, fmt: str, title: str = GATE_TITLE, *, details: bool = True
 ) -> str:
-    """The gate result in format ``fmt`` under ``title`` (``gbdoctor diff`` for diff);
-    :class:`SpecError` (exit 2) for an unknown format. ``details``: the table's informational
-    findings too (``gate --details``); the other formats hold every finding."""
-    try:
-        formatter = GATE_FORMATS[fmt]()
-    except KeyError:
-        raise SpecError(
-            f"unknown format {fmt!r}", hint=f"valid formats: {', '.join(GATE_FORMAT_NAMES)}"
-        ) from None
-    formatter.title = title
-    if isinstance(formatter, GateTableFormat):
-        formatter.details = details
-    # A recompile finding quotes its guard, which may name Dynamo's stack slots.
-    return formatter.render(with_user_names(result))
+    """The gate result in format ``fmt`` under ``title`` (``gbdoctor diff`` for diff):
+    :func:`gbdoctor.report.formats.render` of ``Printout.GATE``; :class:`SpecError` (exit 2)
+    for an unknown format. ``details``: the table's informational findings too
+    (``gate --details``); the other formats hold every finding."""
+    return render(Printout.GATE, fmt, GatePrintout(result, title), RenderOptions(details=details))

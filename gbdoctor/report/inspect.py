@@ -1,17 +1,18 @@
-"""Layout of ``gbdoctor inspect``: a rich tree per block, or stable JSON."""
+"""Layout of ``gbdoctor inspect``: a rich tree per block, or stable JSON (its renderers; the
+registry is :mod:`gbdoctor.report.formats`)."""
 
 from __future__ import annotations
 
-from gbdoctor.errors import SpecError
 from gbdoctor.records import SetupReport
 from gbdoctor.records.io import dumps
+from gbdoctor.report.formats import RenderOptions
 
 
-def render_inspect(report: SetupReport, fmt: str) -> str:
-    if fmt == "json":
-        return dumps(report)
-    if fmt != "table":
-        raise SpecError(f"unknown format {fmt!r} for inspect", hint="use --format table or json")
+def inspect_json(report: SetupReport, options: RenderOptions) -> str:
+    return dumps(report)
+
+
+def inspect_table(report: SetupReport, options: RenderOptions) -> str:
     from rich.table import Table
     from rich.tree import Tree
 

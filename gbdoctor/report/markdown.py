@@ -69,12 +69,13 @@ def render_markdown(report: ScanReport) -> str:
         ),
     )
     lines.append("")
-    ready_rows = [row for row in summary.kinds if row.cudagraphs is not None]
+    # Each row with its readiness, so that the loop sees it non-None.
+    ready_rows = [(row, row.cudagraphs) for row in summary.kinds if row.cudagraphs is not None]
     if ready_rows:
         lines += ["### CUDA-graph readiness", ""]
-        rows = []
-        for row in ready_rows:
-            rows.append((row.kind, row.cudagraphs.summary, "", "", "", "", ""))
+        rows: list[tuple[object, ...]] = []  # plain cells and _Raw code spans
+        for row, readiness in ready_rows:
+            rows.append((row.kind, readiness.summary, "", "", "", "", ""))
             rows += [
                 (
                     "",

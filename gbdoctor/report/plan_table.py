@@ -1,8 +1,43 @@
-"""Layout of ``gbdoctor plan``: one row per block kind, then reasons and flag costs."""
+"""Layout of ``gbdoctor plan``: one row per block kind, then reasons and flag costs; its
+renderers (``plan_table``, ``plan_html``) in :mod:`gbdoctor.report.formats`."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from gbdoctor.records import Plan, PriceReport
+from gbdoctor.records.io import dumps
+from gbdoctor.report.formats import RenderOptions
+
+
+def _no_configs() -> tuple[tuple[str, str], ...]:
+    return ()
+
+
+@dataclass(frozen=True)
+class PlanPrintout:
+    """What ``gbdoctor plan`` prints: the plan; the table shows each kind's predicted gain
+    from ``price`` (a ``gbdoctor price`` output of the same spec); the HTML page shows the
+    configs the plan emits, as ``(name, text)`` pairs. ``configs`` is called only by the page:
+    the caller emits them (report/ does not import plan/), and a table needs none."""
+
+    plan: Plan
+    price: PriceReport | None = None
+    configs: Callable[[], tuple[tuple[str, str], ...]] = _no_configs
+
+
+def plan_table(printout: PlanPrintout, options: RenderOptions) -> str:
+    return render_plan_table(printout.plan, printout.price)
+
+
+def plan_html(printout: PlanPrintout, options: RenderOptions) -> str:
+    """``--format html``: the plan's page, with its JSON twin (the plan file's text) and the
+    emitted configs."""
+    from gbdoctor.report.html import plan_document, render_html
+
+    plan = printout.plan
+    return render_html([plan_document(plan, dumps(plan), printout.configs())])
 
 
 def render_plan_table(plan: Plan, price: PriceReport | None = None) -> str:
@@ -59,14 +94,10 @@ def render_plan_table(plan: Plan, price: PriceReport | None = None) -> str:
             console.print(f"  {k.kind} {ready}: {k.cudagraphs}", markup=False)
     if any(k.cudagraph_ready for k in plan.kinds):
         console.print(_cudagraph_usage(plan), markup=False)
-    ds = plan.deepspeed
-    if ds is not None:
-        leaf = f"; ZeRO-3 leaf modules: {', '.join(ds.leaf_modules)}" if ds.leaf_modules else ""
-        console.print(
-            f"DeepSpeed (ZeRO-{ds.zero_stage}): compile {ds.mode}, fullgraph={ds.fullgraph}{leaf}",
-            markup=False,
-        )
-        for item in ds.remaining:
+    extra = plan.framework_section()
+    if extra is not None:
+        console.print(extra.headline, markup=False)
+        for item in extra.remaining:
             console.print(f"  remains: {item}", markup=False)
     if plan.flags:
         console.print("Dynamo flags: " + ", ".join(f"{n}={v}" for n, v in plan.flags), markup=False)

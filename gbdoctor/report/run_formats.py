@@ -10,32 +10,47 @@ pandas). Everything shown is computed by ``gbdoctor.run``; these only lay out it
 
 from __future__ import annotations
 
-from gbdoctor.errors import SpecError
 from gbdoctor.records import RunReport
 from gbdoctor.records.io import dumps
+from gbdoctor.report.formats import Printout, RenderOptions, render
 from gbdoctor.report.run_csv import CSV_COLUMNS, csv_rows, write_csv
 from gbdoctor.report.run_markdown import render_markdown
 from gbdoctor.report.run_table import render_table, tokens_bar
 
-__all__ = ["CSV_COLUMNS", "RUN_FORMAT_NAMES", "csv_rows", "render_run", "tokens_bar", "write_csv"]
+__all__ = [
+    "CSV_COLUMNS",
+    "csv_rows",
+    "render_run",
+    "run_html",
+    "run_json",
+    "run_markdown",
+    "run_table",
+    "tokens_bar",
+    "write_csv",
+]
 
-RUN_FORMAT_NAMES: tuple[str, ...] = ("table", "json", "markdown", "html")
+
+def run_table(report: RunReport, options: RenderOptions) -> str:
+    """``--format table``; ``options.details``: its secondary sections (``run --details``)."""
+    return render_table(report, options.details)
+
+
+def run_json(report: RunReport, options: RenderOptions) -> str:
+    return dumps(report)
+
+
+def run_markdown(report: RunReport, options: RenderOptions) -> str:
+    return render_markdown(report)
+
+
+def run_html(report: RunReport, options: RenderOptions) -> str:
+    from gbdoctor.report.html import render_html, run_document
+
+    return render_html([run_document(report)])
 
 
 def render_run(report: RunReport, fmt: str, *, details: bool = True) -> str:
-    """The report in ``fmt`` (``table``, ``json`` or ``markdown``); SpecError for other names.
-    ``details``: the table's secondary sections (``run --details``; the others hold all)."""
-    if fmt == "json":
-        return dumps(report)
-    if fmt == "markdown":
-        return render_markdown(report)
-    if fmt == "table":
-        return render_table(report, details)
-    if fmt == "html":
-        from gbdoctor.report.html import render_html, run_document
-
-        return render_html([run_document(report)])
-    raise SpecError(
-        f"unknown format {fmt!r} for run",
-        hint=f"valid formats: {', '.join(RUN_FORMAT_NAMES)} (and --csv FILE)",
-    )
+    """The report in ``fmt`` (:func:`gbdoctor.report.formats.render` of ``Printout.RUN``);
+    SpecError for other names. ``details``: the table's secondary sections (``run --details``;
+    the others hold all)."""
+    return render(Printout.RUN, fmt, report, RenderOptions(details=details))

@@ -1,6 +1,7 @@
 """Lay out a :class:`TimelineReport`: a rich table, a one-line strip per step, JSON, an SVG plot.
 
 Computes nothing (``timeline.pattern`` does): every number shown is a field of the report.
+``timeline_table`` and ``timeline_json`` are its renderers in :mod:`gbdoctor.report.formats`.
 The SVG is written by hand (matplotlib is not a dependency); the HTML report can embed it or
 draw its own from the JSON, which names every field it needs.
 """
@@ -12,6 +13,7 @@ from xml.sax.saxutils import escape
 
 from gbdoctor.records.io import dumps
 from gbdoctor.records.timeline import TimelineGraph, TimelineReport, TimelineStep
+from gbdoctor.report.formats import RenderOptions
 
 STRIP_LEGEND = (
     "strip: R recompile, L recompile_limit hit, E eager fallback, B accumulation boundary, "
@@ -41,6 +43,16 @@ def strip(report: TimelineReport) -> str:
 
 def render_json(report: TimelineReport) -> str:
     return dumps(report)
+
+
+def timeline_json(report: TimelineReport, options: RenderOptions) -> str:
+    return render_json(report)
+
+
+def timeline_table(report: TimelineReport, options: RenderOptions) -> str:
+    """``--format table`` at its own fixed width (a step's phases need the columns);
+    ``options.details``: the per-step table (``timeline --details``)."""
+    return render_table(report, details=options.details)
 
 
 def _ms(seconds: float) -> str:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from torch import nn
 
 from gbdoctor.records.base import record
+from gbdoctor.records.spec import ModelSpec
 
 
 @record
@@ -88,7 +89,7 @@ def count_flops_per_token(model: nn.Module, seq_len: int) -> FlopsCount:
     )
 
 
-def model_flops_per_token(model_spec: object, seq_len: int) -> FlopsCount:
+def model_flops_per_token(model_spec: ModelSpec, seq_len: int) -> FlopsCount:
     """:func:`count_flops_per_token` of the spec's model, built on the meta device."""
     from gbdoctor.models import build_model
 

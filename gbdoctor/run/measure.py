@@ -7,7 +7,8 @@ import os
 import re
 from typing import Any
 
-from gbdoctor.causes import KnownIssue, known_issue
+from gbdoctor.causes import KnownIssue
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.run.worker import RankRun
 
 
@@ -15,7 +16,7 @@ def known_bug_workaround(error: str, strategy: Any) -> KnownIssue | None:
     """The known upstream bug behind a failed mode, when its workaround is a config change that
     the mode can run under. A plan is made for the spec's own block kinds (their AC labels), so
     only strategies that do not depend on the kinds are retried."""
-    issue = known_issue(error)
+    issue = cause_taxonomy().known_issue(error)
     per_kind: tuple[Any, ...] = getattr(strategy, "per_kind", ())
     if issue is None or not issue.overrides or per_kind:
         return None

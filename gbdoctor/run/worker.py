@@ -22,8 +22,8 @@ from gbdoctor.capture.counters import (
 )
 from gbdoctor.capture.profile import eager_us_of, watch_break_frames
 from gbdoctor.capture.recompiles import watch_recompiles
-from gbdoctor.causes import known_issue_note
 from gbdoctor.errors import GbdoctorError, SetupError, exception_line
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import Location, Recompile, Spec
 from gbdoctor.setup.compile import Strategy
 
@@ -186,7 +186,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
                 phase = f"{'measured' if measured else 'warm-up'} step {step - job.warmup if measured else step}"
                 line = exception_line(exc)
                 raise ModeFailure(
-                    f"{phase}: {line}{known_issue_note(line)}", failure_kind(exc)
+                    f"{phase}: {line}{cause_taxonomy().known_issue_note(line)}", failure_kind(exc)
                 ) from exc
             elapsed = time.perf_counter() - start
             (step_times if measured else warmup_times).append(elapsed)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gbdoctor.errors import SetupError
 from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import Decision, ScanReport, Spec
@@ -52,9 +53,11 @@ def scan(
     eager training steps and two block replays per block kind); None: on unless
     ``GBDOCTOR_RECOMPILE_PROBE=0`` (``job.probe_by_default``). A simulation runs no step, so it
     never probes. ``decision``: an earlier ``decide(spec)`` to keep (plan re-scans keep the
-    first one, its reason and notice included); None decides now. ``shapes``: a shape stream
-    whose distinct shapes the probe steps follow instead (docs/shapes.md); it turns the probe
-    on."""
+    first one, its reason and notice included); None decides now. With ``recompiles``, a real
+    pipeline-parallel scan also trains the config's schedule on its ranks
+    (``scan.pipeline_schedule``: the recompiles and crashes only PP causes). ``shapes``: a shape
+    stream whose distinct shapes the probe steps follow instead (docs/shapes.md); it turns the
+    probe on."""
     if recompiles is None:
         recompiles = probe_by_default() or shapes is not None
     probe_shapes = (
@@ -123,14 +126,36 @@ def scan(
         )
         if progress:
             progress(f"captured on {world} ranks", 1, 1)
-    report = with_notice(merge_ranks(spec, job, ranks), decision)
+    report = merge_ranks(spec, job, ranks)
+    if recompiles and spec.parallelism.pp_enabled and launched.current() is None:
+        report = _with_pipeline_schedule(spec, report, progress)
     if probe_shapes and shapes is not None:
         note = (
             f"recompile probe: the {len(probe_shapes)} distinct shapes of --shapes "
             f"{shapes.source or 'file'} (rank 0's), in stream order"
         )
         report = replace(report, notes=(*report.notes, note))
-    return report
+    return with_notice(report, decision)
+
+
+def _with_pipeline_schedule(
+    spec: Spec, report: ScanReport, progress: Progress | None
+) -> ScanReport:
+    """``report`` with what training the spec's pipeline schedule for real found."""
+    from gbdoctor.scan.pipeline_schedule import run_schedule, runnable, with_schedule
+
+    why = runnable(spec)
+    if why is not None:
+        return replace(report, notes=(*report.notes, f"pipeline schedule: not run: {why}"))
+    if progress:
+        progress(f"training the {spec.parallelism.pipeline_parallel_schedule} schedule", 0, 1)
+    try:
+        found = run_schedule(spec)
+    except SetupError as exc:
+        # A rank that died or ran out of time (not a crash the run recognizes): the capture
+        # stands; the report says the schedule's findings are missing, and why.
+        return replace(report, notes=(*report.notes, f"pipeline schedule: failed: {exc.message}"))
+    return with_schedule(report, found)
 
 
 def with_notice(report: ScanReport, decision: Decision) -> ScanReport:

@@ -35,7 +35,7 @@ from gbdoctor.capture.locate import portable_text
 from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.frameworks import framework_for
-from gbdoctor.frameworks.registry import hooks_of
+from gbdoctor.frameworks.registry import hooks_of, zero_stage_of
 from gbdoctor.records import BlockReport, EventKind, Recompile, SetupInfo, Spec
 from gbdoctor.scan.block_report import block_report
 from gbdoctor.scan.dedupe import (
@@ -373,10 +373,9 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
     flags = tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags))
     if setup.ac_enabled:
         flags = tuple(sorted(flags + (("lru_cache", "False"),)))
-    ds = spec.deepspeed
     return SetupInfo(
         framework=spec.gbdoctor.framework,
-        zero_stage=ds.zero_stage if ds else None,
+        zero_stage=zero_stage_of(framework_for(spec), spec),
         strategy=job.strategy.name,
         device=job.device,
         world_size=spec.parallelism.world_size,

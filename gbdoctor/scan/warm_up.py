@@ -11,9 +11,9 @@ from typing import Any
 import torch
 
 from gbdoctor.capture import describe_error, eager_stance, reset_fsdp_state
-from gbdoctor.causes import known_issue, known_issue_note
 from gbdoctor.errors import SetupError
 from gbdoctor.frameworks import Framework
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.train import forward_loss
 
@@ -66,7 +66,8 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
                 attempt()
         except Exception as exc:  # noqa: BLE001 - reported, then the next, weaker warm-up
             error = describe_error(exc)
-            failures.append(f"{name} fails under this setup ({error}){known_issue_note(error)}")
+            note = cause_taxonomy().known_issue_note(error)
+            failures.append(f"{name} fails under this setup ({error}){note}")
             reset_fsdp_state(setup.model)
             if setup.optimizer is not None:
                 setup.optimizer.zero_grad(set_to_none=True)
@@ -75,7 +76,7 @@ def run_warm_up(setup: Any, attempts: WarmUp, notes: list[str]) -> None:
             notes.append("; ".join(failures) + f"; blocks were captured after {name}")
         return
     hint = "fix the model or the setup first (run `gbdoctor --debug ...` for the traceback)"
-    issue = known_issue(failures[-1])
+    issue = cause_taxonomy().known_issue(failures[-1])
     if issue is not None:
         hint = f"a known upstream bug ({issue.link}); {issue.workaround}"
     if any(_NO_CPU_KERNEL in f for f in failures):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -69,12 +69,22 @@ class InstalledHook:
     fn: Any
 
 
+class SetupStrategy(Protocol):
+    """What a Setup reads from the strategy it was set up with: any framework's own strategy
+    (``compile.Strategy`` here; DeepSpeed's and others' are theirs)."""
+
+    @property
+    def flags(self) -> tuple[tuple[str, Any], ...]:
+        """Dynamo config settings the training step runs under."""
+        ...
+
+
 @dataclass
 class Setup:
     model: nn.Module
     blocks: list[BlockSlot]
     optimizer: torch.optim.Optimizer | None
-    strategy: Strategy
+    strategy: SetupStrategy
     meshes: Any
     hooks: list[InstalledHook] = field(default_factory=list)
     fsdp: bool = True
@@ -153,6 +163,18 @@ def check_plan_matches(strategy: Strategy, kinds: list[str], blocks: list[nn.Mod
                 ) from None
 
 
+def generic_strategy(name: str) -> Strategy:
+    """The generic preset ``name`` (``setup.compile.STRATEGIES``); a framework's own presets are
+    objects the caller takes from its ``strategies``."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise SpecError(
+            f"{name!r} is not a generic compile strategy",
+            hint=f"pass one of {', '.join(STRATEGIES)}, or a Strategy (a framework's strategies)",
+        ) from None
+
+
 def apply_setup(
     model: nn.Module,
     spec: Spec,
@@ -171,7 +193,7 @@ def apply_setup(
     step); simulation passes True because it materializes the model (as fakes) before stepping.
     """
     if isinstance(strategy, str):
-        strategy = STRATEGIES[strategy]
+        strategy = generic_strategy(strategy)
     if compile_fn is None:
         compile_fn = default_compile_fn(backend or spec.compile.backend)
     ac = spec.activation_checkpoint
@@ -225,11 +247,11 @@ def apply_setup(
     wrapped_idx = {i for i in range(len(raw)) if ac_mod.is_wrapped(ac, ac_index[i])}
     kinds = []
     for i, (fqn, _, _) in enumerate(raw):
-        kind = BlockKind(
+        label = BlockKind(
             base="moe" if fqn in moe_blocks else "dense",
             wrap=ac_mod.ac_label(ac) if i in wrapped_idx else "",
         )
-        kinds.append(str(kind))
+        kinds.append(str(label))
     if strategy.plan is not None:
         check_plan_matches(strategy, kinds, [b for _, _, b in raw])
     recipes = [

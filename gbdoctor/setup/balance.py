@@ -7,13 +7,21 @@ data-parallel ranks first, exactly as torchtitan v0.2.2 does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from gbdoctor.setup.collectives import all_reduce_sum
+
+
+class LoadBalancedMoE(Protocol):
+    """What :func:`load_balanced_moes` checked each module it returns has."""
+
+    tokens_per_expert: torch.Tensor
+    expert_bias: torch.Tensor
+    load_balance_coeff: float
 
 
 def load_balanced_moes(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -36,15 +44,16 @@ def update_expert_bias(
     """One bias update from the accumulated counts; resets the counts."""
     if not moes:
         return
+    layers = [cast(LoadBalancedMoE, m) for _, m in moes]  # as load_balanced_moes found them
     with torch.no_grad():
-        counts = torch.stack([m.tokens_per_expert for _, m in moes])
+        counts = torch.stack([m.tokens_per_expert for m in layers])
         # torchtitan assumes eager recompute counted every token twice under AC; the sign()
         # below makes the halving harmless either way.
         halve = torch.tensor(recomputed, device=counts.device).unsqueeze(1)
         counts = torch.where(halve, counts // 2, counts)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             all_reduce_sum(counts, group)
-        for (_, moe), c in zip(moes, counts):
+        for moe, c in zip(layers, counts):
             delta = moe.load_balance_coeff * torch.sign(c.mean() - c)
             moe.expert_bias.add_(delta - delta.mean())
             moe.tokens_per_expert.zero_()

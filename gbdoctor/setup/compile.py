@@ -1,4 +1,4 @@
-"""Per-block compile strategies and the Dynamo settings each torchtitan era used.
+"""Per-block compile strategies: the recipe types, the generic presets, and applying them.
 
 A strategy says, per block kind, which regions are compiled and with which ``fullgraph``:
 ``block`` compiles the (possibly AC-wrapped) block whole; ``children`` compiles the block's
@@ -87,7 +87,7 @@ STRATEGIES: dict[str, Strategy] = {
             dense=BlockRecipe(),
             moe=BlockRecipe(),
             flags=HEAD_FLAGS,
-            summary="every block compiled whole with fullgraph=True (torchtitan main, 2026)",
+            summary="every block compiled whole with fullgraph=True",
         ),
         Strategy(
             name="block-nofullgraph",
@@ -95,22 +95,6 @@ STRATEGIES: dict[str, Strategy] = {
             moe=BlockRecipe(fullgraph=False),
             flags=V022_FLAGS,
             summary="every block compiled whole with fullgraph=False",
-        ),
-        Strategy(
-            name="titan-v0.2.0",
-            dense=BlockRecipe(),
-            moe=BlockRecipe(fullgraph=False),
-            summary="torchtitan v0.2.0: blocks whole, MoE blocks fullgraph=False, no scalar capture",
-        ),
-        Strategy(
-            name="titan-v0.2.2",
-            dense=BlockRecipe(),
-            moe=BlockRecipe(
-                mode=CompileMode.CHILDREN, skip_parameterless=False, compile_kernels=True
-            ),
-            flags=V022_FLAGS,
-            summary="torchtitan v0.2.1-0.2.2: MoE children compiled fullgraph (7 regions per MoE "
-            "block), experts eager, their grouped-mm kernel compiled on its own",
         ),
         Strategy(
             name="children",
@@ -121,6 +105,9 @@ STRATEGIES: dict[str, Strategy] = {
         ),
     )
 }
+"""The generic presets, which any framework set up by these building blocks may offer. A
+framework's own presets (the releases it mirrors) are its ``strategies``, built from
+:class:`Strategy` and :class:`BlockRecipe` behind the framework seam."""
 
 
 def default_eager(block: nn.Module) -> tuple[str, ...]:
@@ -291,7 +278,7 @@ def apply_compile(
         return outer, (), ()
     if recipe.mode == CompileMode.BLOCK:
         compiled = compile_fn(outer, block_fqn, recipe.fullgraph)
-        regions = (block_fqn,)
+        regions: tuple[str, ...] = (block_fqn,)
         return compiled, regions, regions if recipe.fullgraph else ()
     if recipe.mode != CompileMode.CHILDREN:
         raise ValueError(f"unknown compile mode {recipe.mode!r}")

@@ -9,7 +9,7 @@ torchtitan does because EP's device-to-host syncs defeat implicit prefetching.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -71,9 +71,10 @@ def apply_fsdp(
 
 
 def _explicit_prefetch(blocks: list[nn.Module], experts: list[nn.Module | None]) -> None:
+    # fully_shard made every block and expert store an FSDPModule; callers hold them as nn.Module.
     for i, block in enumerate(blocks[:-1]):
         nxt = [blocks[i + 1]] + ([experts[i + 1]] if experts[i + 1] is not None else [])
-        block.set_modules_to_forward_prefetch(nxt)
+        cast(FSDPModule, block).set_modules_to_forward_prefetch(cast(list[FSDPModule], nxt))
     for i in range(len(blocks) - 1, 0, -1):
         prev = [blocks[i - 1]] + ([experts[i - 1]] if experts[i - 1] is not None else [])
-        blocks[i].set_modules_to_backward_prefetch(prev)
+        cast(FSDPModule, blocks[i]).set_modules_to_backward_prefetch(cast(list[FSDPModule], prev))

@@ -242,13 +242,15 @@ def pipeline_notes(layout: PipelineLayout) -> tuple[str, ...]:
         f"({ranks}), {layout.microbatches} microbatch(es) of {layout.microbatch_size}; every "
         "stage's blocks are set up as their rank sets them up (the layer-selective AC counter "
         "counts the rank's own blocks, FSDP2 keeps parameters unsharded between forward and "
-        "backward) and captured with microbatch inputs; the schedule's own steps (send/recv of "
-        "hidden states between stages, the loss on the last stage) are not captured"
+        "backward) and captured with microbatch inputs; the schedule itself (each rank's own "
+        "stages fed the hidden states it sends, the loss on the last stage) is trained for real "
+        "only with the recompile probe on ('pipeline schedule:' notes)"
     ]
     if layout.zero_bubble:
         notes.append(
             f"pipeline: {layout.schedule} splits each stage's backward into input and weight "
-            "gradients (torch.autograd.grad in pieces); the capture runs one whole backward"
+            "gradients (torch.autograd.grad in pieces); the capture runs one whole backward, "
+            "the schedule run (with the recompile probe) the split one"
         )
     return tuple(notes)
 
@@ -278,3 +280,36 @@ def split_stage(model: Any, stage: PipelineStage) -> Any:
         elif name not in keep:
             setattr(chunk, name, None)
     return chunk
+
+
+def build_schedule(
+    layout: PipelineLayout, modules: Sequence[tuple[PipelineStage, Any]], group: Any, loss_fn: Any
+) -> Any:
+    """torch's schedule for this rank's stages, as torchtitan's ``build_pipeline_schedule``
+    builds it: the class the config names, ``layout.microbatches`` microbatches, the loss on
+    the last stage, gradients not scaled by the schedule (the loss is). ``modules``: (stage, its
+    chunk) for each stage of this rank, in stage order."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage as TorchStage
+
+    if layout.schedule == "csv":
+        raise SpecError(
+            "parallelism.pipeline_parallel_schedule_csv: not supported yet: gbdoctor runs "
+            "torch's named schedules only (a CSV schedule needs torch's private runtime schedule)",
+            hint="set pipeline_parallel_schedule to the schedule the CSV was made from",
+        )
+    device = torch.device("cpu")
+    for _, module in modules:
+        device = next(module.parameters()).device
+        break
+    stages = [
+        TorchStage(module, stage.index, len(layout.stages), device, group=group)
+        for stage, module in modules
+    ]
+    cls = schedule_class(layout.schedule)
+    return cls(
+        stages[0] if is_single_stage(layout.schedule) else stages,
+        n_microbatches=layout.microbatches,
+        loss_fn=loss_fn,
+        scale_grads=False,
+    )

@@ -79,11 +79,13 @@ class ReplicateCompute(ParallelStyle):
         return output.to_local() if use_local else output
 
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        # torch's stub types input_fn as returning None, but distribute_module installs it as a
+        # forward pre-hook whose return value replaces the inputs (torch's own styles return them).
         return distribute_module(
             module,
             device_mesh,
             None,
-            self._to_replicated,
+            self._to_replicated,  # type: ignore[arg-type]
             partial(self._from_replicated, self.use_local_output),
         )
 
@@ -119,7 +121,14 @@ class ExpertsTensorParallel(ParallelStyle):
                 )
 
     def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
-        return distribute_module(module, device_mesh, self._partition, self._prepare_input)
+        # torch's stub types input_fn as returning None, but distribute_module installs it as a
+        # forward pre-hook whose return value replaces the inputs (torch's own styles return them).
+        return distribute_module(
+            module,
+            device_mesh,
+            self._partition,
+            self._prepare_input,  # type: ignore[arg-type]
+        )
 
 
 def root_plan(loss_parallel: bool) -> dict[str, ParallelStyle]:

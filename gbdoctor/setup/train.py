@@ -9,7 +9,7 @@ which makes gradients independent of the number of ranks.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -142,7 +142,7 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
     A ``run_ranks`` target, so world-size-N results can be compared with world size 1."""
     from gbdoctor.models import build_model, vocab_size
     from gbdoctor.setup.apply import apply_setup, recipe_context
-    from gbdoctor.setup.balance import load_balanced_moes
+    from gbdoctor.setup.balance import LoadBalancedMoE, load_balanced_moes
     from gbdoctor.setup.mesh import build_meshes
 
     spec, strategy, steps, backend = payload
@@ -157,5 +157,5 @@ def train_losses(payload: tuple[Any, str, int, str]) -> dict[str, Any]:
             tokens, labels = step_batch(spec, meshes, vocab_size(model), step)
             losses.append(train_step(setup, tokens, labels))
     moes = load_balanced_moes(model)
-    bias = moes[0][1].expert_bias.detach().cpu().tolist() if moes else []
+    bias = cast(LoadBalancedMoE, moes[0][1]).expert_bias.detach().cpu().tolist() if moes else []
     return {"losses": losses, "expert_bias": bias}

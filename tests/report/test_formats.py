@@ -17,8 +17,8 @@ from scan_factory import (
 
 from gbdoctor.errors import SpecError
 from gbdoctor.records import Event, Location
-from gbdoctor.report import FORMATS, render
-from gbdoctor.report.base import Formatter, formatter_for
+from gbdoctor.report import render
+from gbdoctor.report.formats import Printout, RenderOptions, formats_of, renderer_for
 from gbdoctor.report.github import command, escape_data, escape_property
 from gbdoctor.report.table import recording_console, render_table
 
@@ -26,12 +26,11 @@ EXPECTED_FORMATS = {"table", "json", "markdown", "junit", "github", "html"}
 
 
 def test_every_format_name_has_a_formatter() -> None:
-    assert set(FORMATS) == EXPECTED_FORMATS
-    for name, cls in FORMATS.items():
-        formatter = formatter_for(name)
-        assert isinstance(formatter, cls)
-        assert callable(formatter.render)
-        _: Formatter = formatter  # the protocol is structural
+    assert set(formats_of(Printout.SCAN)) == EXPECTED_FORMATS
+    report = SCAN_FIXTURES["llama4_before"]()
+    for name in formats_of(Printout.SCAN):
+        renderer = renderer_for(Printout.SCAN, name)
+        assert renderer(report, RenderOptions()) == render(report, name)
 
 
 def test_unknown_format_is_bad_input() -> None:
@@ -214,15 +213,6 @@ def test_events_without_location() -> None:
     report = make_report((make_block("layers.0", "dense", events=(event,), graph_count=0),))
     assert "frame_skipped" in render(report, "table")
     assert "::error title=gbdoctor%3A frame_skipped::" in render(report, "github")
-
-
-def test_the_command_format_registry_matches_the_formatters():
-    from gbdoctor.report import COMMAND_FORMATS, FORMAT_NAMES, GATE_FORMAT_NAMES
-    from gbdoctor.report.run_formats import RUN_FORMAT_NAMES
-
-    assert COMMAND_FORMATS["scan"] == FORMAT_NAMES
-    assert COMMAND_FORMATS["gate"] == COMMAND_FORMATS["diff"] == GATE_FORMAT_NAMES
-    assert COMMAND_FORMATS["run"] == RUN_FORMAT_NAMES
 
 
 @pytest.mark.parametrize(

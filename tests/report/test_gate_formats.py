@@ -11,7 +11,8 @@ from scan_factory import GOLDEN, UPDATE, llama4_after_new_break, llama4_before
 
 from gbdoctor.errors import SpecError
 from gbdoctor.gate import baseline_from_reports, check_gate
-from gbdoctor.report import GATE_FORMATS, render_gate
+from gbdoctor.report import render_gate
+from gbdoctor.report.formats import Printout, formats_of
 
 
 def failing():
@@ -24,14 +25,23 @@ def passing():
 
 
 def test_every_gate_format_name_has_a_formatter() -> None:
-    assert set(GATE_FORMATS) == {"table", "json", "markdown", "junit", "github", "html"}
-    for name in GATE_FORMATS:
+    assert set(formats_of(Printout.GATE)) == {
+        "table",
+        "json",
+        "markdown",
+        "junit",
+        "github",
+        "html",
+    }
+    for name in formats_of(Printout.GATE):
         assert render_gate(failing(), name).endswith("\n")
     with pytest.raises(SpecError, match="unknown format"):
         render_gate(failing(), "yaml")
 
 
-@pytest.mark.parametrize("fmt", sorted(set(GATE_FORMATS) - {"html"}))  # html: test_html*.py
+@pytest.mark.parametrize(
+    "fmt", sorted(set(formats_of(Printout.GATE)) - {"html"})
+)  # html: test_html*.py
 @pytest.mark.parametrize("case", ["failing", "passing"])
 def test_gate_golden(fmt: str, case: str) -> None:
     text = render_gate({"failing": failing, "passing": passing}[case](), fmt)

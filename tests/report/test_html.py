@@ -365,11 +365,16 @@ def test_timeline_document(tmp_path: Path) -> None:
 
 
 def test_plan_and_run_format_html() -> None:
-    """``plan --format html`` (through ``cli.report.plan_html``, the emitted config included)
-    and ``run --format html`` (``render_run``); ``plan`` checks the format before any work."""
-    from gbdoctor.cli.report import plan_html
+    """``plan --format html`` (``cli.report.plan_printout`` through the format registry, the
+    emitted config included) and ``run --format html`` (``render_run``); ``plan`` checks the
+    format before any work."""
+    from gbdoctor.cli.report import plan_printout
     from gbdoctor.plan.planner import load_plan
+    from gbdoctor.report.formats import Printout, render
     from gbdoctor.report.run_formats import render_run
+
+    def plan_html(plan, emitter):
+        return render(Printout.PLAN, "html", plan_printout(plan, emitter=emitter))
 
     page = plan_html(load_plan(GOLDEN / "plan" / "deepspeed_zero2.json"), None)
     assert "Emitted config (deepspeed)" in page and "Plan: fixtures/deepspeed_zero2.toml" in page

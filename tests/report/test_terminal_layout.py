@@ -18,7 +18,8 @@ from scan_factory import GOLDEN, UPDATE, make_block, make_report
 from gbdoctor.causes.generated_names import has_generated_name, user_function, user_names
 from gbdoctor.causes.guards import guard_in_words
 from gbdoctor.records import CudaGraphFinding, CudaGraphReadiness, Recompile
-from gbdoctor.report import FORMATS, render
+from gbdoctor.report import render
+from gbdoctor.report.formats import Printout, formats_of
 from gbdoctor.report.json import load_scan_json
 from gbdoctor.report.layout import fit_path, location_label, one_line
 from gbdoctor.report.table_details import MODULE_WIDTH, WHERE_WIDTH
@@ -114,7 +115,7 @@ def test_every_column_fits_100_columns_and_no_path_is_cut(path: Path) -> None:
 def test_no_generated_name_in_any_format_of_any_golden(path: Path) -> None:
     report = load_scan_json(path)
     assert not any(name in path.read_text(encoding="utf-8") for name in GENERATED), path
-    for fmt in FORMATS:
+    for fmt in formats_of(Printout.SCAN):
         for details in (False, True):
             text = render(report, fmt, details=details)
             found = [name for name in GENERATED if name in text]
@@ -151,7 +152,7 @@ def test_the_check_can_fail_and_every_format_maps_the_names() -> None:
     report = _report_with_generated_names()
     raw = str(report)
     assert all(name in raw for name in GENERATED)  # the record keeps Dynamo's words
-    for fmt in FORMATS:
+    for fmt in formats_of(Printout.SCAN):
         text = render(report, fmt)
         assert not [name for name in GENERATED if name in text], fmt
     table = render(report, "table", details=True, width=1000)

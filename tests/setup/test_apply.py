@@ -9,6 +9,7 @@ from repo_paths import REPO
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import FSDPModule
 
+from gbdoctor.frameworks import framework_for
 from gbdoctor.models import build_model
 from gbdoctor.scan.inspect import inspect_spec
 from gbdoctor.setup.apply import apply_setup, recipe_context
@@ -21,7 +22,9 @@ def _setup(spec_name: str, overrides: list[str], strategy: str):
     spec = load_spec(REPO / "fixtures" / spec_name, overrides)
     meshes = build_meshes(spec.parallelism, "cpu")
     model = build_model(spec.model)
-    return apply_setup(model, spec, meshes, strategy=strategy, backend="eager")
+    # The spec's framework's presets (titan-v0.2.2 is the torchtitan mirror's, not generic).
+    chosen = framework_for(spec).strategies[strategy]
+    return apply_setup(model, spec, meshes, strategy=chosen, backend="eager")
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ remove a break."""
 
 from __future__ import annotations
 
-from gbdoctor.causes import flags_removing, plan_actions_for
+from gbdoctor.causes import flags_removing
 from gbdoctor.records import BlockReport, Break, ScanReport
 
 
@@ -38,7 +38,9 @@ def take_flags(
     ``flags`` yet are added to it, the action and its reason appended. The gb_type says which
     flag removes the break; the cause's taxonomy entry which fixes a planner may apply
     (``Cause.plan_actions``)."""
-    allowed = plan_actions_for(brk.cause)
+    from gbdoctor.frameworks.registry import cause_taxonomy
+
+    allowed = cause_taxonomy().plan_actions(brk.cause)
     wanted = tuple(
         flag
         for flag in flags_removing(brk.gb_type, in_checkpoint=brk.in_checkpoint)

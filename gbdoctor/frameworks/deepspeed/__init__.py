@@ -15,6 +15,7 @@ from typing import Any
 
 from gbdoctor.causes.hooks import FrameworkHooks
 from gbdoctor.frameworks.common.base import FrameworkBase, SetUpOptions
+from gbdoctor.frameworks.deepspeed.causes import DEEPSPEED_CAUSES
 from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
 from gbdoctor.records.enums import Component
 
@@ -58,6 +59,7 @@ class DeepSpeed(FrameworkBase):
         files=("deepspeed/runtime/zero/",),  # ZeRO's parameter gather/release and its hooks
         components=(Component.ZERO, Component.DEEPSPEED),
     )
+    cause_knowledge = DEEPSPEED_CAUSES
 
     # ---------------------------------------------------------------- strategies and spec
 
@@ -83,6 +85,10 @@ class DeepSpeed(FrameworkBase):
         # DeepSpeed specs compile as [gbdoctor] strategy says (engine.compile() by default),
         # not as torchtitan's [compile] section would.
         return False
+
+    def zero_stage(self, spec: Any) -> int | None:
+        """The spec's ZeRO stage (``ZeroStages``: the setup record of a scan or inspection)."""
+        return spec.deepspeed.zero_stage if spec.deepspeed else None
 
     # ---------------------------------------------------------------- set up and step
 
@@ -179,7 +185,7 @@ class DeepSpeed(FrameworkBase):
             batch_size=spec.capture_batch_size,
             seq_len=spec.capture_seq_len,
             framework=self.name,
-            zero_stage=spec.deepspeed.zero_stage if spec.deepspeed else None,
+            zero_stage=self.zero_stage(spec),
             steps=steps,
             plan=strategy.plan,
         )
@@ -187,7 +193,7 @@ class DeepSpeed(FrameworkBase):
     def engine_notes(
         self, spec: Any, strategy: Any, steps: int, losses: list[float]
     ) -> tuple[str, ...]:
-        stage = spec.deepspeed.zero_stage if spec.deepspeed else None
+        stage = self.zero_stage(spec)
         notes = [
             f"DeepSpeed ZeRO-{stage}, {strategy.summary}; {steps} training steps captured "
             f"through the engine on every rank (losses {', '.join(f'{x:.4f}' for x in losses)})"

@@ -19,7 +19,7 @@ import contextlib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 import torch.nn as nn
@@ -94,6 +94,15 @@ class TitanSetup:
             self.trainer_state, {"input": tokens, "positions": positions}, labels
         )
         return inputs, extra, labels
+
+
+class _TitanModel(Protocol):
+    """The members of torchtitan's model (``models/common/decoder.py``) this setup uses beyond
+    nn.Module's; torchtitan ships no type information (its trainer casts the same way)."""
+
+    _skip_lm_head: bool
+
+    def init_weights(self, *, buffer_device: torch.device | None = None) -> None: ...
 
 
 def _dynamo_settings() -> dict[str, Any]:
@@ -212,7 +221,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     if not meshes.simulated:
         model.to_empty(device=device)
         with torch.no_grad():
-            model.init_weights(buffer_device=None)
+            cast(_TitanModel, model).init_weights(buffer_device=None)
     model.train()
     fsdp = _sum_reductions_on_gloo(model)
     simple_fsdp = simple_fsdp_note(model)
@@ -220,7 +229,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     loss_fn = config.loss.build(compile_config=config.compile)
     if isinstance(loss_fn, ChunkedLossWrapper):
         loss_fn.set_lm_head(model.lm_head)
-        model._skip_lm_head = True
+        cast(_TitanModel, model)._skip_lm_head = True
     optimizer = config.optimizer.build(model_parts=[model])
     if spec.post_optimizer_build_fn is not None:
         spec.post_optimizer_build_fn(optimizer, [model], parallel_dims)

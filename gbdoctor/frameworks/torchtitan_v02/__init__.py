@@ -1,7 +1,7 @@
 """The built-in mirror of torchtitan v0.2.x behind the framework seam (:class:`TorchtitanV02`).
 
 Its setup is ``setup/``'s framework-neutral building blocks in ``setup.apply``'s one order (EP ->
-AC -> compile -> FSDP2 -> optimizer), its strategies ``setup.compile.STRATEGIES``, its spec the
+AC -> compile -> FSDP2 -> optimizer), its strategies ``strategies.STRATEGIES``, its spec the
 torchtitan v0.2.2 JobConfig sections every spec has (``spec.py``); ``plan``: the per-block-kind
 planner; ``emit``: the ``--emit-config torchtitan`` code. Scans capture per block
 (``CaptureStyle.PER_BLOCK``), on real, spawned or simulated ranks.
@@ -15,6 +15,7 @@ from typing import Any
 
 from gbdoctor.frameworks.common.base import BuildingBlocksFramework
 from gbdoctor.frameworks.interface import PLUGIN_API_VERSION, CaptureStyle
+from gbdoctor.frameworks.torchtitan_v02.causes import TORCHTITAN_CAUSES
 
 NAME = "torchtitan"
 
@@ -29,7 +30,7 @@ class TorchtitanRunModes:
             "block-fullgraph": "block",
         }
     )
-    """Mode name -> compile strategy (``setup.compile.STRATEGIES``). ``plan`` and
+    """Mode name -> compile strategy (``strategies.STRATEGIES``). ``plan`` and
     ``cudagraphs`` come from the planner."""
     modes: tuple[str, ...] = (
         "eager",
@@ -59,16 +60,17 @@ class TorchtitanV02(BuildingBlocksFramework):
         "titan-v0.2.2",
         "children",
     )
-    """Compile strategy presets for ``[gbdoctor] strategy`` (``setup.compile.STRATEGIES``)."""
+    """Compile strategy presets for ``[gbdoctor] strategy`` (``strategies.STRATEGIES``)."""
     default_strategy = "block"
     run_modes = TorchtitanRunModes()
+    cause_knowledge = TORCHTITAN_CAUSES
     plan_modes: tuple[str, ...] = ("block", "children")
 
     # ---------------------------------------------------------------- strategies and spec
 
     @property
     def strategies(self) -> Mapping[str, Any]:
-        from gbdoctor.setup.compile import STRATEGIES
+        from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
 
         return STRATEGIES
 

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gbdoctor.capture import within
-from gbdoctor.causes import plan_actions_for
 from gbdoctor.frameworks.common.plan import (
     clean,
     fullgraph_share,
@@ -28,6 +27,7 @@ from gbdoctor.frameworks.common.plan import (
     take_flags,
     verification_failure,
 )
+from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import (
     ACMode,
     BlockKind,
@@ -166,7 +166,7 @@ def _absorb(cand: _Candidate, block: BlockReport, flags: set[str]) -> None:
             # The break is in the hooks FSDP/EP install around the module, not in its forward:
             # the forward is compiled on its own, with the hooks running eagerly around it
             # (verification drops it again if the forward itself breaks).
-            allowed = plan_actions_for(brk.cause)
+            allowed = cause_taxonomy().plan_actions(brk.cause)
             if "compile-between-hooks" in allowed and not isolated <= (cand.eager or set()):
                 cand.compiled_forward = (cand.compiled_forward or set()) | isolated
                 cand.actions.append("compile-between-hooks")
@@ -208,7 +208,7 @@ def propose_block_plan(
     """Scan, propose, verify (rounds + a final strict scan), and return the plan. ``scan_fn``
     keeps real-or-simulated as first decided (``plan.planner.propose_plan``), so a simulated
     plan is verified by simulated re-scans."""
-    from gbdoctor.setup.compile import STRATEGIES
+    from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
 
     say = progress or (lambda *_: None)
     say("baseline scan (whole blocks, no flags)", 0, MAX_ROUNDS + 2)
@@ -309,7 +309,10 @@ def _assemble(
                 detail=detail,
                 cudagraphs=new.cudagraphs.summary if new and new.cudagraphs else "",
                 cudagraph_ready=bool(
-                    verified and new.cudagraphs and new.cudagraphs.status == Readiness.READY
+                    verified
+                    and new is not None  # implied by verified; said again for mypy
+                    and new.cudagraphs
+                    and new.cudagraphs.status == Readiness.READY
                 ),
             )
         )

@@ -9,10 +9,12 @@ count of :mod:`gbdoctor.summary`, where the JSON's ``totals`` come from); nothin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from gbdoctor.records import GateResult, Plan, RunReport, ScanReport
 from gbdoctor.records.io import dumps, to_jsonable
+from gbdoctor.report.formats import RenderOptions
 from gbdoctor.report.html.documents import Document, document_kind, load_document
 from gbdoctor.report.html.extras import timeline_article
 from gbdoctor.report.html.gate import gate_article
@@ -24,11 +26,13 @@ from gbdoctor.report.html.source import SourceReader
 __all__ = [
     "Document",
     "HtmlFormat",
+    "Results",
     "document_kind",
     "gate_document",
     "load_document",
     "plan_document",
     "render_html",
+    "results_html",
     "run_document",
     "scan_document",
 ]
@@ -73,6 +77,20 @@ def render_html(documents: Sequence[Document], source_roots: Sequence[Path] = ()
             )
         )
     return page.render()
+
+
+@dataclass(frozen=True)
+class Results:
+    """What ``gbdoctor report`` prints: saved results, one page; source lines are read only
+    under ``source_roots`` (and the installed packages)."""
+
+    documents: tuple[Document, ...]
+    source_roots: tuple[Path, ...] = ()
+
+
+def results_html(results: Results, options: RenderOptions) -> str:
+    """``gbdoctor report``'s one format (it has no ``--format``)."""
+    return render_html(results.documents, source_roots=results.source_roots)
 
 
 def scan_document(report: ScanReport, name: str = "scan") -> Document:

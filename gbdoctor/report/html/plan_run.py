@@ -110,22 +110,11 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
         head,
         section(f"{doc}-kinds", "Before -> after, per kind", chart + body),
     ]
-    if plan.deepspeed is not None:
-        ds = plan.deepspeed
-        parts.append(
-            section(
-                f"{doc}-deepspeed",
-                "DeepSpeed",
-                fields(
-                    [
-                        ("compile", h(f"{ds.mode}{' fullgraph' if ds.fullgraph else ''}")),
-                        ("ZeRO stage", h(ds.zero_stage)),
-                        ("leaf modules", h(", ".join(ds.leaf_modules) or "-")),
-                        *(("remaining", h(r)) for r in ds.remaining),
-                    ]
-                ),
-            )
-        )
+    extra = plan.framework_section()
+    if extra is not None:
+        described = [(label, h(value)) for label, value in extra.fields]
+        remaining = [("remaining", h(item)) for item in extra.remaining]
+        parts.append(section(f"{doc}-{extra.key}", extra.title, fields(described + remaining)))
     if plan.suggestions:
         parts.append(section(f"{doc}-suggestions", "Suggestions", _list(plan.suggestions)))
     for name, text in emitted:

@@ -162,8 +162,9 @@ def _breaks(
     price: Any,
 ) -> str:
     """Distinct breaks (a shared capture's once) grouped by kind, then by cause."""
-    from gbdoctor.causes import CAUSES
+    from gbdoctor.frameworks.registry import cause_taxonomy
 
+    taxonomy = cause_taxonomy().causes
     if not any(row.break_records for row in summary.kinds):
         return section(
             f"{doc}-breaks",
@@ -185,7 +186,7 @@ def _breaks(
         for brk in row.break_records[:BREAKS_SHOWN_PER_KIND]:
             by_cause.setdefault(brk.cause, []).append(brk)
         for cause, records in sorted(by_cause.items()):
-            entry = CAUSES.get(cause)
+            entry = taxonomy.get(cause)
             title = entry.title if entry is not None else cause
             head = tag("b", h(cause)) + h(f": {title}")
             why = tag("p", h(entry.explanation), class_="muted") if entry is not None else ""
