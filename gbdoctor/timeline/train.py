@@ -23,6 +23,7 @@ from typing import Any
 from gbdoctor.errors import GbdoctorError, SpecError, exception_line
 from gbdoctor.records import Recompile, Spec
 from gbdoctor.records.bounds import MAX_INT
+from gbdoctor.records.shapes import ShapeStream
 from gbdoctor.records.timeline import TimelineReport
 from gbdoctor.run.worker import ModeFailure
 
@@ -61,6 +62,15 @@ class TimelineJob:
     batch_size: int
     dynamo_config: tuple[tuple[str, str], ...] = ()
     """``torch._dynamo.config`` settings applied for the whole run (the fixes under test)."""
+    shapes: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """Per data-parallel rank (one entry: every rank), per call of the model: (batch, seq), from
+    a ``--shapes`` stream or the prediction's shape classes (``timeline.predict``); empty:
+    ``batch_size`` x ``seq_lens``, one call per step."""
+    shapes_source: str = ""
+    """The stream's preset or file ("" without one)."""
+    forward_only: bool = False
+    """Each call is a forward and the loss, no backward or optimizer step: the prediction's
+    calls, which only need the decisions Dynamo makes when it converts a frame."""
 
 
 @dataclass
@@ -75,6 +85,8 @@ class RawStep:
     """``capture.timeline_hooks.CompileEvent`` of this step."""
     graph_runs: dict[int, int]
     cache_sizes: dict[str, int]
+    shape: tuple[int, int] = (0, 0)
+    """(batch, seq) of this rank's batch."""
 
 
 @dataclass
@@ -88,6 +100,9 @@ class RankTimeline:
     accumulation_steps: int | None
     lost_metrics: int = 0
     notes: list[str] = field(default_factory=list)
+    data_rank: int = 0
+    graphs: list[Any] = field(default_factory=list)
+    """``capture.timeline_hooks.GraphShapes`` of every compiled graph."""
 
 
 def _parse_value(text: str) -> Any:
@@ -231,7 +246,8 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
     from gbdoctor.frameworks.interface import GradientAccumulation
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
-    from gbdoctor.setup.train import step_batch
+    from gbdoctor.setup.train import data_share
+    from gbdoctor.timeline.calls import call_batch, call_shape, forward_step
 
     spec = job.spec
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -263,12 +279,12 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             recipe.step_context(setup),
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's
-            for step in range(job.steps):
+            calls = len(job.shapes[0]) if job.shapes else job.steps
+            for step in range(calls):
                 watch.tag(step=step, measured=True)
-                seq = job.seq_lens[step % len(job.seq_lens)]
-                tokens, labels = step_batch(
-                    spec, meshes, vocab, step, local_batch=job.batch_size, seq_len=seq
-                )
+                counter.call = step
+                batch, seq = call_shape(job, step, meshes)
+                tokens, labels = call_batch(spec, meshes, vocab, step, batch, seq, job)
                 boundary = accumulation(setup)[1] if accumulation is not None else None
                 if world > 1:
                     dist.barrier()
@@ -278,7 +294,10 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                 counter.take()
                 start = time.perf_counter()
                 try:
-                    _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
+                    if job.forward_only:
+                        phases = forward_step(setup, tokens, labels)
+                    else:
+                        _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
                 except Exception as exc:  # noqa: BLE001 - reported as the run's failure
                     from gbdoctor.capture.counters import failure_kind
 
@@ -293,11 +312,12 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                         phases=phases,
                         collective_s=coll_s,
                         collective_calls=coll_n,
-                        tokens=job.batch_size * seq,
+                        tokens=batch * seq,
                         boundary=boundary,
                         compiles=clog.take(),
                         graph_runs=counter.take(),
                         cache_sizes=cache_sizes(path_fn),
+                        shape=(batch, seq),
                     )
                 )
             lost = clog.lost
@@ -316,6 +336,8 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         recompile_limit=limit,
         accumulation_steps=first_acc[0] if first_acc is not None else None,
         lost_metrics=lost,
+        data_rank=data_share(meshes)[0],
+        graphs=counter.graph_shapes(),
     )
 
 
@@ -330,16 +352,23 @@ def run_timeline(
     plan_path: str | None = None,
     dynamo_config: tuple[tuple[str, str], ...] = (),
     fix: bool = False,
+    shapes: ShapeStream | None = None,
 ) -> TimelineReport:
     """Train ``spec`` ``steps`` steps in ``mode`` and explain the step-time pattern.
 
     ``seq_lens``: the sequence lengths the steps cycle through (default: the spec's capture
     length). ``dynamo_config``: ``torch._dynamo.config`` settings for the run. ``fix``: apply
     the proposed fixes, run again, and attach the comparison (``TimelineReport.verification``).
+    ``shapes``: a shape stream (``records.shapes``) the steps follow instead of ``seq_lens`` and
+    ``batch_size``, one step per stream step (``steps`` is the stream's length).
     Bad input raises SpecError (exit 2)."""
     from gbdoctor.timeline.assemble import build_report, verify
 
     job = _job(spec, mode, steps, seq_lens, batch_size, backend, plan_path, dynamo_config)
+    if shapes is not None:
+        from gbdoctor.timeline.calls import with_stream
+
+        job = with_stream(job, shapes)
     before = build_report(spec, mode, job, _run_ranks(spec, job))
     if not fix:
         return before
