@@ -15,6 +15,35 @@ from repo_paths import EXTRA_INSTALL, FIXTURES, extra_installed
 os.environ.setdefault("GBDOCTOR_RECOMPILE_PROBE", "0")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_rank_processes():
+    """One set of spawned ranks per world size for the whole session (``setup.dist.shared_ranks``,
+    what ``price`` does for its rounds): a test's multi-rank job runs on ranks that already
+    imported torch and joined their group, each job from a fresh state (``capture.job_state``:
+    Dynamo reset, configs and the environment as a fresh spawn would have them now). A job
+    that fails kills its ranks and the next one spawns new ones. Tests of the spawn itself use
+    ``RankPool`` directly or the CLI in a subprocess, which this does not reach; a test marked
+    ``fresh_ranks`` spawns its own."""
+    from gbdoctor.setup.dist import shared_ranks
+
+    with shared_ranks():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ranks_when_marked(request):
+    if request.node.get_closest_marker("fresh_ranks") is None:
+        yield
+        return
+    from gbdoctor.setup import dist
+
+    pools, dist._shared_pools = dist._shared_pools, None
+    try:
+        yield
+    finally:
+        dist._shared_pools = pools
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked ``extra("NAME")`` when that extra is not installed, naming the install

@@ -64,6 +64,7 @@ def test_a_job_past_its_deadline_raises_and_leaves_no_rank():
         assert not any(_alive(p) for p in ranks)
 
 
+@pytest.mark.fresh_ranks
 def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
     def pids() -> list[int]:
         return [

@@ -126,15 +126,67 @@ def compile_log(path_fn: PathFn) -> Iterator[CompileLog]:
         )
 
 
+@dataclass(frozen=True)
+class GraphShapes:
+    """One compiled graph of a frame: which input dims Dynamo compiled as symbols, and the calls
+    in which it first ran at an input shape it had not run at before. Under CUDA graphs
+    (``mode="reduce-overhead"``) each of those is a recording: cudagraph trees record a graph
+    once per distinct shape of its dynamic inputs (pytorch#188150)."""
+
+    frame_id: int
+    index: int
+    """Its number among the frame's graphs, in compile order."""
+    compiled_at: int
+    """The call (:attr:`GraphRunCounter.call`) in which it was compiled."""
+    dynamic: tuple[str, ...]
+    """Input dims compiled as symbols: ``L['x'] dim 1``."""
+    new_shape_calls: tuple[int, ...]
+
+
+def _dynamic_dims(gm: Any) -> tuple[str, ...]:
+    import torch
+
+    out: list[str] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value")
+        if not isinstance(value, torch.Tensor):
+            continue
+        arg = node.meta.get("grapharg")
+        name = arg.source.name if arg is not None and arg.source is not None else node.name
+        out.extend(
+            f"{name} dim {i}"
+            for i, size in enumerate(value.shape)
+            if isinstance(size, torch.SymInt)
+        )
+    return tuple(out)
+
+
+def _signature(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A call's input shapes: tensor sizes and the int arguments (Dynamo passes a dynamic
+    size as an int argument too)."""
+    import torch
+
+    return tuple(
+        tuple(a.shape) if isinstance(a, torch.Tensor) else a if isinstance(a, int) else None
+        for a in args
+    )
+
+
 class GraphRunCounter:
     """A Dynamo backend: ``inner`` (a name or a backend), whose compiled graphs count their runs
-    per frame id in :attr:`runs` (read and reset with :meth:`take`)."""
+    per frame id in :attr:`runs` (read and reset with :meth:`take`), and remember the distinct
+    input shapes each graph ran at (:meth:`graph_shapes`; set :attr:`call` before each call of
+    the model)."""
 
     def __init__(self, inner: str | Callable[..., Any]) -> None:
         self.inner = inner
         self.runs: collections.Counter[int] = collections.Counter()
         self.graphs: collections.Counter[int] = collections.Counter()
         """Graphs compiled per frame id (a graph break gives a frame several)."""
+        self.call = 0
+        self._graphs: list[tuple[int, int, int, tuple[str, ...], dict[Any, int]]] = []
 
     def __call__(self, gm: Any, example_inputs: Any) -> Callable[..., Any]:
         from torch._dynamo.backends.registry import lookup_backend
@@ -144,10 +196,13 @@ class GraphRunCounter:
         frame = cid.frame_id if cid is not None and cid.frame_id is not None else -1
         compiled = lookup_backend(self.inner)(gm, example_inputs)
         runs = self.runs
+        first_seen: dict[Any, int] = {}
+        self._graphs.append((frame, self.graphs[frame], self.call, _dynamic_dims(gm), first_seen))
         self.graphs[frame] += 1
 
         def run(*args: Any) -> Any:
             runs[frame] += 1
+            first_seen.setdefault(_signature(args), self.call)
             return compiled(*args)
 
         return run
@@ -156,6 +211,18 @@ class GraphRunCounter:
         out = dict(self.runs)
         self.runs.clear()
         return out
+
+    def graph_shapes(self) -> list[GraphShapes]:
+        return [
+            GraphShapes(
+                frame_id=frame,
+                index=index,
+                compiled_at=at,
+                dynamic=dynamic,
+                new_shape_calls=tuple(sorted(seen.values())),
+            )
+            for frame, index, at, dynamic, seen in self._graphs
+        ]
 
 
 def cache_sizes(path_fn: PathFn) -> dict[str, int]:

@@ -21,16 +21,19 @@ from gbdoctor.cli.options import (
     OutputOpt,
     RegistryRun,
     SetOpt,
+    ShapesOpt,
     SimulateOpt,
     StrategyOpt,
     StrictImprovementsOpt,
     WorldSizeOpt,
+    load_shapes,
 )
 from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err, spare_model_code
 from gbdoctor.cli.scan import scan_with_progress
 
 if TYPE_CHECKING:
     from gbdoctor.records import ScanReport, Spec
+    from gbdoctor.records.shapes import ShapeStream
 
 
 def gate(
@@ -68,6 +71,7 @@ def gate(
             "recompile probe, which runs only with this flag), above all on every step",
         ),
     ] = False,
+    shapes: ShapesOpt = None,
     set_: SetOpt = None,
     strategy: StrategyOpt = None,
     format: GateFormatOpt = "table",
@@ -94,7 +98,16 @@ def gate(
     if not specs and not scan_json and registry_run is None:
         raise typer.BadParameter("give at least one SPEC or --scan FILE")
     files = [spec_path([s]) for s in specs or []] if registry_run is None else []
-    preflight(format, Printout.GATE, output, html, inputs=(baseline, *files, *(scan_json or [])))
+    preflight(
+        format,
+        Printout.GATE,
+        output,
+        html,
+        inputs=(baseline, *files, *(scan_json or []), shapes),
+    )
+    if shapes is not None and not recompiles:
+        raise typer.BadParameter("--shapes is what the recompile probe follows: add --recompiles")
+    stream = load_shapes(shapes)
     # Everything that can be wrong with the inputs is found before the first scan starts.
     accepted = open_baseline(baseline, update=update_baseline)
     reports = [load_scan_json(path) for path in scan_json or []]
@@ -121,6 +134,7 @@ def gate(
             output=output,
             format=format,
             into=scanned,
+            shapes=stream,
         )
         for loaded, chosen in zip(loaded_specs, strategies, strict=True)
     ]
@@ -155,10 +169,11 @@ def _scan(
     output: Path | None,
     format: str,
     into: list[ScanReport],
+    shapes: ShapeStream | None = None,
 ) -> ScanReport:
     """One gated spec's scan, its automatic-simulation notice shown as soon as it is done; kept
     in ``into`` for the HTML report."""
-    report = scan_with_progress(spec, strategy, recompiles=recompiles)
+    report = scan_with_progress(spec, strategy, recompiles=recompiles, shapes=shapes)
     notice(report.notes, output, format)
     into.append(report)
     return report

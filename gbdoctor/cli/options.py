@@ -7,13 +7,16 @@ import functools
 import inspect
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.models import OptionInfo
 
 from gbdoctor.frameworks.registry import command_line_runs
 from gbdoctor.report.formats import Printout, format_help
+
+if TYPE_CHECKING:
+    from gbdoctor.records.shapes import ShapeStream
 
 _RUNS = command_line_runs()
 RUN_FLAGS = tuple(run.flag for run in _RUNS)
@@ -140,3 +143,28 @@ RunFormatOpt = Annotated[str, _format_option(Printout.RUN)]
 PlanFormatOpt = Annotated[str, _format_option(Printout.PLAN)]
 GateFormatOpt = Annotated[str, _format_option(Printout.GATE)]
 TimelineFormatOpt = Annotated[str, _format_option(Printout.TIMELINE)]
+
+
+ShapesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shapes",
+        help="The batch shapes per step and rank: a shape-stream JSON file, or a preset "
+        "(varlen|buckets|packed|last-partial[:k=v,...]) (docs/shapes.md)",
+        show_default=False,
+    ),
+]
+
+
+def load_shapes(text: str | None) -> ShapeStream | None:
+    """``--shapes``: a preset (``varlen:steps=30``) or a stream file, checked (exit 2 when bad)."""
+    from gbdoctor.errors import SpecError
+    from gbdoctor.records.shape_presets import is_preset, preset_stream
+    from gbdoctor.records.shapes import read_shape_stream
+
+    if text is None:
+        return None
+    stream = preset_stream(text) if is_preset(text) else read_shape_stream(text)
+    if len(stream.steps) < 2:
+        raise SpecError(f"--shapes {text[:60]}: 1 step; a stream needs at least 2")
+    return stream

@@ -15,11 +15,13 @@ from gbdoctor.cli.options import (
     RegistryRun,
     ScanFormatOpt,
     SetOpt,
+    ShapesOpt,
     SimulateOpt,
     SpecArgs,
     StrategyOpt,
     StrictOpt,
     WorldSizeOpt,
+    load_shapes,
 )
 from gbdoctor.cli.output import (
     ProgressBar,
@@ -33,6 +35,7 @@ from gbdoctor.errors import ExitCode
 
 if TYPE_CHECKING:
     from gbdoctor.records import Decision, ScanReport, Spec
+    from gbdoctor.records.shapes import ShapeStream
 
 
 def scan(
@@ -61,6 +64,7 @@ def scan(
             show_default=False,
         ),
     ] = None,
+    shapes: ShapesOpt = None,
     oracle: Annotated[
         bool,
         typer.Option(
@@ -75,7 +79,12 @@ def scan(
     from gbdoctor.summary import has_findings
 
     files = () if registry_run is not None else tuple((spec_args or [])[:1])
-    preflight(format, Printout.SCAN, output, inputs=(*files, plan))
+    preflight(format, Printout.SCAN, output, inputs=(*files, plan, shapes))
+    if shapes is not None and recompile_probe is False:
+        raise typer.BadParameter(
+            "--shapes is what the recompile probe follows: drop one of it and --no-recompile-probe"
+        )
+    stream = load_shapes(shapes)
     if oracle and (registry_run is not None or simulate):
         raise typer.BadParameter(
             "--oracle compiles every layer of a SPEC.toml's bare model for real: it takes no "
@@ -88,6 +97,7 @@ def scan(
         choose_strategy(loaded, strategy, plan),
         dedupe=not no_dedupe,
         recompiles=recompile_probe,
+        shapes=stream,
     )
     notice(report.notes, output, format)
     options = RenderOptions(details=details, width=table_width(output))
@@ -113,6 +123,7 @@ def scan_with_progress(
     dedupe: bool = True,
     recompiles: bool | None = None,
     decision: Decision | None = None,
+    shapes: ShapeStream | None = None,
 ) -> ScanReport:
     """``gbdoctor.scan.scan`` under a progress bar on stderr."""
     from gbdoctor.scan import scan as run_scan
@@ -125,4 +136,5 @@ def scan_with_progress(
             progress=bar,
             recompiles=recompiles,
             decision=decision,
+            shapes=shapes,
         )

@@ -8,19 +8,23 @@ from typing import Annotated
 
 import typer
 
-from gbdoctor.cli.bounds import check_timeline
+from gbdoctor.cli.bounds import check_options, check_timeline
 from gbdoctor.cli.inputs import load_spec_options
 from gbdoctor.cli.options import (
     DetailsOpt,
     OutputOpt,
     SetOpt,
+    ShapesOpt,
     SpecArg,
     StrictOpt,
     TimelineFormatOpt,
     WorldSizeOpt,
+    load_shapes,
 )
 from gbdoctor.cli.output import emit, preflight, print_err, spare_model_code
 from gbdoctor.errors import ExitCode, SpecError
+from gbdoctor.records.bounds import Range
+from gbdoctor.records.shapes import ShapeStream
 
 
 def _pairs(values: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -46,6 +50,27 @@ def _lengths(text: str | None) -> tuple[int, ...]:
             f"--seq-lens {text!r} is not a comma-separated list of lengths",
             hint="e.g. --seq-lens 64,64,96 (the steps cycle through them)",
         ) from None
+
+
+def padded_shapes(text: str | None, pad_buckets: int | None) -> ShapeStream | None:
+    """``--shapes`` (``options.load_shapes``), padded to ``--pad-buckets`` N buckets when asked
+    (the padding cost goes to stderr)."""
+    from gbdoctor.records.shape_presets import pad_to_buckets
+
+    stream = load_shapes(text)
+    if stream is None:
+        if pad_buckets is not None:
+            raise SpecError("--pad-buckets pads a --shapes stream", hint="add --shapes")
+        return None
+    if pad_buckets is None:
+        return stream
+    padded, buckets, extra = pad_to_buckets(stream, pad_buckets)
+    share = 100.0 * extra / max(1, stream.tokens())
+    print_err(
+        f"shapes padded to {len(buckets)} buckets {'/'.join(map(str, buckets))}: "
+        f"+{extra} padding tokens ({share:.1f}% of {stream.tokens()})"
+    )
+    return padded
 
 
 def timeline(
@@ -92,6 +117,31 @@ def timeline(
         bool,
         typer.Option("--fix", help="Apply the proposed fixes, run again and compare"),
     ] = False,
+    shapes: ShapesOpt = None,
+    predict: Annotated[
+        bool,
+        typer.Option(
+            "--predict",
+            help="With --shapes: predict the timeline from one forward per distinct shape "
+            "instead of training every step",
+        ),
+    ] = False,
+    predict_backend: Annotated[
+        str,
+        typer.Option(
+            "--predict-backend",
+            help="What --predict compiles with: eager (Dynamo's decisions only, the default) or "
+            "same (the timeline's backend, with any shape guards it adds)",
+        ),
+    ] = "eager",
+    pad_buckets: Annotated[
+        int | None,
+        typer.Option("--pad-buckets", help="Pad the --shapes stream to N bucket lengths"),
+    ] = None,
+    save_shapes: Annotated[
+        Path | None,
+        typer.Option("--save-shapes", help="Also write the --shapes stream (as used) as JSON"),
+    ] = None,
     format: TimelineFormatOpt = "table",
     plot: Annotated[
         Path | None, typer.Option("--plot", help="Also write the step times as an SVG plot")
@@ -111,13 +161,26 @@ def timeline(
     from gbdoctor.run.settings import Shape, run_settings
     from gbdoctor.timeline.train import run_timeline, typed_dynamo_settings
 
-    preflight(format, Printout.TIMELINE, output, plot, inputs=(spec, plan_file))
+    preflight(
+        format, Printout.TIMELINE, output, plot, save_shapes, inputs=(spec, plan_file, shapes)
+    )
     lengths = _lengths(seq_lens)
     check_timeline(steps, batch_size, lengths)
+    if pad_buckets is not None:
+        check_options((("--pad-buckets", pad_buckets, Range(1, 1_000, "buckets")),))
+    stream = padded_shapes(shapes, pad_buckets)
+    if stream is None and (predict or save_shapes is not None):
+        raise SpecError("--predict and --save-shapes need --shapes", hint="add --shapes FILE")
+    if predict_backend not in ("eager", "same"):
+        raise SpecError(f"--predict-backend {predict_backend[:40]!r}", hint="valid: eager, same")
+    if stream is not None and lengths:
+        raise SpecError("--shapes and --seq-lens both set the shapes", hint="drop one")
     settings = _pairs(dynamo_config)
     typed_dynamo_settings(settings)  # imports torch: seconds, but before any rank or model
     loaded = load_spec_options(spec, set_, world_size=world_size)
     spare_model_code(loaded, output, plot)
+    # Built once, before the stream: with --shapes the stream replaces the steps and shapes
+    # (``timeline.calls.with_stream``), the device, backend and ranks stay these.
     training = run_settings(
         loaded,
         steps=steps,
@@ -126,15 +189,39 @@ def timeline(
         backend=backend,
         shape=Shape.CAPTURE,
     )
-    print_err(f"timeline: training {steps} steps ({mode}); this takes a while on CPU")
-    report = run_timeline(
-        loaded,
-        training,
-        mode=mode,
-        plan_path=str(plan_file) if plan_file else None,
-        dynamo_config=settings,
-        fix=fix,
-    )
+    if save_shapes is not None and stream is not None:
+        from gbdoctor.records.atomic_write import write_atomic
+        from gbdoctor.records.io import dumps
+
+        write_atomic(save_shapes, dumps(stream))
+        print_err(f"wrote {save_shapes}")
+    plan_path = str(plan_file) if plan_file else None
+    if predict and stream is not None:
+        from gbdoctor.timeline.predict import predict_timeline
+
+        print_err(f"timeline: predicting {len(stream.steps)} steps ({mode}) from their shapes")
+        report = predict_timeline(
+            loaded,
+            stream,
+            training,
+            mode=mode,
+            plan_path=plan_path,
+            dynamo_config=settings,
+            fix=fix,
+            compile_with=predict_backend,
+        )
+    else:
+        n = len(stream.steps) if stream is not None else steps
+        print_err(f"timeline: training {n} steps ({mode}); this takes a while on CPU")
+        report = run_timeline(
+            loaded,
+            training,
+            mode=mode,
+            plan_path=plan_path,
+            dynamo_config=settings,
+            fix=fix,
+            shapes=stream,
+        )
     emit(render(Printout.TIMELINE, format, report, RenderOptions(details=details)), output)
     if plot is not None:
         from gbdoctor.records.atomic_write import write_atomic

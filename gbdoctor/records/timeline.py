@@ -13,6 +13,7 @@ __all__ = [
     "READABLE_TIMELINE_SCHEMA_VERSIONS",
     "TIMELINE_SCHEMA_VERSION",
     "FrameTimeline",
+    "TimelineGraph",
     "StepCompile",
     "TimelineFinding",
     "TimelineFix",
@@ -22,8 +23,9 @@ __all__ = [
     "TimelineVerification",
 ]
 
-TIMELINE_SCHEMA_VERSION = 1
-READABLE_TIMELINE_SCHEMA_VERSIONS = (1,)
+TIMELINE_SCHEMA_VERSION = 2
+READABLE_TIMELINE_SCHEMA_VERSIONS = (1, 2)
+"""2 added ``graphs``, ``shapes``, ``rank_compile_steps`` and ``predicted`` (defaults keep a version-1 file readable)."""
 
 
 @record
@@ -90,6 +92,22 @@ class FrameTimeline:
     recompile_steps: tuple[int, ...] = ()
     limit_hit_step: int | None = None
     eager_steps: tuple[int, ...] = ()
+
+
+@record
+class TimelineGraph:
+    """One graph Dynamo compiled for a frame: what it made dynamic, and when it met new shapes."""
+
+    frame: str
+    graph: int
+    """Its number among the frame's graphs, in compile order (a recompile adds one)."""
+    compiled_step: int
+    dynamic: tuple[str, ...] = ()
+    """Input dims compiled as symbols (``L['x'] dim 1``): automatic dynamic shapes after a size
+    changed, ``mark_dynamic``, or ``dynamic=True``. Empty: every size is static."""
+    shape_steps: tuple[int, ...] = ()
+    """Steps in which the graph first ran at an input shape it had not run at. Under CUDA graphs
+    (``mode="reduce-overhead"``) each is a recording: ``len(shape_steps)`` re-records."""
 
 
 @record
@@ -190,3 +208,14 @@ class TimelineReport:
     """Which Dynamo records the timeline was read from."""
     notes: tuple[str, ...] = ()
     verification: TimelineVerification | None = None
+    graphs: tuple[TimelineGraph, ...] = ()
+    shapes: str = ""
+    """The ``--shapes`` stream the steps followed (its preset, or the file), "" for
+    ``seq_lens``."""
+    rank_compile_steps: tuple[tuple[int, ...], ...] = ()
+    """Per rank (world size > 1), the steps in which Dynamo compiled a frame or hit its limit:
+    ranks that differ here diverge (per-rank shapes), and a collective inside a compiled region
+    can wait on a rank that is compiling; empty at world size 1."""
+    predicted: bool = False
+    """Predicted (``timeline.predict``: one forward per distinct shape class), not trained:
+    every timing is 0."""

@@ -12,7 +12,7 @@ import io
 from xml.sax.saxutils import escape
 
 from gbdoctor.records.io import dumps
-from gbdoctor.records.timeline import TimelineReport, TimelineStep
+from gbdoctor.records.timeline import TimelineGraph, TimelineReport, TimelineStep
 from gbdoctor.report.formats import RenderOptions
 
 STRIP_LEGEND = (
@@ -121,6 +121,8 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
         highlight=False,
         soft_wrap=True,
     )
+    for line in shape_lines(report):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for p in report.periods:
         extra = []
         if p.amplitude_s is not None:
@@ -165,8 +167,14 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
             + ", ".join(f"{k}={val}" for k, val in v.applied)
             + f"): recompiles {v.before_recompiles} -> {v.after_recompiles}, limit hits "
             f"{v.before_limit_hits} -> {v.after_limit_hits}, eager steps {v.before_eager_steps} "
-            f"-> {v.after_eager_steps}, steady median "
-            f"{_ms(v.before_median_s or 0)} -> {_ms(v.after_median_s or 0)} ms; "
+            f"-> {v.after_eager_steps}"
+            + (
+                ""
+                if report.predicted
+                else f", steady median {_ms(v.before_median_s or 0)} -> "
+                f"{_ms(v.after_median_s or 0)} ms"
+            )
+            + "; "
             + ("pattern gone" if v.gone else "pattern NOT gone"),
             markup=False,
             highlight=False,
@@ -184,6 +192,33 @@ def render_table(report: TimelineReport, *, width: int = 160, details: bool = Tr
             soft_wrap=True,
         )
     return out.getvalue()
+
+
+def shape_lines(report: TimelineReport) -> list[str]:
+    """A ``--shapes`` run's graphs per frame: when each was compiled, what became dynamic and
+    when, and how many distinct input shapes they ran at (one CUDA-graph recording each under
+    ``mode="reduce-overhead"``); nothing without a stream."""
+    if not report.shapes:
+        return []
+    how = "predicted from one forward per distinct shape" if report.predicted else "trained"
+    lines = [f"shapes: {report.shapes} ({len(report.steps)} steps, {how})"]
+    frames: dict[str, list[TimelineGraph]] = {}
+    for g in report.graphs:
+        frames.setdefault(g.frame, []).append(g)
+    for frame, graphs in frames.items():
+        dynamic = next((g for g in graphs if g.dynamic), None)
+        became = (
+            f"dynamic from step {dynamic.compiled_step}: {', '.join(dynamic.dynamic)}"
+            if dynamic is not None
+            else "every size static"
+        )
+        records = sum(len(g.shape_steps) for g in graphs)
+        lines.append(
+            f"  {frame}: {len(graphs)} graph(s), compiled in steps "
+            f"{','.join(str(g.compiled_step) for g in graphs)}; {became}; {records} distinct "
+            "input shape(s) = CUDA-graph recordings"
+        )
+    return lines
 
 
 _COLORS = {

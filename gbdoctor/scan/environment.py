@@ -19,6 +19,7 @@ from gbdoctor.errors import SetupError
 from gbdoctor.frameworks import CaptureStyle, framework_for
 from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import Decision, ScanReport, Spec
+from gbdoctor.records.shapes import ShapeStream
 from gbdoctor.scan.estimate import decide, pin, require_real
 from gbdoctor.scan.job import Progress, ScanJob, probe_by_default, strategy_for
 from gbdoctor.scan.merge import merge_ranks, with_layout
@@ -41,6 +42,7 @@ def scan(
     strict: bool = False,
     recompiles: bool | None = None,
     decision: Decision | None = None,
+    shapes: ShapeStream | None = None,
 ) -> ScanReport:
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged. DeepSpeed
     Specs of a framework that captures whole engine steps (``CaptureStyle.ENGINE_STEPS``) are
@@ -53,9 +55,16 @@ def scan(
     never probes. ``decision``: an earlier :func:`scan_decision` to keep (plan re-scans keep
     the first one, its reason and notice included); None decides now. With ``recompiles``, a
     real pipeline-parallel scan also trains the config's schedule on its ranks
-    (``scan.pipeline_schedule``: the recompiles and crashes only PP causes)."""
+    (``scan.pipeline_schedule``: the recompiles and crashes only PP causes). ``shapes``: a
+    shape stream whose distinct shapes the probe steps follow instead (docs/shapes.md); it
+    turns the probe on."""
     if recompiles is None:
-        recompiles = probe_by_default()
+        recompiles = probe_by_default() or shapes is not None
+    probe_shapes = (
+        tuple(dict.fromkeys(shapes.shape(i, 0).shape for i in range(len(shapes.steps))))
+        if shapes is not None and recompiles
+        else ()
+    )
     if strategy is None or isinstance(strategy, str):
         strategy = strategy_for(spec, strategy)
     launched.check_world(spec.parallelism.world_size)
@@ -84,6 +93,7 @@ def scan(
         dedupe=dedupe,
         strict=strict,
         probe_recompiles=recompiles,
+        probe_shapes=probe_shapes,
     )
     world = spec.parallelism.world_size
     if world == 1 and launched.current() is None:
@@ -113,6 +123,12 @@ def scan(
     report = merge_ranks(spec, job, ranks)
     if recompiles and spec.parallelism.pp_enabled and launched.current() is None:
         report = _with_pipeline_schedule(spec, report, progress)
+    if probe_shapes and shapes is not None:
+        note = (
+            f"recompile probe: the {len(probe_shapes)} distinct shapes of --shapes "
+            f"{shapes.source or 'file'} (rank 0's), in stream order"
+        )
+        report = replace(report, notes=(*report.notes, note))
     return with_notice(report, decision)
 
 

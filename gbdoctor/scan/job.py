@@ -29,6 +29,9 @@ class ScanJob:
     """After each block's capture, run it again with changed inputs and record recompiles
     (``probe.py``). ``scan()`` turns it on by default; the planner's internal scans, ``gate``
     without ``--recompiles`` and simulation do not."""
+    probe_shapes: tuple[tuple[int, int], ...] = ()
+    """A shape stream's distinct (batch, seq), rank 0's, in first-appearance order: the probe's
+    steps (``scan --shapes``); empty: the synthetic lengths."""
 
 
 PROBE_ENV = "GBDOCTOR_RECOMPILE_PROBE"

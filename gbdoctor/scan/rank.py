@@ -136,14 +136,21 @@ def _scan_set_up(
         probe = None
         if job.probe_recompiles:
 
-            def probe_batch(step: int, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-                return step_batch(spec, meshes, vocab, step, seq_len=seq_len)
+            def probe_batch(
+                step: int, seq_len: int, batch: int | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+                return step_batch(spec, meshes, vocab, step, seq_len=seq_len, local_batch=batch)
 
             def probe_step(t: torch.Tensor, lab: torch.Tensor, notes: list[str]) -> None:
                 run_warm_up(setup, warm_up_attempts(recipe, setup, t, lab), notes)
 
             probe = RecompileProbe(
-                setup, spec.capture_seq_len, probe_batch, probe_step, root=spec.root or None
+                setup,
+                spec.capture_seq_len,
+                probe_batch,
+                probe_step,
+                root=spec.root or None,
+                shapes=job.probe_shapes,
             )
         try:
             reports, notes = capture_set_up(
@@ -455,7 +462,11 @@ def capture_block(
         recompiles: tuple[Recompile, ...] = ()
         if probe is not None and raw.error is None:
             # Same Dynamo state as the capture: which guards fail when the inputs change.
-            stage("recompile probe (2 steps with changed inputs)")
+            stage(
+                f"recompile probe ({len(probe.shapes)} stream shapes)"
+                if probe.shapes
+                else "recompile probe (2 steps with changed inputs)"
+            )
             with session.probe():
                 report_stage(f"probing recompiles of {slot.fqn}")
                 recompiles = probe.run(slot, notes if notes is not None else [])

@@ -123,6 +123,28 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="gbdoctor-parent-watch", daemon=True).start()
 
 
+EnvironmentChange = tuple[dict[str, str], tuple[str, ...], list[str]]
+"""(variables set or changed, variables removed) since the ranks were spawned, and the
+parent's ``sys.path`` (a spawned process starts with the parent's)."""
+
+
+def _apply_environment(change: EnvironmentChange) -> None:
+    """On a rank, before a job: the parent's environment changes since the spawn (on top of the
+    rank's own variables, which the parent's environment never holds)."""
+    changed, removed, path = change
+    sys.path[:] = path
+    os.environ.update({k: v for k, v in changed.items() if k not in _RANK_OWN_VARIABLES})
+    for name in removed:
+        if name not in _RANK_OWN_VARIABLES:
+            os.environ.pop(name, None)
+
+
+_RANK_OWN_VARIABLES = frozenset(
+    ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "GLOO_SOCKET_IFNAME")
+)
+"""What :func:`_rank_main` sets for itself: the rank's identity and its group's address."""
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -139,7 +161,7 @@ def _rank_main(
     parent. Through ``results`` (a pipe) goes ``ok`` once the group is up, then one message per
     job: ``ok`` with the result, ``gbdoctor`` (a GbdoctorError, re-raised by the parent with its
     class) or ``crash``; each failure carries the wall time it happened at, so the parent can
-    tell the first failure from its echoes. A job is ``(target, payload)`` on ``jobs``; None, or
+    tell the first failure from its echoes. A job is ``(target, payload, environment change)`` on ``jobs``; None, or
     the parent closing the pipe, ends the rank. After a failure the rank ends (the parent stops
     its peers); after a success the next job starts from a fresh state
     (``capture.job_state``).
@@ -197,7 +219,8 @@ def _rank_main(
                 break
             if job is None:
                 break
-            target, payload = job
+            target, payload, environment = job
+            _apply_environment(environment)
             # Rank 0 says what it is doing; its peers run the same stages in step with it.
             set_rank_progress(
                 (
@@ -416,6 +439,7 @@ class RankPool:
         self.device_type = device_type
         self.timeout_s = timeout_s
         self._ranks: _Ranks | None = None
+        self._spawn_environment: dict[str, str] = {}
 
     def __enter__(self) -> RankPool:
         return self
@@ -448,7 +472,7 @@ class RankPool:
             if self._ranks is None:
                 self._ranks = self._start()
                 self._ranks.collect(deadline, limit)
-            self._ranks.send((target, payload))
+            self._ranks.send((target, payload, self._environment_change()))
             self._ranks.on_progress = progress
             try:
                 return self._ranks.collect(deadline, limit)
@@ -459,6 +483,15 @@ class RankPool:
             self.close(gracefully=False)
             raise
 
+    def _environment_change(self) -> EnvironmentChange:
+        """How this process's environment differs from the one the ranks were spawned with: a
+        job sees the environment a fresh spawn would get now (a test's ``monkeypatch.setenv``,
+        a command's ``TORCH_LOGS``), not the one of the first job."""
+        now = dict(os.environ)
+        spawned = self._spawn_environment
+        changed = {k: v for k, v in now.items() if spawned.get(k) != v}
+        return changed, tuple(sorted(k for k in spawned if k not in now)), list(sys.path)
+
     def close(self, *, gracefully: bool = True) -> None:
         ranks, self._ranks = self._ranks, None
         if ranks is not None:
@@ -466,6 +499,7 @@ class RankPool:
 
     def _start(self) -> _Ranks:
         ctx = mp.get_context("spawn")
+        self._spawn_environment = dict(os.environ)
         _start_quiet_resource_tracker()
         store = _loopback_store(self.timeout_s)
         procs, jobs, readers, ends = [], [], [], []

@@ -14,6 +14,7 @@ from gbdoctor.records.timeline import (
     TIMELINE_SCHEMA_VERSION,
     FrameTimeline,
     StepCompile,
+    TimelineGraph,
     TimelineReport,
     TimelineStep,
     TimelineVerification,
@@ -185,16 +186,45 @@ def _frames(steps: list[TimelineStep], raws: list[dict[str, Any]]) -> tuple[Fram
     return tuple(out)
 
 
+def _graphs(runs: list[Any], frames: dict[int, str]) -> tuple[TimelineGraph, ...]:
+    """Rank 0's compiled graphs (``capture.timeline_hooks.GraphShapes``)."""
+    return tuple(
+        TimelineGraph(
+            frame=frames.get(g.frame_id, f"frame {g.frame_id}"),
+            graph=g.index,
+            compiled_step=g.compiled_at,
+            dynamic=g.dynamic,
+            shape_steps=g.new_shape_calls,
+        )
+        for g in runs[0].graphs
+    )
+
+
+def _rank_compile_steps(runs: list[Any]) -> tuple[tuple[int, ...], ...]:
+    if len(runs) < 2:
+        return ()
+    return tuple(
+        tuple(i for i, raw in enumerate(run.steps) if any(e.forward for e in raw.compiles))
+        for run in runs
+    )
+
+
 def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineReport:
     from gbdoctor.capture import torch_version
 
-    steps, _, raws = build_steps(runs)
+    steps, frames, raws = build_steps(runs)
     warmup = warmup_steps(steps)
     limit = runs[0].recompile_limit
     found, periods = findings(steps, warmup, limit)
     notes = []
     if runs[0].lost_metrics:
         notes.append("Dynamo's compile metrics overflowed in some step: its compiles are partial")
+    per_rank = _rank_compile_steps(runs)
+    if len(set(per_rank)) > 1:
+        notes.append(
+            "ranks compile in different steps (they diverge): "
+            + "; ".join(f"rank {r}: {list(steps)}" for r, steps in enumerate(per_rank))
+        )
     if job.dynamo_config:
         notes.append("torch._dynamo.config: " + ", ".join(f"{k}={v}" for k, v in job.dynamo_config))
     return TimelineReport(
@@ -220,6 +250,9 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
         verdict=verdict(found, warmup),
         sources=SOURCES,
         notes=tuple(notes),
+        graphs=_graphs(runs, frames),
+        rank_compile_steps=_rank_compile_steps(runs),
+        shapes=getattr(job, "shapes_source", ""),
     )
 
 

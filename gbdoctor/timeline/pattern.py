@@ -65,8 +65,16 @@ def classify_guard(reason: str, hint: str = "") -> tuple[str, str]:
 
 
 def _guard_subject(reason: str) -> str:
+    """What a guard is about, its values left out: one finding for a tensor dim that takes many
+    sizes (a varlen stream), one per attribute that takes many values."""
     m = _EQ.match(reason.strip())
-    return m.group("lhs") if m else reason
+    if m:
+        return m.group("lhs")
+    size = _SIZE.search(reason)
+    if size is None:
+        return reason
+    name, what, dim, _, _ = size.groups()
+    return f"{name} {what}[{dim}]"
 
 
 # --------------------------------------------------------------------------- periods

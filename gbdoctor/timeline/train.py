@@ -23,6 +23,7 @@ from typing import Any
 from gbdoctor.errors import GbdoctorError, SpecError, exception_line
 from gbdoctor.records import Recompile, RunSettings, Spec
 from gbdoctor.records.bounds import MAX_INT
+from gbdoctor.records.shapes import ShapeStream
 from gbdoctor.records.timeline import TimelineReport
 from gbdoctor.run.worker import ModeFailure
 
@@ -58,6 +59,15 @@ class TimelineJob:
     """Device, backend, steps, batch and the sequence lengths the steps cycle through."""
     dynamo_config: tuple[tuple[str, str], ...] = ()
     """``torch._dynamo.config`` settings applied for the whole run (the fixes under test)."""
+    shapes: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """Per data-parallel rank (one entry: every rank), per call of the model: (batch, seq), from
+    a ``--shapes`` stream or the prediction's shape classes (``timeline.predict``); empty:
+    ``settings.batch_size`` x ``settings.seq_lens``, one call per step."""
+    shapes_source: str = ""
+    """The stream's preset or file ("" without one)."""
+    forward_only: bool = False
+    """Each call is a forward and the loss, no backward or optimizer step: the prediction's
+    calls, which only need the decisions Dynamo makes when it converts a frame."""
 
 
 @dataclass
@@ -72,6 +82,8 @@ class RawStep:
     """``capture.timeline_hooks.CompileEvent`` of this step."""
     graph_runs: dict[int, int]
     cache_sizes: dict[str, int]
+    shape: tuple[int, int] = (0, 0)
+    """(batch, seq) of this rank's batch."""
 
 
 @dataclass
@@ -85,6 +97,9 @@ class RankTimeline:
     accumulation_steps: int | None
     lost_metrics: int = 0
     notes: list[str] = field(default_factory=list)
+    data_rank: int = 0
+    graphs: list[Any] = field(default_factory=list)
+    """``capture.timeline_hooks.GraphShapes`` of every compiled graph."""
 
 
 def _parse_value(text: str) -> Any:
@@ -228,7 +243,8 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
     from gbdoctor.frameworks.interface import GradientAccumulation
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
-    from gbdoctor.setup.train import step_batch
+    from gbdoctor.setup.train import data_share
+    from gbdoctor.timeline.calls import call_batch, call_shape, forward_step
 
     spec, settings = job.spec, job.settings
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -260,12 +276,12 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             recipe.step_context(setup),
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's
-            for step in range(settings.steps):
+            calls = len(job.shapes[0]) if job.shapes else settings.steps
+            for step in range(calls):
                 watch.tag(step=step, measured=True)
-                seq = settings.seq_lens[step % len(settings.seq_lens)]
-                tokens, labels = step_batch(
-                    spec, meshes, vocab, step, local_batch=settings.batch_size, seq_len=seq
-                )
+                counter.call = step
+                batch, seq = call_shape(job, step, meshes)
+                tokens, labels = call_batch(spec, meshes, vocab, step, batch, seq, job)
                 boundary = accumulation(setup)[1] if accumulation is not None else None
                 if world > 1:
                     dist.barrier()
@@ -275,7 +291,10 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                 counter.take()
                 start = time.perf_counter()
                 try:
-                    _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
+                    if job.forward_only:
+                        phases = forward_step(setup, tokens, labels)
+                    else:
+                        _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
                 except Exception as exc:  # noqa: BLE001 - reported as the run's failure
                     from gbdoctor.capture.counters import failure_kind
 
@@ -290,11 +309,12 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                         phases=phases,
                         collective_s=coll_s,
                         collective_calls=coll_n,
-                        tokens=settings.batch_size * seq,
+                        tokens=batch * seq,
                         boundary=boundary,
                         compiles=clog.take(),
                         graph_runs=counter.take(),
                         cache_sizes=cache_sizes(path_fn),
+                        shape=(batch, seq),
                     )
                 )
             lost = clog.lost
@@ -313,6 +333,8 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         recompile_limit=limit,
         accumulation_steps=first_acc[0] if first_acc is not None else None,
         lost_metrics=lost,
+        data_rank=data_share(meshes)[0],
+        graphs=counter.graph_shapes(),
     )
 
 
@@ -324,16 +346,24 @@ def run_timeline(
     plan_path: str | None = None,
     dynamo_config: tuple[tuple[str, str], ...] = (),
     fix: bool = False,
+    shapes: ShapeStream | None = None,
 ) -> TimelineReport:
     """Train ``spec`` ``settings.steps`` steps in ``mode`` and explain the step-time pattern.
 
     ``settings``: ``run.settings.run_settings`` at the capture shape (``Shape.CAPTURE``: the
     steps cycle through its sequence lengths). ``dynamo_config``: ``torch._dynamo.config``
     settings for the run. ``fix``: apply the proposed fixes, run again, and attach the
-    comparison (``TimelineReport.verification``). Bad input raises SpecError (exit 2)."""
+    comparison (``TimelineReport.verification``). ``shapes``: a shape stream
+    (``records.shapes``) the steps follow instead of the settings' sequence lengths and batch,
+    one step per stream step (``timeline.calls.with_stream``: the job's settings take the
+    stream's length as steps). Bad input raises SpecError (exit 2)."""
     from gbdoctor.timeline.assemble import build_report, verify
 
     job = _job(spec, settings, mode, plan_path, dynamo_config)
+    if shapes is not None:
+        from gbdoctor.timeline.calls import with_stream
+
+        job = with_stream(job, shapes)
     before = build_report(spec, mode, job, _run_ranks(job))
     if not fix:
         return before
