@@ -201,6 +201,9 @@ def test_a_baseline_hitting_a_known_upstream_bug_runs_under_its_workaround():
     assert known_bug_workaround(error, STRATEGIES["none"]) is None
 
 
+# The 0.5 s deadline is shorter than a rank's start (spawn, import torch), so the mode times out
+# on fresh ranks; the session's warm ranks (tests/conftest.py) could finish it in time.
+@pytest.mark.fresh_ranks
 def test_a_timeout_is_a_failed_mode(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean", extra="timeout_s = 0.5\n")
     report = run_modes(
@@ -211,6 +214,7 @@ def test_a_timeout_is_a_failed_mode(tmp_path):
     assert "did not finish" in mode.error
 
 
+@pytest.mark.fresh_ranks  # as above
 def test_run_exits_3_when_a_mode_timed_out(tmp_path):
     """The table is still printed, but the comparison did not happen: exit 3, mode named."""
     from typer.testing import CliRunner
