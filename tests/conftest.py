@@ -44,11 +44,28 @@ def _fresh_ranks_when_marked(request):
         dist._shared_pools = pools
 
 
-@pytest.hookimpl(trylast=True)
+# Tests a measured run found slower than the inner loop's threshold (tools/test_tiers.py).
+SLOW_BY_MEASURE = Path(__file__).with_name("slow_tests.txt")
+
+
+def _measured_slow() -> set[str]:
+    if not SLOW_BY_MEASURE.exists():
+        return set()
+    lines = (line.strip() for line in SLOW_BY_MEASURE.read_text().splitlines())
+    return {line for line in lines if line and not line.startswith("#")}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Skip tests marked ``extra("NAME")`` when that extra is not installed, naming the install
+    """Mark ``slow`` the tests listed in ``tests/slow_tests.txt`` (before ``-m`` selects), so
+    ``-m "not slow"`` stays an inner loop; the full suite runs them all (docs/testing.md).
+
+    Skip tests marked ``extra("NAME")`` when that extra is not installed, naming the install
     command; ``python -m pytest -m extra`` runs exactly them (stage 2 of ``.ci/run``)."""
+    slow = _measured_slow()
     for item in items:
+        if item.nodeid in slow:
+            item.add_marker(pytest.mark.slow)
         for marker in item.iter_markers("extra"):
             (extra,) = marker.args
             if extra not in EXTRA_INSTALL:

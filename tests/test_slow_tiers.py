@@ -1,0 +1,47 @@
+"""The inner loop's tier list (``tests/slow_tests.txt``, written by ``tools/test_tiers.py``)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from repo_paths import REPO
+
+if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
+    sys.path.insert(0, str(REPO))
+
+from tools.test_tiers import LIST, read_list, seconds_per_test  # noqa: E402
+
+LOG = """\
+============================= slowest durations ==============================
+12.50s setup    tests/a/test_x.py::test_pool[2-ranks]
+3.25s call     tests/a/test_x.py::test_pool[2-ranks]
+0.40s call     tests/a/test_x.py::test_quick
+1.00s teardown tests/b/test_y.py::test_spaced[a b\\n-c]
+(20 durations < 0.005s hidden.  Use -vv to show these durations.)
+"""
+
+
+def test_a_tests_seconds_are_its_setup_call_and_teardown():
+    assert seconds_per_test(LOG) == {
+        "tests/a/test_x.py::test_pool[2-ranks]": 15.75,
+        "tests/a/test_x.py::test_quick": 0.4,
+        "tests/b/test_y.py::test_spaced[a b\\n-c]": 1.0,
+    }
+
+
+def test_every_listed_test_exists():
+    """A renamed or moved test would silently rejoin the inner loop: its id must still be a
+    test function in its file (rerun ``python -m tools.test_tiers`` after a move)."""
+    listed = read_list(LIST)
+    assert listed, f"{LIST} lists no test"
+    missing = []
+    for node in sorted(listed):
+        path, _, name = node.partition("::")
+        function = name.split("::")[-1].split("[")[0]
+        source = REPO / path
+        if not source.exists() or not re.search(
+            rf"^\s*(async )?def {re.escape(function)}\(", source.read_text(), re.M
+        ):
+            missing.append(node)
+    assert not missing, f"listed in {LIST.name} but not a test now: {missing[:5]}"
