@@ -1,7 +1,7 @@
 """Hand-built scan records for the report, gate and plan tests (no torch, no capture).
 
 The recorded fixtures under ``fixtures/scans/`` are these records serialized with
-``render_json``; ``test_report_json.py`` keeps them in sync (set GBDOCTOR_UPDATE_FIXTURES=1
+``render_json``; ``report/test_report_json.py`` keeps them in sync (set GBDOCTOR_UPDATE_FIXTURES=1
 to rewrite them, and the goldens under ``tests/report/golden/``, after an intended change).
 """
 
