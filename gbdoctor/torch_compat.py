@@ -21,7 +21,7 @@ from typing import Any
 
 SUPPORTED = ((2, 11), (2, 15))
 """Oldest and newest torch release (major, minor) gbdoctor supports: pyproject.toml's range
-(``torch>=2.11,<2.16``) says the same, and tests/test_torch_compat.py keeps them equal."""
+(``torch>=2.11,<2.16``) says the same, and tests/torch_compat/test_torch_compat.py keeps them equal."""
 
 TESTED = ("2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
 """Releases ``benchmarks/compat/run.py`` measured (docs/versions.md has the table); CI runs the

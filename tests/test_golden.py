@@ -36,9 +36,7 @@ with ``GBDOCTOR_GOLDEN=all``; run that before landing a refactor. Cases over 15 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
 import re
 import subprocess
 import sys
@@ -46,12 +44,18 @@ import sysconfig
 from dataclasses import dataclass
 
 import pytest
+from golden_runs import (
+    ALL,
+    REGENERATE,
+    VERSIONS,
+    first_difference,
+    golden_environment,
+    installed_version,
+    recorded_versions,
+)
 from repo_paths import EXTRA_INSTALL, FIXTURES, REPO
 
 GOLDEN = FIXTURES / "golden"
-VERSIONS = GOLDEN / "versions.json"
-REGENERATE = os.environ.get("GBDOCTOR_REGENERATE_GOLDEN", "").strip() not in ("", "0")
-ALL = REGENERATE or os.environ.get("GBDOCTOR_GOLDEN", "").strip() == "all"
 OUT = "{out}"
 """Placeholder in a case's arguments for the file the command writes (the golden's twin)."""
 
@@ -228,28 +232,6 @@ CASES = (
 )
 
 
-def _installed(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _recorded_versions() -> dict[str, str]:
-    return json.loads(VERSIONS.read_text()) if VERSIONS.exists() else {}
-
-
-def _environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env["GBDOCTOR_AVAILABLE_MEMORY_GIB"] = "16"
-    env["GBDOCTOR_RECOMPILE_PROBE"] = "0"
-    env.setdefault("DS_ACCELERATOR", "cpu")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
-    # The gbdoctor under test is this checkout's, whatever else is on the path.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
 @pytest.mark.parametrize(
     "case",
     [
@@ -267,9 +249,9 @@ def _environment() -> dict[str, str]:
 def test_command_json_matches_its_golden(case: Case, tmp_path):
     if case.full and not ALL:
         pytest.skip("in the full golden set only: GBDOCTOR_GOLDEN=all")
-    recorded = _recorded_versions()
+    recorded = recorded_versions()
     for dist in case.needs:
-        installed = _installed(dist)
+        installed = installed_version(dist)
         if installed is None:
             pytest.skip(f"{dist} is not installed")
         if not REGENERATE and recorded.get(dist) != installed:
@@ -282,7 +264,7 @@ def test_command_json_matches_its_golden(case: Case, tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "gbdoctor.cli", *args],
         cwd=REPO,
-        env=_environment(),
+        env=golden_environment(),
         capture_output=True,
         text=True,
         timeout=900,
@@ -295,8 +277,8 @@ def test_command_json_matches_its_golden(case: Case, tmp_path):
     if REGENERATE:
         case.golden.parent.mkdir(parents=True, exist_ok=True)
         case.golden.write_bytes(produced)
-        versions = _recorded_versions()
-        versions.update({dist: _installed(dist) for dist in case.needs})
+        versions = recorded_versions()
+        versions.update({dist: installed_version(dist) for dist in case.needs})
         VERSIONS.write_text(json.dumps(versions, indent=2, sort_keys=True) + "\n")
         return
     assert case.golden.exists(), f"no golden {case.golden}: regenerate (see the module docstring)"
@@ -304,7 +286,7 @@ def test_command_json_matches_its_golden(case: Case, tmp_path):
     if produced != expected:
         pytest.fail(
             f"{case.id}: JSON differs from {case.golden.relative_to(REPO)}:\n"
-            + _first_difference(expected.decode(), produced.decode())
+            + first_difference(expected.decode(), produced.decode())
         )
 
 
@@ -312,12 +294,3 @@ def _masked(output: bytes) -> bytes:
     site_packages = sysconfig.get_paths()["purelib"].encode()
     output = output.replace(site_packages, b"<site-packages>")
     return output.replace(str(REPO).encode(), b"<repo>")
-
-
-def _first_difference(expected: str, produced: str) -> str:
-    import difflib
-
-    lines = difflib.unified_diff(
-        expected.splitlines(), produced.splitlines(), "golden", "produced", lineterm="", n=2
-    )
-    return "\n".join(list(lines)[:60])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ HEADINGS = (
     "Any in frameworks/interface.py",
     "mypy ignore_errors modules",
     "modules missing from docs/architecture.md",
+    "flat test files",
 )
 
 
@@ -40,6 +42,8 @@ def test_the_report_prints_every_count():
     assert counts["format registries"] == "1"
     assert counts["duck-typed framework members"] == "0"
     assert counts["Any in frameworks/interface.py"] == "0"
+    # Tests mirror the package (issue 41): a test file in no package's folder fails here.
+    assert counts["flat test files"] == "0", done.stdout
     # Every module the layering test lets name a framework for now is listed under its count.
     waiting = int(counts["modules outside frameworks/ naming a framework (not moved yet)"])
     assert waiting == len({m for m, _ in layout_report._layering().FRAMEWORK_NOT_MOVED})
@@ -76,6 +80,34 @@ def test_each_counter_counts_a_planted_case(tmp_path):
         package, REPO / "docs" / "architecture.md"
     )
     assert {"gbdoctor.scan.duck", "gbdoctor.run.acme"} <= set(missing.items)
+
+
+def test_the_flat_test_count_finds_a_test_outside_the_mirror(tmp_path):
+    """A test at ``tests/`` that is not a whole-repository one, and one in a folder no package
+    has, are flat; one in a package's folder, a top-level module's or a framework's is not."""
+    package = tmp_path / "gbdoctor"
+    (package / "scan").mkdir(parents=True)
+    (package / "frameworks" / "deepspeed").mkdir(parents=True)
+    (package / "spec.py").write_text("")
+    tests = tmp_path / "tests"
+    placed = (
+        "test_docs.py",
+        "test_spec.py",
+        "scan/test_scan.py",
+        "spec/test_spec_load.py",
+        "frameworks/deepspeed/test_ds.py",
+        "corpus/test_planted.py",
+        "scan/extra/test_deeper.py",
+    )
+    for rel in placed:
+        (tests / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tests / rel).write_text("")
+    (tests / "scan" / "scan_support.py").write_text("")  # a support module: not a test file
+    assert layout_report.flat_test_files(tests, package).items == (
+        "tests/corpus/test_planted.py",
+        "tests/scan/extra/test_deeper.py",
+        "tests/test_spec.py",
+    )
 
 
 # A second registry in each shape the counter knows, none named ``...FORMATS``: a table spelled
@@ -120,3 +152,19 @@ def test_the_format_registry_count_finds_a_second_registry(tmp_path):
         "EMITTERS = {'json': 1, 'python': 2}\ndef notice(fmt):\n    return fmt != 'table'\n"
     )
     assert layout_report.format_registries(package).items == real.items
+
+
+def test_no_test_module_imports_another():
+    """A test module imported by another runs its tests' module code twice and ties two folders'
+    files together; what tests share lives in a support module (docs/architecture.md)."""
+    importing = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            bad = [n for n in names if n.split(".")[-1].startswith(("test_", "conftest"))]
+            importing += [f"{path.relative_to(REPO)}: {n}" for n in bad]
+    assert importing == []

@@ -22,9 +22,15 @@ import subprocess
 import sys
 
 import pytest
+from golden_runs import (
+    ALL,
+    REGENERATE,
+    first_difference,
+    golden_environment,
+    installed_version,
+    recorded_versions,
+)
 from repo_paths import FIXTURES, REPO
-from test_golden import ALL, REGENERATE, _environment, _first_difference, _installed
-from test_golden import _recorded_versions as recorded_versions
 
 GOLDEN = FIXTURES / "golden" / "recompiles"
 README = ("--strategy", "titan-v0.2.0", "--set", "activation_checkpoint.mode=none")
@@ -70,10 +76,10 @@ def test_every_probed_spec_is_listed():
 def test_probe_findings_match_their_golden(name, tmp_path):
     if not ALL:
         pytest.skip("in the full golden set only: GBDOCTOR_GOLDEN=all")
-    if not REGENERATE and recorded_versions().get("torch") != _installed("torch"):
+    if not REGENERATE and recorded_versions().get("torch") != installed_version("torch"):
         pytest.skip("goldens recorded with another torch: Dynamo's guard messages differ")
     out = tmp_path / f"{name}.json"
-    env = _environment()
+    env = golden_environment()
     # As recorded: guard values under EP are routing counts, which float summation order (the
     # thread count) could move.
     env["OMP_NUM_THREADS"] = "1"
@@ -95,5 +101,5 @@ def test_probe_findings_match_their_golden(name, tmp_path):
         return
     expected = golden.read_text().rstrip("\n")
     assert produced == expected, f"{name}: recompiles differ from {golden.relative_to(REPO)}:\n" + (
-        _first_difference(expected, produced)
+        first_difference(expected, produced)
     )

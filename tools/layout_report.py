@@ -17,7 +17,10 @@ read from the source with ``ast`` (nothing of gbdoctor is imported):
 - ``Any`` in ``frameworks/interface.py``;
 - mypy ``ignore_errors`` modules (``pyproject.toml``);
 - modules missing from ``docs/architecture.md``: a module with no row in its module index whose
-  file name does not appear in its top-level package's layout entry.
+  file name does not appear in its top-level package's layout entry;
+- flat test files: a ``test_*.py`` under ``tests/`` whose folder does not mirror the package
+  (``tests/X/`` for ``gbdoctor/X/`` or ``gbdoctor/X.py``), other than the whole-repository tests
+  named in ``WHOLE_REPO_TESTS``.
 """
 
 from __future__ import annotations
@@ -266,6 +269,35 @@ def modules_missing_from_architecture(package: Path, doc_path: Path) -> Count:
     return Count("modules missing from docs/architecture.md", tuple(missing))
 
 
+WHOLE_REPO_TESTS = frozenset(
+    {
+        "test_architecture_doc.py",
+        "test_docs.py",
+        "test_golden.py",
+        "test_gpu_kit.py",
+        "test_layering.py",
+        "test_layout_report.py",
+        "test_recompile_goldens.py",
+        "test_security.py",
+    }
+)
+"""The tests at ``tests/`` itself: each checks the repository as a whole (its docs, its import
+graph, the CLI's output on every bundled spec, docs/security.md's promises across the package,
+the GPU kit under ``benchmarks/``), so no one package folder is theirs (docs/architecture.md)."""
+
+
+def flat_test_files(tests: Path, package: Path) -> Count:
+    flat = []
+    for path in sorted(tests.rglob("test_*.py")):
+        folder = path.parent.relative_to(tests)
+        if folder == Path("."):
+            if path.name not in WHOLE_REPO_TESTS:
+                flat.append(path.relative_to(tests.parent).as_posix())
+        elif not ((package / folder).is_dir() or (package / folder).with_suffix(".py").is_file()):
+            flat.append(path.relative_to(tests.parent).as_posix())
+    return Count("flat test files", tuple(flat))
+
+
 def report(repo: Path = REPO) -> list[Count]:
     package = repo / "gbdoctor"
     return [
@@ -275,6 +307,7 @@ def report(repo: Path = REPO) -> list[Count]:
         any_in_interface(package),
         mypy_ignore_errors(repo / "pyproject.toml"),
         modules_missing_from_architecture(package, repo / "docs" / "architecture.md"),
+        flat_test_files(repo / "tests", package),
     ]
 
 

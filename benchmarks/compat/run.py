@@ -46,12 +46,12 @@ DOCS = REPO / "docs" / "versions.md"
 REFERENCE = "2.13.0"
 
 SUITE = (
-    "tests/test_torch_compat.py",
-    "tests/test_causes.py",
-    "tests/test_gate.py",
-    "tests/test_known_issues.py",
-    "tests/test_cudagraphs.py",
-    "tests/test_summary.py",
+    "tests/torch_compat/test_torch_compat.py",
+    "tests/causes/test_causes.py",
+    "tests/gate/test_gate.py",
+    "tests/causes/test_known_issues.py",
+    "tests/capture/test_cudagraphs.py",
+    "tests/summary/test_summary.py",
     "tests/test_layering.py",
 )
 """The documented subset: the cause rules with every planted break captured by the running torch

@@ -11,8 +11,8 @@ implements the core :class:`~interface.Framework` and is registered under its ow
 
 A source checkout whose installed metadata predates an entry point (a built-in added since the
 last ``pip install -e .``) still has every built-in: those the metadata lacks are loaded from
-:data:`BUILTIN_ENTRY_POINTS`, which ``tests/frameworks/test_plugins.py`` keeps equal to
-``pyproject.toml``'s.
+:data:`BUILTIN_ENTRY_POINTS`, which ``tests/frameworks/registry/test_framework_plugin.py``
+keeps equal to ``pyproject.toml``'s.
 
 Framework objects are light: they import torch and their framework's packages when first used,
 so spec loading stays free of them.

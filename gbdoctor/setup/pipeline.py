@@ -4,7 +4,7 @@ stages each PP rank runs, how many microbatches the schedule runs.
 The rules are torchtitan's (``distributed/pipeline_parallel.py``: ``pipeline_llm``, its
 metadata, ``generate_llm_fqn_per_model_part`` and the rank-to-stage mapping), re-implemented
 here so that a scan can lay a production config out without building it; the installed
-torchtitan >= 0.3 is the oracle of ``tests/test_pipeline_layout.py``. Violations are
+torchtitan >= 0.3 is the oracle of ``tests/setup/test_pipeline_layout.py``. Violations are
 ``SpecError``s (exit 2) that say what to change, where torchtitan raises at setup.
 
 - Stages: single-stage schedules (1F1B, GPipe) run one stage per PP rank; multi-stage ones

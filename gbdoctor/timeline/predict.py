@@ -17,7 +17,7 @@ mode), without its backward and optimizer step: frames are converted in the forw
 decisions are the same; what the steps' values change (a step counter, a schedule) is not a
 shape and is not predicted. Ranks with fewer classes repeat their last one so that every rank
 makes the same number of calls (FSDP's collectives pair up); a repeat hits the cache.
-``tests/test_shapes.py`` checks a prediction against the real timeline of the same stream.
+``tests/timeline/test_shapes.py`` checks a prediction against the real timeline of the same stream.
 """
 
 from __future__ import annotations

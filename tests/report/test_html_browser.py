@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from html_browser import MISSING, Browser
+from html_cases import distinct_breaks, run_report
 from repo_paths import FIXTURES, REPO
-from test_html import distinct_breaks, run_report
 
 from gbdoctor.report.html import load_document, render_html, run_document
 

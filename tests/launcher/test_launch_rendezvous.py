@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
+from launch_jobs import deepspeed_env, free_port, gbdoctor_cmd, launch_env, run_two_ranks
 from repo_paths import FIXTURES
-from test_launchers import _deepspeed_env, _env, _gbdoctor, _ranks, free_port
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_a_minus_1_spec_scans_under_a_two_rank_launcher(tmp_path: Path) -> None:
         "[parallelism]\ndata_parallel_shard_degree = -1\n"
         '[gbdoctor]\nstrategy = "titan-v0.2.0"\n'
     )
-    rank0, rank1 = _ranks(spec, _deepspeed_env(str(free_port())), "-f", "json")
+    rank0, rank1 = run_two_ranks(spec, deepspeed_env(str(free_port())), "-f", "json")
     assert rank0.returncode == 0 and rank1.returncode == 0, rank0.stderr[-2000:]
     setup = json.loads(rank0.stdout)["setup"]
     assert (setup["world_size"], setup["dp_shard"], setup["launcher"]) == (2, 2, "deepspeed")
@@ -87,13 +87,13 @@ def test_a_rank_waiting_at_rendezvous_ends_on_a_signal(tmp_path: Path, signum: i
     master is this machine. Now: a loopback listener only, and the signal's exit code within
     2 s with no process of the rank left."""
     port = free_port()
-    env = _env(
+    env = launch_env(
         SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="2", SLURM_NNODES="1",
         SLURM_NODEID="0", SLURM_TASKS_PER_NODE="2", SLURM_STEP_ID="0", SLURM_JOB_ID="45",
         SLURM_JOB_NODELIST="localhost", MASTER_PORT=str(port),
     )  # fmt: skip
     proc = subprocess.Popen(
-        _gbdoctor("scan", str(FIXTURES / "custom_tiny.toml")),
+        gbdoctor_cmd("scan", str(FIXTURES / "custom_tiny.toml")),
         cwd=tmp_path,
         env=env,
         stdout=subprocess.PIPE,

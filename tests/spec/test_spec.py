@@ -57,7 +57,7 @@ FIXTURE_EXPECTED = {
 
 
 def test_every_fixture_is_covered():
-    # DeepSpeed specs need the deepspeed extra to load: tests/frameworks_deepspeed covers them.
+    # DeepSpeed specs need the deepspeed extra to load: tests/frameworks/deepspeed covers them.
     torchtitan = [p.name for p in FIXTURES.glob("*.toml") if not p.name.startswith("deepspeed_")]
     assert sorted(torchtitan) == sorted(FIXTURE_EXPECTED)
 

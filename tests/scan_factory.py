@@ -1,7 +1,7 @@
-"""Hand-built scan records for the report and gate tests (no torch, no capture).
+"""Hand-built scan records for the report, gate and plan tests (no torch, no capture).
 
 The recorded fixtures under ``fixtures/scans/`` are these records serialized with
-``render_json``; ``test_report_json.py`` keeps them in sync (set GBDOCTOR_UPDATE_FIXTURES=1
+``render_json``; ``report/test_report_json.py`` keeps them in sync (set GBDOCTOR_UPDATE_FIXTURES=1
 to rewrite them, and the goldens under ``tests/report/golden/``, after an intended change).
 """
 
@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from pathlib import Path
 
-from repo_paths import FIXTURES
+from repo_paths import FIXTURES, REPO
 
 from gbdoctor.records import BlockReport, Break, Event, Location, ScanReport, SetupInfo
 
 SCANS = FIXTURES / "scans"
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = REPO / "tests" / "report" / "golden"
 UPDATE = os.environ.get("GBDOCTOR_UPDATE_FIXTURES") == "1"
 
 SPEC = "fixtures/llama4_debug_ep2.toml"

@@ -24,10 +24,10 @@ from corpus.harness import (
     shm_mapped,
 )
 from corpus.probe import listening
+from repo_paths import REPO
 
 from gbdoctor.setup.dist import run_ranks
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 STARTUP_S = 240

@@ -170,10 +170,6 @@ def test_every_planted_break_is_removed_or_isolated_and_proven(flavor, tmp_path)
     ],
 )
 def test_the_planner_applies_only_the_flags_the_cause_allows(cause, flags):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent / "report"))
     from scan_factory import make_block, make_break
 
     from gbdoctor.frameworks.torchtitan_v02.plan import _absorb, _Candidate
@@ -192,10 +188,6 @@ def test_a_hook_break_compiles_the_module_forward_until_the_forward_itself_break
     """FSDP's hook on the expert store is the break, not the experts' computation: the planner
     isolates the module but compiles its own forward between the hooks. When the verification
     re-scan finds a break inside that forward region, the planner leaves the module eager."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent / "report"))
     from scan_factory import make_block, make_break
 
     from gbdoctor.frameworks.torchtitan_v02.plan import _absorb, _Candidate

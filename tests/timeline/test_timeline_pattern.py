@@ -1,6 +1,6 @@
 """``gbdoctor timeline``'s analysis on its own: guards in words, periods, marks (no training).
 
-The trained fixtures are in ``tests/test_timeline.py``."""
+The trained fixtures are in ``tests/timeline/test_timeline.py``."""
 
 from __future__ import annotations
 

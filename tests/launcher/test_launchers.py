@@ -7,9 +7,7 @@ every rank with the cause named, and a spec whose world size is not the launcher
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +15,15 @@ from pathlib import Path
 
 import pytest
 from corpus.harness import FACTORIES
+from launch_jobs import (
+    JOB_S,
+    deepspeed_env,
+    free_port,
+    gbdoctor_cmd,
+    launch_env,
+    run_all,
+    run_two_ranks,
+)
 from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import SpecError
@@ -24,7 +31,6 @@ from gbdoctor.launcher import SLURM_DEFAULT_PORT_BASE, detect, first_host
 from gbdoctor.records import Launcher
 
 LAUNCH_FIELDS = ("launcher", "nodes", "ranks_per_node")
-JOB_S = 300
 """Deadline of one launched job on a loaded 2-core machine (two ranks import torch and scan)."""
 FAULT_S = 60 + 30
 """How long a job with a failing rank may take to end: 30 s of it two torch imports on a
@@ -135,23 +141,6 @@ def test_a_malformed_launcher_environment_is_bad_input(env: dict[str, str], need
 # --------------------------------------------------------------------------- launched jobs
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    """This environment without any launcher's variables, plus ``extra``."""
-    drop = ("RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "MASTER_", "TORCHELASTIC", "SLURM_", "CROSS_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    return env | {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"} | extra
-
-
-def _gbdoctor(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gbdoctor", *args]
-
-
 def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
@@ -159,26 +148,6 @@ def _torchrun(*args: str) -> list[str]:
 def _torchrun_gbdoctor() -> list[str]:
     """torchrun starting 2 local ranks of ``python -m gbdoctor`` (the command's arguments follow)."""
     return _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor")
-
-
-def _run_all(commands: list[tuple[list[str], dict[str, str]]]) -> list[subprocess.CompletedProcess]:
-    """Start every command at once (the ranks or agents of one job); wait for all."""
-    procs = [
-        subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        for cmd, env in commands
-    ]
-    done = []
-    try:
-        for proc, (cmd, _) in zip(procs, commands, strict=True):
-            out, err = proc.communicate(timeout=JOB_S)
-            done.append(subprocess.CompletedProcess(cmd, proc.returncode, out, err))
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-    return done
 
 
 def _error_lines(done: subprocess.CompletedProcess) -> list[str]:
@@ -209,7 +178,7 @@ def tiny_dp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         "[parallelism]\ndata_parallel_shard_degree = 2\n"
         '[gbdoctor]\nstrategy = "titan-v0.2.0"\n'
     )
-    (done,) = _run_all([(_gbdoctor("scan", str(spec), "-f", "json"), _env())])
+    (done,) = run_all([(gbdoctor_cmd("scan", str(spec), "-f", "json"), launch_env())])
     assert done.returncode == 0, done.stderr
     assert _launch_fields(done.stdout) == ("self", 1, 2)
     return spec, done.stdout
@@ -227,12 +196,12 @@ def test_torchrun_scan_equals_the_self_spawned_scan() -> None:
     """The issue's done-when: ``torchrun --nproc-per-node 2 -m gbdoctor scan
     fixtures/llama4_debug_ep2.toml -f json`` is the self-spawned report, written once."""
     spec = "fixtures/llama4_debug_ep2.toml"
-    own, launched = _run_all(
+    own, launched = run_all(
         [
-            (_gbdoctor("scan", spec, "-f", "json"), _env()),
+            (gbdoctor_cmd("scan", spec, "-f", "json"), launch_env()),
             (
                 _torchrun_gbdoctor() + ["scan", spec, "-f", "json"],
-                _env(),
+                launch_env(),
             ),
         ]
     )
@@ -265,19 +234,15 @@ def test_two_torchrun_agents_as_two_nodes(tiny_dp2: tuple[Path, str]) -> None:
                 "gbdoctor",
             )
             + ["scan", str(spec), "-f", "json"],
-            _env(GLOO_SOCKET_IFNAME="lo"),
+            launch_env(GLOO_SOCKET_IFNAME="lo"),
         )
         for node in (0, 1)
     ]
-    results = _run_all(agents)
+    results = run_all(agents)
     writer = [r for r in results if r.stdout.strip()]
     assert len(writer) == 1, [r.stderr[-2000:] for r in results]
     assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
     _check_launched(writer[0], expected, ("torchrun", 2, 1))
-
-
-def _ranks(spec: Path, env_of_rank, *args: str) -> list[subprocess.CompletedProcess]:
-    return _run_all([(_gbdoctor("scan", str(spec), *args), env_of_rank(r)) for r in (0, 1)])
 
 
 @pytest.mark.slow
@@ -288,7 +253,7 @@ def test_slurm_step_contract(tiny_dp2: tuple[Path, str]) -> None:
     port = str(free_port())
 
     def env(rank: int) -> dict[str, str]:
-        return _env(
+        return launch_env(
             SLURM_PROCID=str(rank),
             SLURM_LOCALID=str(rank),
             SLURM_NTASKS="2",
@@ -301,32 +266,16 @@ def test_slurm_step_contract(tiny_dp2: tuple[Path, str]) -> None:
             MASTER_PORT=port,
         )
 
-    rank0, rank1 = _ranks(spec, env, "-f", "json")
+    rank0, rank1 = run_two_ranks(spec, env, "-f", "json")
     assert rank1.returncode == 0 and rank1.stdout == "", rank1.stderr[-2000:]
     _check_launched(rank0, expected, ("slurm", 1, 2))
-
-
-def _deepspeed_env(port: str):
-    def env(rank: int) -> dict[str, str]:
-        return _env(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE="2",
-            LOCAL_SIZE="2",
-            CROSS_RANK="0",
-            CROSS_SIZE="1",
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-        )
-
-    return env
 
 
 @pytest.mark.slow
 def test_deepspeed_launcher_contract(tiny_dp2: tuple[Path, str]) -> None:
     """The environment the DeepSpeed launcher gives each rank (launcher/launch.py)."""
     spec, expected = tiny_dp2
-    rank0, rank1 = _ranks(spec, _deepspeed_env(str(free_port())), "-f", "json")
+    rank0, rank1 = run_two_ranks(spec, deepspeed_env(str(free_port())), "-f", "json")
     assert rank1.returncode == 0 and rank1.stdout == "", rank1.stderr[-2000:]
     _check_launched(rank0, expected, ("deepspeed", 1, 2))
 
@@ -336,7 +285,7 @@ def test_a_world_size_the_launcher_did_not_start_is_exit_2() -> None:
     (Its shard degree is fixed at 1: a -1 takes the launcher's world size, below.)"""
     spec = FIXTURES / "llama3_debug.toml"
     fixed = ("--set", "parallelism.data_parallel_shard_degree=1")
-    results = _ranks(spec, _deepspeed_env(str(free_port())), *fixed)
+    results = run_two_ranks(spec, deepspeed_env(str(free_port())), *fixed)
     assert [r.returncode for r in results] == [2, 2], [r.stderr[-2000:] for r in results]
     errors = _error_lines(results[0])
     assert errors == ["Error: the spec's world size is 1 but deepspeed started 2 ranks"]
@@ -370,7 +319,7 @@ def test_a_failing_rank_ends_every_rank_with_the_cause(
     code well before the job timeout, and rank 0 names the cause in one line."""
     spec = _fault_spec(tmp_path, flavor)
     start = time.monotonic()
-    results = _ranks(spec, _deepspeed_env(str(free_port())))
+    results = run_two_ranks(spec, deepspeed_env(str(free_port())))
     took = time.monotonic() - start
     assert [r.returncode for r in results] == [code, code], [r.stderr[-2000:] for r in results]
     errors = _error_lines(results[0])
@@ -388,10 +337,13 @@ def test_torchrun_scan_of_an_installed_torchtitan_run_equals_the_self_spawned_sc
     args = ["scan", "--torchtitan", "llama3:llama3_debugmodel", "--compile.enable"]
     args += ["--parallelism.data_parallel_shard_degree", "2"]
     args += ["--parallelism.spmd_backend", "partial_dtensor", "-f", "json"]
-    own, launched = _run_all(
+    own, launched = run_all(
         [
-            (_gbdoctor(*args), _env()),
-            (_torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor") + args, _env()),
+            (gbdoctor_cmd(*args), launch_env()),
+            (
+                _torchrun("--standalone", "--nproc-per-node", "2", "-m", "gbdoctor") + args,
+                launch_env(),
+            ),
         ]
     )
     assert own.returncode == 0, own.stderr[-3000:]
@@ -408,11 +360,11 @@ def test_a_rank_that_dies_under_torchrun_ends_the_job(tmp_path: Path) -> None:
     earliest whole-second timestamp, ties going to rank 0, so it is not asserted on."""
     spec = _fault_spec(tmp_path, "sigkill-rank1")
     start = time.monotonic()
-    (done,) = _run_all(
+    (done,) = run_all(
         [
             (
                 _torchrun_gbdoctor() + ["scan", str(spec)],
-                _env(),
+                launch_env(),
             )
         ]
     )
@@ -434,7 +386,7 @@ def test_a_rank_killed_with_no_launcher_to_see_it_is_named_by_its_peer(tmp_path:
     rank that did not finish, instead of calling the model broken (exit 3)."""
     spec = _fault_spec(tmp_path, "sigkill-rank1")
     start = time.monotonic()
-    rank0, rank1 = _ranks(spec, _deepspeed_env(str(free_port())))
+    rank0, rank1 = run_two_ranks(spec, deepspeed_env(str(free_port())))
     took = time.monotonic() - start
     assert (rank0.returncode, rank1.returncode) == (3, -9), rank0.stderr[-2000:]
     errors = _error_lines(rank0)
@@ -450,10 +402,10 @@ def test_a_frozen_rank_is_found_by_its_missing_heartbeat(tmp_path: Path) -> None
     collective fails and no launcher notices): rank 0 finds rank 1's heartbeat missing after
     GBDOCTOR_PEER_SILENCE_S and ends the job in one line (exit 3), long before the job timeout."""
     spec = _fault_spec(tmp_path, "sigstop-rank1", timeout_s=600)
-    env_of = _deepspeed_env(str(free_port()))
+    env_of = deepspeed_env(str(free_port()))
     procs = [
         subprocess.Popen(
-            _gbdoctor("scan", str(spec)),
+            gbdoctor_cmd("scan", str(spec)),
             cwd=REPO,
             env=env_of(r) | {"GBDOCTOR_PEER_SILENCE_S": "5"},
             stdout=subprocess.PIPE,
@@ -483,13 +435,13 @@ def test_the_real_deepspeed_launcher(tiny_dp2: tuple[Path, str]) -> None:
     its ``--local_rank=N`` argument is dropped, the report is the self-spawned one."""
     spec, expected = tiny_dp2
     runner = [sys.executable, "-m", "deepspeed.launcher.runner"]
-    (done,) = _run_all(
+    (done,) = run_all(
         [
             (
                 runner
                 + ["--num_gpus", "2", "--master_port", str(free_port()), "--module"]
                 + ["gbdoctor", "scan", str(spec), "-f", "json"],
-                _env(DS_BUILD_OPS="0"),
+                launch_env(DS_BUILD_OPS="0"),
             )
         ]
     )
@@ -508,11 +460,11 @@ def test_a_bad_peer_silence_is_bad_input_before_any_rank_waits(tmp_path: Path, v
     """``GBDOCTOR_PEER_SILENCE_S`` must be a positive number of seconds: exit 2 in one line when
     the rank joins, not a watcher that silently ignores it."""
     spec = _fault_spec(tmp_path, "clean")
-    (done,) = _run_all(
+    (done,) = run_all(
         [
             (
-                _gbdoctor("scan", str(spec)),
-                _deepspeed_env(str(free_port()))(0)
+                gbdoctor_cmd("scan", str(spec)),
+                deepspeed_env(str(free_port()))(0)
                 | {"WORLD_SIZE": "1", "LOCAL_SIZE": "1", "GBDOCTOR_PEER_SILENCE_S": value},
             )
         ]

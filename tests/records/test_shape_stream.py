@@ -1,6 +1,6 @@
 """Shape streams (``--shapes``): the file format, the presets and bucket padding, without a model.
 
-The prediction against a real timeline of the same stream is ``tests/test_shapes.py`` (slow).
+The prediction against a real timeline of the same stream is ``tests/timeline/test_shapes.py`` (slow).
 """
 
 from __future__ import annotations
