@@ -39,6 +39,7 @@ at any depth (function-level lazy imports count: they are still dependencies), i
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -124,9 +125,20 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed_text(text: str) -> ast.Module:
+    """The planted-violation tests check copies of the whole package that differ in one file:
+    each file's tree is parsed once per text, not once per copy and pass (read-only use)."""
+    return ast.parse(text)
+
+
+def _parsed(path: Path) -> ast.Module:
+    return _parsed_text(path.read_text(encoding="utf-8"))
+
+
 def _imports(path: Path, root: Path) -> set[str]:
     """Absolute module names imported by ``path`` (relative imports resolved)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _parsed(path)
     me = _module_name(path, root)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: set[str] = set()
@@ -148,7 +160,7 @@ def _imports(path: Path, root: Path) -> set[str]:
 
 def _dynamo_attributes(path: Path) -> set[str]:
     """``X`` of every ``torch._dynamo.X`` attribute access in ``path``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _parsed(path)
     out = set()
     for node in ast.walk(tree):
         if (
@@ -165,7 +177,7 @@ def _dynamo_attributes(path: Path) -> set[str]:
 def _private_torch(path: Path, root: Path) -> set[str]:
     """Private torch modules imported (``torch._X...``; a bare ``import torch._dynamo``, which
     reaches its configuration, is the Dynamo rule's) and ``torch._X`` attributes used."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _parsed(path)
     out = {
         dep for dep in _imports(path, root) if dep.startswith("torch._") and dep != "torch._dynamo"
     }
@@ -315,7 +327,7 @@ def _code_words(tree: ast.AST) -> list[str]:
 def framework_mentions(path: Path, names: tuple[str, ...]) -> set[str]:
     """The framework ``names`` that code in ``path`` spells, inside a string or an identifier,
     in any case (``"deepspeed/runtime/zero/"``, ``TorchtitanOpt``)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = _parsed(path)
     text = "\n".join(_code_words(tree)).lower()
     return {name for name in names if name in text}
 

@@ -279,11 +279,12 @@ WHOLE_REPO_TESTS = frozenset(
         "test_layout_report.py",
         "test_recompile_goldens.py",
         "test_security.py",
+        "test_slow_tiers.py",
     }
 )
 """The tests at ``tests/`` itself: each checks the repository as a whole (its docs, its import
 graph, the CLI's output on every bundled spec, docs/security.md's promises across the package,
-the GPU kit under ``benchmarks/``), so no one package folder is theirs (docs/architecture.md)."""
+the GPU kit under ``benchmarks/``, the test tiers), so no one package folder is theirs (docs/architecture.md)."""
 
 
 def flat_test_files(tests: Path, package: Path) -> Count:
