@@ -44,7 +44,7 @@ def _fresh_ranks_when_marked(request):
         dist._shared_pools = pools
 
 
-# Tests a measured run found slower than the inner loop's threshold (tools/test_tiers.py).
+# Tests a measured run found slower than the inner loop's threshold (tools/slow_tier.py).
 SLOW_BY_MEASURE = Path(__file__).with_name("slow_tests.txt")
 
 

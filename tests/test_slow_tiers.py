@@ -1,4 +1,4 @@
-"""The inner loop's tier list (``tests/slow_tests.txt``, written by ``tools/test_tiers.py``)."""
+"""The inner loop's tier list (``tests/slow_tests.txt``, written by ``tools/slow_tier.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from repo_paths import REPO
 if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
     sys.path.insert(0, str(REPO))
 
-from tools.test_tiers import LIST, read_list, seconds_per_test  # noqa: E402
+from tools.slow_tier import LIST, read_list, seconds_per_test  # noqa: E402
 
 LOG = """\
 ============================= slowest durations ==============================
@@ -32,7 +32,7 @@ def test_a_tests_seconds_are_its_setup_call_and_teardown():
 
 def test_every_listed_test_exists():
     """A renamed or moved test would silently rejoin the inner loop: its id must still be a
-    test function in its file (rerun ``python -m tools.test_tiers`` after a move)."""
+    test function in its file (rerun ``python -m tools.slow_tier`` after a move)."""
     listed = read_list(LIST)
     assert listed, f"{LIST} lists no test"
     missing = []

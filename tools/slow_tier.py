@@ -8,7 +8,7 @@ teardown, and writes the ids of those over ``--threshold`` seconds to ``tests/sl
 ``tests/conftest.py`` marks the tests listed there ``slow``. The full suite still runs every test.
 
     python -m pytest -q -m "not slow" --durations=0 > fast.log    # or the whole suite
-    python -m tools.test_tiers fast.log --threshold 2
+    python -m tools.slow_tier fast.log --threshold 2
 
 A log of the fast tier only adds to the list (the tests already listed stay: they were not run);
 ``--replace`` starts from nothing (use it with a log of the whole suite). A fixture's setup is
@@ -30,7 +30,7 @@ LIST = REPO / "tests" / "slow_tests.txt"
 HEADER = """\
 # Tests the inner loop (`python -m pytest -m "not slow"`) leaves out because a measured run
 # found them slower than the threshold; tests/conftest.py marks them `slow`. Written by
-# `python -m tools.test_tiers LOG` (docs/testing.md); edit by rerunning it, not by hand.
+# `python -m tools.slow_tier LOG` (docs/testing.md); edit by rerunning it, not by hand.
 """
 DURATION = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S.*?)\s*$")
 
