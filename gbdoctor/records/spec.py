@@ -42,6 +42,8 @@ class ParallelSpec:
     expert_tensor_parallel_degree: int = 1
     tensor_parallel_degree: int = 1
     context_parallel_degree: int = 1
+    context_parallel_rotate_method: str = "allgather"
+    """How ring attention passes K/V between CP ranks (torch's ``set_rotate_method``)."""
     pipeline_parallel_degree: int = 1
     pipeline_parallel_schedule: str = "1F1B"
     """torch.distributed.pipelining's schedule name (torchtitan v0.2.2's default: 1F1B)."""

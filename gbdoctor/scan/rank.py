@@ -54,6 +54,7 @@ from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.collectives import rank_local_collectives
+from gbdoctor.setup.context_parallel import attention_dispatch, context_parallel_notes
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
 from gbdoctor.setup.pipeline import pipeline_notes
 from gbdoctor.setup.rank_pool import report_stage
@@ -173,6 +174,7 @@ def _scan_set_up(
     layout = getattr(setup, "pipeline", None)
     if layout is not None:
         notes += pipeline_notes(layout)
+    notes += context_parallel_notes(setup, spec.capture_seq_len)
     return reports, setup_info(spec, job, setup), notes + tuple(getattr(setup, "notes", ()))
 
 
@@ -209,7 +211,9 @@ def capture_set_up(
     # From here each rank works on its own, and ranks that compile differently do different
     # work (re-traces, failed proofs, more representatives, so more recompile probe steps): FSDP's
     # collectives and gbdoctor's own (the probe steps' loss) are answered on the rank.
-    with rank_local_fsdp(setup.model), rank_local_collectives():
+    # Under CP the blocks' recorded inputs are already sequence shards: captures run under the
+    # attention half of the step's CP context.
+    with rank_local_fsdp(setup.model), rank_local_collectives(), attention_dispatch(setup):
         reports = _capture_kinds(
             session, setup, store, progress, notes, dedupe, strict, root, probe, hooks
         )

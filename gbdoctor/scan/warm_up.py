@@ -35,14 +35,17 @@ def warm_up_attempts(
     def full_step() -> None:
         recipe.train_step(setup, tokens, labels)
 
+    from gbdoctor.setup.context_parallel import attention_dispatch
     from gbdoctor.setup.train import loss_context
 
+    # Under CP the failed step's context left the batch sharded (torchtitan's no-restore
+    # buffers): the fallbacks need only SDPA's dispatch to ring attention.
     def forward_only() -> None:
-        with loss_context(setup):
+        with attention_dispatch(setup), loss_context(setup):
             forward_loss(setup.model, tokens, labels, 1)
 
     def forward_no_grad() -> None:
-        with torch.no_grad(), loss_context(setup):
+        with torch.no_grad(), attention_dispatch(setup), loss_context(setup):
             forward_loss(setup.model, tokens, labels, 1)
 
     return [

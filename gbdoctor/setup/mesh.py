@@ -29,6 +29,12 @@ class Meshes:
     pp: Any | None = None
     """1-D pipeline-parallel mesh (None when PP is 1); the outermost dimension, as in torchtitan:
     the ranks of one stage form a whole data-parallel (x TP) world of their own."""
+    cp: Any | None = None
+    """1-D context-parallel mesh (None when CP is 1), between dp_shard and tp as in torchtitan;
+    FSDP2 shards over dp_shard x cp flattened (``dp``), the ranks of one CP group read the same
+    rows of the batch and each keeps its share of the sequence (``setup.context_parallel``)."""
+    cp_rotate_method: str = "allgather"
+    """``parallelism.context_parallel_rotate_method``: how ring attention passes K/V around."""
 
     @property
     def pp_degree(self) -> int:
@@ -56,12 +62,18 @@ class Meshes:
     def data_rank(self) -> int:
         """Which rows of the global batch this rank reads: TP ranks of one group read the same,
         and so do the PP ranks of one data-parallel position (each runs its stage on it)."""
-        return (self.rank % (self.world_size // self.pp_degree)) // self.tp_degree
+        return (self.rank % (self.world_size // self.pp_degree)) // (
+            self.tp_degree * self.cp_degree
+        )
 
     @property
     def data_world(self) -> int:
         """How many distinct shares of the global batch there are (the data-parallel degree)."""
-        return self.world_size // self.tp_degree // self.pp_degree
+        return self.world_size // self.tp_degree // self.pp_degree // self.cp_degree
+
+    @property
+    def cp_degree(self) -> int:
+        return 1 if self.cp is None else self.cp.size()
 
     @property
     def ep_degree(self) -> int:
@@ -85,10 +97,21 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
         parallel.expert_parallel_degree,
     )
     tp, pp = parallel.tensor_parallel_degree, parallel.pipeline_parallel_degree
-    tp_mesh = pp_mesh = None
+    cp = parallel.context_parallel_degree
+    tp_mesh = pp_mesh = cp_mesh = None
     # PP is the outermost dimension (torchtitan's ["pp", "dp_replicate", "dp_shard", "cp", "tp"]).
     outer_names, outer_sizes = (("pp",), (pp,)) if pp > 1 else ((), ())
-    if tp > 1 or pp > 1:
+    if cp > 1:
+        # torchtitan's ["dp_replicate", "dp_shard", "cp"] (CP with TP, PP or EP is refused by
+        # the spec check): FSDP2 shards over dp_shard x cp, flattened as its dp_shard_cp.
+        names = (("dp_replicate",) if rep > 1 else ()) + ("dp_shard", "cp")
+        sizes = ((rep,) if rep > 1 else ()) + (shard, cp)
+        world_mesh = init_device_mesh(device_type, sizes, mesh_dim_names=names)
+        cp_mesh = world_mesh["cp"]
+        dp = world_mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        if rep > 1:
+            dp = world_mesh["dp_replicate", "dp_shard_cp"]
+    elif tp > 1 or pp > 1:
         # One world mesh with TP innermost (torchtitan's dense mesh), so that FSDP2's dp mesh and
         # the TP mesh share a parent: that is what makes 2-D (FSDP x TP) parameters possible.
         names = (
@@ -131,4 +154,6 @@ def build_meshes(parallel: ParallelSpec, device_type: str) -> Meshes:
         edp=edp,
         tp=tp_mesh,
         pp=pp_mesh,
+        cp=cp_mesh,
+        cp_rotate_method=parallel.context_parallel_rotate_method,
     )

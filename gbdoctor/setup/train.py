@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gbdoctor.setup.collectives import all_reduce_sum
+from gbdoctor.setup.context_parallel import context_parallel_step, cp_degree
 from gbdoctor.setup.outputs import embedding_vocab, training_loss
 
 
@@ -117,9 +118,12 @@ def timed_train_step(
         return time.perf_counter()
 
     _, shares = data_share(setup)
-    with loss_context(setup):
+    # Under CP each rank of a CP group holds 1/cp of its rows' tokens: the loss divides by the
+    # global token count all the same (and is summed over the dp x cp ranks).
+    cp = cp_degree(setup)
+    with context_parallel_step(setup, (tokens, labels)), loss_context(setup):
         t0 = now()
-        loss = forward_loss(setup.model, tokens, labels, shares)
+        loss = forward_loss(setup.model, tokens, labels, shares * cp)
         t1 = now()
         loss.backward()
         t2 = now()
@@ -130,7 +134,7 @@ def timed_train_step(
     reported = loss.detach()
     # Under loss parallel the loss is a replicated DTensor: its full value is the local one.
     reported = (reported.full_tensor() if hasattr(reported, "full_tensor") else reported).clone()
-    if shares > 1:
+    if shares * cp > 1:
         group = setup.meshes.dp_group if getattr(setup, "meshes", None) is not None else None
         all_reduce_sum(reported, group)
     return float(reported), (t1 - t0, t2 - t1, t3 - t2)

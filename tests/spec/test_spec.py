@@ -550,10 +550,52 @@ def test_ep_must_divide_dp_shard(tmp_path):
     assert "data_parallel_shard_degree = 2" in err.message
 
 
-@pytest.mark.parametrize("key", ["context_parallel_degree"])
-def test_unsupported_degrees(tmp_path, key):
-    err = spec_error(par(tmp_path, LLAMA4, **{key: 2}))
-    assert f"parallelism.{key} = 2" in err.message and "not supported yet" in err.message
+def test_cp_multiplies_the_world_and_keeps_the_rotate_method(tmp_path):
+    spec = load_spec(
+        par(
+            tmp_path, LLAMA3, context_parallel_degree=2, context_parallel_rotate_method='"alltoall"'
+        )
+    )
+    p = spec.parallelism
+    assert (p.context_parallel_degree, p.dp_shard, p.world_size) == (2, 1, 2)
+    assert p.context_parallel_rotate_method == "alltoall"
+    assert load_spec(FIXTURES / "llama3_debug_cp2.toml").parallelism.world_size == 2
+
+
+@pytest.mark.parametrize(
+    "body, needle, hint",
+    [
+        (
+            LLAMA3 + "[parallelism]\ncontext_parallel_degree = 2\ntensor_parallel_degree = 2\n",
+            "together with tensor_parallel_degree = 2: not supported yet",
+            "--set parallelism.tensor_parallel_degree=1",
+        ),
+        (
+            LLAMA3 + "[parallelism]\ncontext_parallel_degree = 2\npipeline_parallel_degree = 2\n",
+            "together with pipeline_parallel_degree = 2: not supported yet",
+            "--set parallelism.pipeline_parallel_degree=1",
+        ),
+        (
+            '[model]\nname = "llama3"\nflavor = "debugmodel_flex_attn"\n'
+            "[parallelism]\ncontext_parallel_degree = 2\n",
+            "CP's Flex path cannot run on CPU",
+            "--set model.flavor=debugmodel",
+        ),
+        (
+            LLAMA3 + "[parallelism]\ncontext_parallel_degree = 4\n[gbdoctor]\nseq_len = 68\n",
+            "gbdoctor.seq_len = 68 is not divisible by 2 x context_parallel_degree = 8",
+            "multiple of 8",
+        ),
+        (
+            LLAMA3 + '[parallelism]\ncontext_parallel_rotate_method = "ring"\n',
+            "context_parallel_rotate_method = 'ring' is not one of allgather, alltoall",
+            "allgather",
+        ),
+    ],
+)
+def test_cp_variants_refused_with_a_reason_and_a_next_step(tmp_path, body, needle, hint):
+    err = spec_error(write(tmp_path, body))
+    assert needle in err.message and hint in err.hint
 
 
 @pytest.mark.parametrize(

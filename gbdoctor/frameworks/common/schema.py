@@ -138,8 +138,8 @@ _DEGREES = (
     "context_parallel_degree",
     "pipeline_parallel_degree",
 )
-_UNSUPPORTED_DEGREES = ("context_parallel_degree",)
-"""Pipeline parallelism is each framework's to accept (``Framework.check_spec``)."""
+CP_ROTATE_METHODS = ("allgather", "alltoall")
+"""torch's ``set_rotate_method`` values (``parallelism.context_parallel_rotate_method``)."""
 
 MAX_WORLD_SIZE = 16384
 """Largest world size a spec may ask for (real local ranks or simulated). Llama 3 405B trained

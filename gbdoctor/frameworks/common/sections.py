@@ -17,9 +17,9 @@ from typing import Any
 
 from gbdoctor.frameworks.common.schema import (
     _DEGREES,
-    _UNSUPPORTED_DEGREES,
     AC_MODES,
     COMPILE_COMPONENTS,
+    CP_ROTATE_METHODS,
     CUSTOM_FAMILY,
     DEFAULT_FLAVOR,
     DEVICES,
@@ -92,6 +92,15 @@ def read_sections(
                 f"{ctx.where(section, name)} = {value} is not divisible by "
                 f"tensor_parallel_degree = {tp}",
                 f"use a multiple of {tp} for {name}",
+            )
+        chunks = 2 * spec.parallelism.context_parallel_degree
+        if chunks > 2 and value % chunks:
+            # torch's head-tail load balancer cuts the sequence into 2 x cp chunks.
+            ctx.fail(
+                f"{ctx.where(section, name)} = {value} is not divisible by 2 x "
+                f"context_parallel_degree = {chunks} (CP's load balancer splits the sequence "
+                "into that many chunks)",
+                f"use a multiple of {chunks} for {name}",
             )
     return spec, "strategy" in values["gbdoctor"]
 
@@ -234,22 +243,7 @@ def check_parallelism(
                 f"{ctx.where('parallelism', key)} must be {allowed}, got {degree}",
                 "degrees count ranks; 1 means no parallelism along that dimension",
             )
-    unsupported = [
-        f"{ctx.where('parallelism', key)} = {getattr(p, key)}"
-        for key in _UNSUPPORTED_DEGREES
-        if getattr(p, key) > 1
-    ]
-    if unsupported:
-        # Tried on gloo (tests/setup/test_context_parallel_cpu.py keeps it true): torch's context
-        # parallelism dispatches SDPA to its ring attention for the CUDA kernels only, and
-        # the fake tensors of a simulation are CPU tensors, so neither path can capture it.
-        ctx.fail(
-            f"{', '.join(unsupported)}: not supported yet: torch's context parallelism has no "
-            "CPU attention path (aten._scaled_dot_product_flash_attention_for_cpu has no "
-            "sharding rule), so neither a CPU scan nor a simulation can run it",
-            "set context_parallel_degree = 1 (--set parallelism.context_parallel_degree=1) to "
-            "scan the blocks under FSDP/EP/TP/PP",
-        )
+    _check_cp(p, model, ctx)
     if p.fsdp_reshard_after_forward not in RESHARD_POLICIES:
         ctx.fail(
             f"{ctx.where('parallelism', 'fsdp_reshard_after_forward')} = "
@@ -325,19 +319,72 @@ def check_parallelism(
             "(EP borrows its ranks from FSDP)",
             "make data_parallel_shard_degree a multiple of expert_parallel_degree, or -1",
         )
-    world_size = p.data_parallel_replicate_degree * dp_shard * tp * p.pipeline_parallel_degree
+    world_size = (
+        p.data_parallel_replicate_degree
+        * dp_shard
+        * tp
+        * p.context_parallel_degree
+        * p.pipeline_parallel_degree
+    )
     if world_size > MAX_WORLD_SIZE:
         ctx.fail(
             f"world size {world_size} "
             f"({ctx.where('parallelism', 'data_parallel_replicate_degree')} x "
             f"{ctx.where('parallelism', 'data_parallel_shard_degree')} x "
             f"{ctx.where('parallelism', 'tensor_parallel_degree')} x "
+            f"{ctx.where('parallelism', 'context_parallel_degree')} x "
             f"{ctx.where('parallelism', 'pipeline_parallel_degree')}) exceeds gbdoctor's "
             f"limit of {MAX_WORLD_SIZE} ranks",
             "check the degrees for a typo; breaks do not depend on the world size beyond the EP "
             "and FSDP degrees",
         )
     return dataclasses.replace(p, dp_shard=dp_shard, world_size=world_size)
+
+
+def _check_cp(p: ParallelSpec, model: ModelSpec, ctx: SpecContext) -> None:
+    """What context parallelism gbdoctor runs (``setup/context_parallel.py``, docs/pipeline.md):
+    torchtitan v0.2.2's CP context around the step, on a (dp_shard x cp) mesh, SDPA attention
+    through torch's ring attention; each refusal names what to scan instead."""
+    cp, where = p.context_parallel_degree, ctx.where("parallelism", "context_parallel_degree")
+    rotate = p.context_parallel_rotate_method
+    if rotate not in CP_ROTATE_METHODS:
+        ctx.fail(
+            f"{ctx.where('parallelism', 'context_parallel_rotate_method')} = '{rotate}' is not "
+            f"one of {', '.join(CP_ROTATE_METHODS)}",
+            "torch's set_rotate_method values: allgather (torchtitan's default) or alltoall",
+        )
+    if cp == 1:
+        return
+    others = [
+        f"{key} = {getattr(p, key)}"
+        for key in ("tensor_parallel_degree", "pipeline_parallel_degree", "expert_parallel_degree")
+        if getattr(p, key) > 1
+    ]
+    if others:
+        ctx.fail(
+            f"{where} = {cp} together with {', '.join(others)}: not supported yet (gbdoctor "
+            "runs CP on the dp_shard x cp mesh; CP's own findings come from attention, which the "
+            "other degrees do not change)",
+            f"scan CP with those degrees at 1 (--set parallelism.{others[0].split(' ')[0]}=1), "
+            "and the other degrees with context_parallel_degree = 1",
+        )
+    if model.name == CUSTOM_FAMILY:
+        ctx.fail(
+            f"{where} = {cp} with a custom model: CP shards the inputs and the position table "
+            "along the sequence, and gbdoctor knows the built-in families' tables only",
+            "set context_parallel_degree = 1 for custom models",
+        )
+    from gbdoctor.models import flavor_args
+
+    if getattr(flavor_args(model.name, model.flavor), "attn_type", "sdpa") == "flex":
+        ctx.fail(
+            f"{where} = {cp} with {model.name} flavor '{model.flavor}' (FlexAttention): CP's "
+            "Flex path cannot run on CPU: torch's context_parallel routes SDPA only (Flex needs "
+            "its _ContextParallel module wrapper and a sharded BlockMask), and FlexAttention has "
+            "no CPU backward",
+            "scan the SDPA flavor under CP (--set model.flavor=debugmodel), or this flavor with "
+            "context_parallel_degree = 1",
+        )
 
 
 def _check_tp(p: ParallelSpec, model: ModelSpec, async_tp: bool, ctx: SpecContext) -> None:
