@@ -60,17 +60,18 @@ def _cp_oracle_rank(payload: tuple[str, dict, str | None]) -> dict:
     )
     blocks = dict(block_container(model))
     store, remove = collect_block_inputs(model, blocks)
-    rope = model.get_buffer("rope_cache")
+    # The built-in families' RoPE table shards with the tokens (torchtitan's freqs_cis).
+    tables = [b for name, b in model.named_buffers() if name.endswith("rope_cache")]
     with (
         cpu_ring_attention(),
-        context_parallel(mesh, buffers=[tokens, rope], buffer_seq_dims=[1, 0]),
+        context_parallel(mesh, buffers=[tokens, *tables], buffer_seq_dims=[1] + [0] * len(tables)),
     ):
         try:
             model(tokens)
         finally:
             remove()
         return {
-            "local_seq": int(store["layers.0"][0][0].shape[1]),
+            "local_seq": int(next(iter(store.values()))[0][0].shape[1]),
             "statements": {
                 fqn: plain_compile_statements(block, store[fqn], root, flags)
                 for fqn, block in blocks.items()
@@ -107,20 +108,88 @@ def test_cp2_scan_matches_the_cp1_scan_per_kind_plus_the_cp_findings(monkeypatch
     assert not [n for n in cp1.notes if n.startswith("context parallelism")]
 
     # Oracle: plain torch.compile of each block under torch's context_parallel agrees.
+    _check_oracle(CP2, cp2)
+
+
+def _check_oracle(path, report) -> dict:
+    """Run :func:`_cp_oracle_rank` on 2 gloo ranks; no unexpected difference with ``report``."""
     from gbdoctor.scan.oracle import compare, training_flags
     from gbdoctor.setup.dist import run_ranks
+    from gbdoctor.spec import load_spec
 
-    spec = load_spec(CP2)
+    spec = load_spec(path)
     ranks = run_ranks(
         _cp_oracle_rank,
-        (str(CP2), training_flags(cp2), spec.root or None),
+        (str(path), training_flags(report), spec.root or None),
         world_size=2,
         device_type="cpu",
         timeout_s=900,
     )
-    assert [r["local_seq"] for r in ranks] == [32, 32]
-    by_fqn = {b.fqn: b for b in cp2.blocks}
+    assert [r["local_seq"] for r in ranks] == [spec.capture_seq_len // 2] * 2
+    by_fqn = {b.fqn: b for b in report.blocks}
     for fqn, statements in ranks[0]["statements"].items():
         unexpected = [d for d in compare(statements, by_fqn[fqn]) if not d.expected]
         assert not unexpected, (fqn, unexpected)
     assert ranks[0]["statements"] == ranks[1]["statements"]
+    return ranks[0]["statements"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavor", ["print", "item_branch"])
+def test_planted_breaks_are_the_same_under_cp2_and_match_the_oracle(custom_spec, flavor):
+    """A model with a break planted after its SDPA attention (fixtures/models/planted.py; no
+    position table, so only tokens and labels shard): the CP = 2 scan finds the CP = 1 scan's
+    break, with the same cause, statement and gb_type, and so does plain torch.compile under
+    torch's context_parallel."""
+    from gbdoctor.scan import scan
+    from gbdoctor.spec import load_spec
+
+    planted = _load_planted()
+    path = custom_spec("planted.py", flavor, extra="[parallelism]\ncontext_parallel_degree = 2\n")
+    cp2 = scan(load_spec(path), recompiles=False)
+    cp1 = scan(load_spec(path, ["parallelism.context_parallel_degree=1"]), recompiles=False)
+    assert cp2.setup.world_size == 2 and not cp2.setup.simulated
+
+    def breaks(report):
+        return {
+            b.kind: tuple((x.cause, x.gb_type, str(x.location)) for x in b.breaks)
+            for b in report.blocks
+            if b.same_as is None
+        }
+
+    assert breaks(cp2) == breaks(cp1)
+    assert {x[0] for found in breaks(cp2).values() for x in found} == {
+        planted.EXPECTED_CAUSE[flavor]
+    }
+    assert any("only the tokens and labels were sharded" in n for n in cp2.notes)
+    statements = _check_oracle(path, cp2)
+    assert any(statements.values())  # the oracle saw the planted break too
+
+
+def _load_planted():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planted", FIXTURES / "models" / "planted.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_a_simulated_cp2_scan_runs_the_cp_context_and_matches_the_simulated_cp1_scan(
+    monkeypatch,
+):
+    """Fake process group and fake tensors (what a spec too large for the machine gets): the
+    same CP context and stand-in run, per kind the CP = 1 simulation's breaks and graphs."""
+    monkeypatch.chdir(FIXTURES.parent)
+    from gbdoctor.scan import simulate_scan
+    from gbdoctor.spec import load_spec
+
+    cp2 = simulate_scan(load_spec(CP2))
+    cp1 = simulate_scan(load_spec(CP2, ["parallelism.context_parallel_degree=1"]))
+    assert cp2.setup.simulated and cp2.setup.world_size == 2
+    assert all(b.error is None for b in cp2.blocks)
+    assert {k: v[:3] for k, v in _per_kind(cp2).items()} == {
+        k: v[:3] for k, v in _per_kind(cp1).items()
+    }
+    assert any("32-token share of the 64-token sequence" in n for n in cp2.notes), cp2.notes

@@ -261,12 +261,18 @@ def context_parallel_notes(setup: Any, seq_len: int) -> tuple[str, ...]:
         return ()
     cp = mesh.size()
     notes = [
-        f"context parallelism {cp} (torchtitan v0.2.2's CP context around the step): tokens, "
+        f"context parallelism {cp} (torch's CP context around each training step): tokens, "
         "labels and the RoPE table sharded along the sequence with torch's head-tail load "
         f"balancer, so each block was captured on its {seq_len // cp}-token share of the "
         f"{seq_len}-token sequence; SDPA runs torch's ring attention "
         f"({rotate_method(setup)} rotation); FSDP shards over dp_shard x cp"
     ]
+    if not sequence_buffers(setup.model):
+        notes.append(
+            "context parallelism: the model has no rope_cache buffer (the built-in families' "
+            "position table), so only the tokens and labels were sharded; positions computed "
+            "inside the model are the share's own (numerics differ, breaks do not)"
+        )
     if mesh.device_type == "cpu":
         notes.append(
             "context parallelism on CPU: torch has no CP rule for the CPU flash-attention "

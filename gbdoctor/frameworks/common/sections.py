@@ -368,15 +368,11 @@ def _check_cp(p: ParallelSpec, model: ModelSpec, ctx: SpecContext) -> None:
             f"scan CP with those degrees at 1 (--set parallelism.{others[0].split(' ')[0]}=1), "
             "and the other degrees with context_parallel_degree = 1",
         )
-    if model.name == CUSTOM_FAMILY:
-        ctx.fail(
-            f"{where} = {cp} with a custom model: CP shards the inputs and the position table "
-            "along the sequence, and gbdoctor knows the built-in families' tables only",
-            "set context_parallel_degree = 1 for custom models",
-        )
     from gbdoctor.models import flavor_args
 
-    if getattr(flavor_args(model.name, model.flavor), "attn_type", "sdpa") == "flex":
+    # Custom models: not known before running (their flavor is the factory's argument).
+    flavor = None if model.name == CUSTOM_FAMILY else flavor_args(model.name, model.flavor)
+    if getattr(flavor, "attn_type", "sdpa") == "flex":
         ctx.fail(
             f"{where} = {cp} with {model.name} flavor '{model.flavor}' (FlexAttention): CP's "
             "Flex path cannot run on CPU: torch's context_parallel routes SDPA only (Flex needs "
