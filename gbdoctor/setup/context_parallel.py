@@ -70,7 +70,11 @@ def cpu_ring_attention() -> Iterator[None]:
         expand_to_full_mesh_op_strategy,
         register_op_strategy,
     )
-    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+
+    # torch's private CP module, typed loosely: its handler table and ring attention's
+    # signatures are torch's internals, called here as torch's own handler calls them.
+    cp: Any = _attention
     from torch.distributed.tensor.placement_types import Shard
 
     aten = torch.ops.aten
@@ -80,14 +84,14 @@ def cpu_ring_attention() -> Iterator[None]:
 
     def fwd_rule(schema: Any) -> Any:
         # (output, logsumexp, query, key, value): all sharded on the sequence.
-        rule = [[seq] * 5]
+        rule: list[list[Any]] = [[seq] * 5]
         return expand_to_full_mesh_op_strategy(
             schema.get_mesh_from_args(), schema, rule, input_index=2
         )
 
     def bwd_rule(schema: Any) -> Any:
         # (grad q, k, v, grad_out, q, k, v, out, logsumexp): all sharded on the sequence.
-        rule = [[seq] * 9]
+        rule: list[list[Any]] = [[seq] * 9]
         return expand_to_full_mesh_op_strategy(
             schema.get_mesh_from_args(validate=False), schema, rule, input_index=3
         )
@@ -101,7 +105,8 @@ def cpu_ring_attention() -> Iterator[None]:
         if sharding is None or sharding.needs_redistribute:
             raise NotImplementedError(f"context parallelism: {op} needs its inputs resharded")
         group = info.compute_mesh.get_group()
-        a, kw = list(info.local_args), dict(info.local_kwargs)
+        a: list[Any] = list(info.local_args)
+        kw: dict[str, Any] = dict(info.local_kwargs)
         if op is fwd:
             q, k, v = a[:3]
             dropout = a[3] if len(a) > 3 else kw.pop("dropout_p", 0.0)
@@ -238,10 +243,9 @@ def _sharded(mesh: Any, buffers: list[torch.Tensor], dims: list[int], keep: int)
     balancer = _create_default_load_balancer(
         buffers[0].shape[dims[0]], mesh.size(), buffers[0].device
     )
+    shards: list[Any] = _context_parallel_buffers(mesh, list[Any](buffers), dims, balancer)
     with torch.no_grad():
-        for buffer, shard in zip(
-            buffers, _context_parallel_buffers(mesh, buffers, dims, balancer), strict=True
-        ):
+        for buffer, shard in zip(buffers, shards, strict=True):
             shard = shard.clone()
             buffer.resize_(shard.shape)
             buffer.copy_(shard)
@@ -260,9 +264,14 @@ def context_parallel_notes(setup: Any, seq_len: int) -> tuple[str, ...]:
     if mesh is None:
         return ()
     cp = mesh.size()
+    sharded = (
+        "tokens, labels and the RoPE table"
+        if sequence_buffers(setup.model)
+        else ("tokens and labels")
+    )
     notes = [
-        f"context parallelism {cp} (torch's CP context around each training step): tokens, "
-        "labels and the RoPE table sharded along the sequence with torch's head-tail load "
+        f"context parallelism {cp} (torch's CP context around each training step): {sharded} "
+        "sharded along the sequence with torch's head-tail load "
         f"balancer, so each block was captured on its {seq_len // cp}-token share of the "
         f"{seq_len}-token sequence; SDPA runs torch's ring attention "
         f"({rotate_method(setup)} rotation); FSDP shards over dp_shard x cp"
