@@ -53,6 +53,8 @@ FIXTURE_EXPECTED = {
     "llama3_debug_dp2tp2.toml": ("llama3", "debugmodel", 2, 4, 1),
     # PP fixture: 2 pipeline ranks; the capture batch is the microbatch (2)
     "llama3_debug_pp2.toml": ("llama3", "debugmodel", 1, 2, 1),
+    # CP fixture: dp_shard 1 x cp 2 ranks
+    "llama3_debug_cp2.toml": ("llama3", "debugmodel", 1, 2, 1),
 }
 
 
