@@ -41,6 +41,7 @@ CASES = {
         "deepseek_v3_debug",
         "deepseek_v3_debug_ep2",
         "llama3_debug",
+        "llama3_debug_cp2",
         "llama3_debug_dp2",
         "llama3_debug_dp2tp2",
         "llama3_debug_pp2",
