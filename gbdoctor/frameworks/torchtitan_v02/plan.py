@@ -24,6 +24,7 @@ from gbdoctor.frameworks.common.plan import (
     clean,
     fullgraph_share,
     representatives,
+    stage_plans,
     take_flags,
     verification_failure,
 )
@@ -234,6 +235,7 @@ def propose_block_plan(
             is_moe=block.kind.startswith("moe"),
         )
         _absorb(cands[block.kind], block, flags)
+    _unify_variants(cands)
     after = before
     rounds = 0
     for rounds in range(1, MAX_ROUNDS + 1):
@@ -248,12 +250,46 @@ def propose_block_plan(
             state = (cand.mode, frozenset(cand.eager or ()), frozenset(flags))
             _absorb(cand, block, flags)
             changed |= state != (cand.mode, frozenset(cand.eager or ()), frozenset(flags))
+        _unify_variants(cands)
         if not changed:
             break
     say("strict verification", MAX_ROUNDS + 1, MAX_ROUNDS + 2)
     final = scan_fn(spec, strategy=_strategy(cands, flags), strict=True, recompiles=False)
     say("done", MAX_ROUNDS + 2, MAX_ROUNDS + 2)
     return _assemble(spec, before, final, cands, flags, totals, rounds)
+
+
+def _unify_variants(cands: dict[str, _Candidate]) -> None:
+    """Give the variants of one block kind (``dense``, ``dense#2``: layers of one structure that
+    trace apart, as under PP where neighbours differ) one recipe: the setup applies plans by
+    the kind's label, without the variant, so a recipe that only one variant needs (a break
+    isolated in ``layers.3``) is every variant's. The merged recipe isolates whatever any
+    variant isolates; a module's forward stays compiled only where no variant saw it break."""
+    groups: dict[str, list[_Candidate]] = {}
+    for cand in cands.values():
+        groups.setdefault(BlockKind.parse(cand.kind).label, []).append(cand)
+    for label, group in groups.items():
+        if len(group) < 2:
+            continue
+        eager = set().union(*(c.eager or set() for c in group))
+        forwards = {
+            m
+            for m in set().union(*(c.compiled_forward or set() for c in group))
+            if all(m in (c.compiled_forward or set()) for c in group if m in (c.eager or set()))
+        }
+        children = any(c.mode == CompileMode.CHILDREN for c in group)
+        for cand in group:
+            if children and cand.mode != CompileMode.CHILDREN:
+                others = ", ".join(c.kind for c in group if c.mode == CompileMode.CHILDREN)
+                cand.actions = [*(cand.actions or ()), "isolate-child"]
+                cand.reasons = [
+                    *(cand.reasons or ()),
+                    f"variant: {others} (the same {label} blocks, traced apart) need(s) "
+                    f"isolation, and the setup applies one recipe per block kind",
+                ]
+                cand.mode = CompileMode.CHILDREN
+            cand.eager = set(eager)
+            cand.compiled_forward = set(forwards)
 
 
 def _without_ac(spec: Spec) -> Spec:
@@ -335,6 +371,7 @@ def _assemble(
         suggestions=tuple(suggestions),
         simulated=before.setup.simulated,
         notes=_plan_notes(before),
+        stages=stage_plans(spec, before, final, kinds),
     )
 
 
