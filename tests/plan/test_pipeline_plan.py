@@ -65,6 +65,7 @@ def broken_plan(tmp_path_factory):
     return propose_plan(spec)
 
 
+@pytest.mark.slow  # simulated scans: minutes on shared cores
 def test_the_gate_fails_naming_the_stage_a_break_appears_in(tmp_path):
     spec = _spec(tmp_path / "s.toml", "clean")
     baseline = tmp_path / "baseline.json"
@@ -87,6 +88,7 @@ def test_the_gate_fails_naming_the_stage_a_break_appears_in(tmp_path):
     assert text.exit_code == 1 and "stage 1/dense#2" in text.stdout
 
 
+@pytest.mark.slow  # simulated scans: minutes on shared cores
 def test_plan_keys_stages_whose_kinds_differ(broken_plan):
     titan_pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
     plan = broken_plan
@@ -110,6 +112,7 @@ def test_plan_keys_stages_whose_kinds_differ(broken_plan):
     assert {k.kind: k.mode for k in plan.kinds} == {"dense": "children", "dense#2": "children"}
 
 
+@pytest.mark.slow  # simulated scans: minutes on shared cores
 def test_plan_file_keeps_the_stages_and_reads_the_previous_schema(broken_plan, tmp_path):
     from gbdoctor.plan import dump_plan, load_plan
 
@@ -125,6 +128,7 @@ def test_plan_file_keeps_the_stages_and_reads_the_previous_schema(broken_plan, t
     assert load_plan(path).stages == ()
 
 
+@pytest.mark.slow  # simulated scans: minutes on shared cores
 def test_emitted_torchtitan_code_applies_the_plan_per_model_part(broken_plan):
     import torch
 
