@@ -57,12 +57,15 @@ def take_flags(
     return wanted
 
 
-def verification_failure(block: BlockReport | None) -> str:
-    """Why a kind's strict re-scan did not verify: not captured, an error, or what still breaks."""
+def verification_failure(block: BlockReport | None, *, strict: bool = True) -> str:
+    """Why a kind's strict re-scan did not verify: not captured, an error, or what still breaks.
+    ``strict=False``: the last verification round's scan stands for it (no strict scan could
+    verify a kind still dirty there)."""
     if block is None:
         return "the kind was not captured in the verification scan"
     if block.error:
-        return f"strict check failed: {block.error[:200]}"
+        check = "strict check" if strict else "verification scan (no strict check could pass)"
+        return f"{check} failed: {block.error[:200]}"
     parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
     parts += [f"{e.kind} at {e.module}" for e in block.events]
     return "still breaks: " + "; ".join(parts)
