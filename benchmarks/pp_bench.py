@@ -9,7 +9,7 @@ imports count and the peak RSS is the command's own), from the repository root. 
 command: exit code, wall time, CPU time (user + system: on a shared machine wall time counts
 the neighbours), peak RSS (``ru_maxrss`` of the child) and against the targets (60 s and
 4 GiB); for ``scan`` also each stage's layers and kinds from its JSON. ``gate`` runs twice: ``--update-baseline`` (writes a baseline keyed by stage) and the
-check against it.
+check against it; ``plan`` prints its plan per stage. Each row records the load average.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ def run(args: list[str]) -> dict:
     peak_kib = usage.ru_maxrss
     return {
         "command": "gbdoctor " + " ".join(args),
+        # The 1-minute load average when the command ended: on shared cores wall time is
+        # meaningless without it.
+        "load": round(os.getloadavg()[0], 1),
         "exit": proc.returncode,
         "wall_s": round(wall, 1),
         # On a loaded machine wall time measures the neighbours; CPU time is the command's own.
@@ -66,6 +69,17 @@ def stages(scan_json: str) -> list[str]:
         + f"{max(int(f.split('.')[-1]) for fs in kinds.values() for f in fs)})"
         for s, kinds in sorted(rows.items())
     ]
+
+
+def plan_stages(table: str) -> list[str]:
+    """The plan's per-stage lines (``all N pipeline stages agree ...`` or one per stage)."""
+    lines = table.splitlines()
+    start = next((i for i, line in enumerate(lines) if "pipeline stages" in line), None)
+    if start is None:
+        return []
+    out = [lines[start]]
+    out += [line for line in lines[start + 1 :] if line.startswith("  stage ")]
+    return out
 
 
 def main() -> int:
@@ -95,11 +109,13 @@ def main() -> int:
                     r = run(args)
                 if name == "scan" and r["exit"] == 0:
                     r["stages"] = stages(r["stdout"])
+                if name == "plan":
+                    r["stages"] = plan_stages(r["stdout"])
                 ok = r["wall_s"] <= TARGET_S and r["peak_rss_gib"] <= TARGET_GIB
                 r["within_targets"] = ok
                 print(
                     f"{r['command']}: exit {r['exit']}, {r['wall_s']} s wall, {r['cpu_s']} s CPU, "
-                    f"peak RSS {r['peak_rss_gib']} GiB"
+                    f"peak RSS {r['peak_rss_gib']} GiB, load {r['load']}"
                     f" ({'within' if ok else 'OVER'} {TARGET_S:.0f} s / {TARGET_GIB:.0f} GiB)"
                 )
                 for line in r.get("stages", []):

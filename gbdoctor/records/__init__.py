@@ -44,6 +44,7 @@ from gbdoctor.records.plan import (
     KindPlan,
     Plan,
     PlanSection,
+    StagePlan,
 )
 from gbdoctor.records.price import (
     PRICE_CONSISTENT_WITHIN,
@@ -136,6 +137,7 @@ __all__ = [
     "BreakCount",
     "KindCounts",
     "KindPlan",
+    "StagePlan",
     "KindSummary",
     "LOSS_RTOL",
     "Location",

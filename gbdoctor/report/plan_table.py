@@ -81,6 +81,9 @@ def render_plan_table(plan: Plan, price: PriceReport | None = None) -> str:
             "yes" if k.verified else "NO",
         )
     console.print(table)
+    for line in plan.stage_lines():
+        # Unwrapped: one line per stage, whatever the width (scripts and the docs grep them).
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     if price is not None:
         for line in predicted_gains(plan, price):
             console.print(line, markup=False, highlight=False)

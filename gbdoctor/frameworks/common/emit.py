@@ -130,6 +130,7 @@ def header(plan: Plan, what: str) -> str:
         if kind.cudagraphs:
             ready = "CUDA-graph ready" if kind.cudagraph_ready else "not CUDA-graph ready"
             lines.append(f"  {kind.kind} is {ready}: {kind.cudagraphs}")
+    lines.extend(plan.stage_lines())
     for cost in plan.flag_costs:
         lines.append(f"flag {cost}")
     return "\n".join(lines)

@@ -4,8 +4,10 @@ remove a break."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from gbdoctor.causes import flags_removing
-from gbdoctor.records import BlockReport, Break, ScanReport
+from gbdoctor.records import BlockReport, Break, KindPlan, ScanReport, Spec, StagePlan
 
 
 def representatives(report: ScanReport) -> list[BlockReport]:
@@ -55,12 +57,54 @@ def take_flags(
     return wanted
 
 
-def verification_failure(block: BlockReport | None) -> str:
-    """Why a kind's strict re-scan did not verify: not captured, an error, or what still breaks."""
+def verification_failure(block: BlockReport | None, *, strict: bool = True) -> str:
+    """Why a kind's strict re-scan did not verify: not captured, an error, or what still breaks.
+    ``strict=False``: the last verification round's scan stands for it (no strict scan could
+    verify a kind still dirty there)."""
     if block is None:
         return "the kind was not captured in the verification scan"
     if block.error:
-        return f"strict check failed: {block.error[:200]}"
+        check = "strict check" if strict else "verification scan (no strict check could pass)"
+        return f"{check} failed: {block.error[:200]}"
     parts = [f"{b.cause} ({b.gb_type}) at {b.location}" for b in block.breaks]
     parts += [f"{e.kind} at {e.module}" for e in block.events]
     return "still breaks: " + "; ".join(parts)
+
+
+def stage_plans(
+    spec: Spec, before: ScanReport, final: ScanReport, kinds: Sequence[KindPlan]
+) -> tuple[StagePlan, ...]:
+    """The plan per pipeline stage (empty without PP, or where the scan recorded no stages).
+
+    Stages are read from the scans' blocks (``BlockReport.stage``, set as the setup split the
+    model) and laid out again by ``setup.pipeline`` for what else each stage holds (embeddings,
+    norm and output) and which PP rank runs it. A stage's breaks are its blocks' kinds' breaks
+    per block, summed, before and after the plan (a block without a verification capture
+    counts none after)."""
+    if not spec.parallelism.pp_enabled or any(b.stage is None for b in before.blocks):
+        return ()
+    from gbdoctor.setup.pipeline import pipeline_layout
+
+    layout = pipeline_layout(spec.parallelism, len(before.blocks), spec.training.local_batch_size)
+    by_kind = {k.kind: k for k in kinds}
+    per_block_after = {b.kind: sum(x.count for x in b.breaks) for b in representatives(final)}
+    out = []
+    for st in layout.stages:
+        blocks = [b for b in before.blocks if b.stage == st.index]
+        names = tuple(dict.fromkeys(b.kind for b in blocks if b.kind in by_kind))
+        out.append(
+            StagePlan(
+                stage=st.index,
+                pp_rank=st.pp_rank,
+                layers=tuple(b.fqn for b in blocks),
+                kinds=names,
+                modules=tuple(m for m in st.modules if not m.startswith("layers.")),
+                loss=st.index == len(layout.stages) - 1,
+                breaks_before=sum(
+                    by_kind[b.kind].breaks_before for b in blocks if b.kind in by_kind
+                ),
+                breaks_after=sum(per_block_after.get(b.kind, 0) for b in blocks),
+                verified=all(by_kind[k].verified for k in names),
+            )
+        )
+    return tuple(out)

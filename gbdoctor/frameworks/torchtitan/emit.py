@@ -43,6 +43,12 @@ def emit_config_registry(plan: Plan) -> str:
         how = "eager" if k.mode == "eager" else f"compiled whole, fullgraph={k.fullgraph}"
         state = "verified" if k.verified else f"not verified ({k.detail[:100]})"
         lines.append(f"  {k.kind} ({len(k.layers)} layer(s)): {how}; {state}")
+    lines += list(plan.stage_lines())
+    if plan.stages:
+        lines.append(
+            "Under PP the wrapper runs once per model part; LAYERS is keyed by the global layer "
+            "keys, so each part applies its own stage's layers."
+        )
     lines += [
         "",
         "Train with it (this file importable, e.g. on PYTHONPATH):",

@@ -29,7 +29,12 @@ def apply_layer_plan(
     from gbdoctor.torch_compat import dynamo_config
 
     for name, mode in layers:
-        block = model.layers.get_submodule(name)
+        try:
+            block = model.layers.get_submodule(name)
+        except AttributeError:
+            # Under PP this runs once per model part, and a part keeps its own stage's layers
+            # only (the others deleted, the keys global): the layer is another stage's.
+            continue
         if mode == "eager":
             block._compiled_call_impl = None  # what Module.compile set
         elif mode == "nofullgraph":

@@ -23,6 +23,7 @@ from gbdoctor.frameworks.common.plan import (
     clean,
     fullgraph_share,
     representatives,
+    stage_plans,
     take_flags,
     verification_failure,
 )
@@ -201,4 +202,5 @@ def _assemble(
         rounds=rounds,
         notes=tuple(n for n in before.notes if n.startswith("notice:")),
         framework=NAME,
+        stages=stage_plans(spec, before, final, out),
     )
