@@ -1,25 +1,32 @@
 """Attention modules: llama-style GQA attention and DeepSeek-V3 multi-head latent attention (MLA).
 
-Both run SDPA with ``is_causal=True`` or FlexAttention (``attn_type="flex"``). Flex masks are
-causal; torchtitan's ``block_causal`` (document masking) and llama4's chunked attention are
-approximated by plain causal masks: the mask function changes values, never the graph structure
-that gbdoctor inspects.
+Both run SDPA with ``is_causal=True`` or FlexAttention (``attn_type="flex"``). A plain row's Flex
+mask is causal (one cached BlockMask per length). A packed row (a shape stream's ``docs``) is
+what torchtitan feeds: ``positions`` that restart at 0 at each document (RoPE reads them) and,
+for Flex, a document-masked causal BlockMask built from them per batch, outside the compiled
+blocks, and passed to every block as an argument (torchtitan's ``get_attention_masks``:
+``and_masks(causal, same document)`` with ``B`` = the batch). SDPA stays causal across the
+documents of a row, as torchtitan's maskless SDPA does (it "relies on is_causal"); only RoPE
+restarts. llama4's chunked attention is approximated by the causal mask.
 
 Torch 2.13 CPU facts this file is shaped by (see the probe notes, section 6):
-- FlexAttention has no CPU backward: ``NotImplementedError`` whenever an input requires grad.
-  Flex flavors can only run forward under ``torch.no_grad()`` on CPU.
+- FlexAttention refuses CPU inputs that require grad (``NotImplementedError``), though its math
+  implementation differentiates on CPU under ``eager``/``aot_eager``: ``flex_cpu_backward``
+  lifts the check where a timeline trains (forward and backward of a compiled block).
 - Inductor's CPU flex template rejects q/k/v that are ``view().transpose()`` results of a linear;
   hence the ``.contiguous()`` calls before ``flex_attention``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
 from .common import INIT_STD, RMSNorm, apply_rope, trunc_normal_
 
@@ -46,10 +53,74 @@ def causal_block_mask(seq_len: int, device: torch.device | str):
     return mask
 
 
-def _attend(q, k, v, *, attn_type: str, scale: float | None) -> torch.Tensor:
-    """q/k/v are ``[B, H, S, D]``; returns ``[B, H, S, Dv]``."""
+def document_positions(
+    docs: tuple[tuple[int, ...], ...], device: torch.device | str
+) -> torch.Tensor:
+    """``[B, S]`` int64 positions of packed rows: 0, 1, ... restarting at each document
+    (torchtitan's ``positions``, Hugging Face's ``position_ids``); ``docs`` holds per row the
+    lengths of its documents."""
+    rows = [torch.cat([torch.arange(n) for n in row]) for row in docs]
+    return torch.stack(rows).to(device)
+
+
+def document_block_mask(positions: torch.Tensor):
+    """The BlockMask of packed rows: causal within each document, nothing across documents.
+
+    torchtitan's Flex path (``Decoder.get_attention_masks``): document ids are the running count
+    of position resets, read by the mask function per (batch row, query, key). A new BlockMask
+    (and a new mask function closing over new tensors) each batch, as in training."""
+    doc_ids = torch.cumsum((positions == 0).int(), dim=1) - 1
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def same_document(b, h, q_idx, kv_idx):
+        return doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+
+    batch, seq_len = positions.shape
+    return create_block_mask(
+        and_masks(causal, same_document),
+        B=batch,
+        H=None,
+        Q_LEN=seq_len,
+        KV_LEN=seq_len,
+        device=positions.device,
+    )
+
+
+@contextlib.contextmanager
+def flex_cpu_backward(device: str) -> Iterator[None]:
+    """On CPU, FlexAttention with inputs that require grad, for the block.
+
+    torch 2.13's ``flex_attention`` refuses such inputs up front (``_validate_device``), yet
+    the math implementation underneath runs forward and backward on CPU: inside a block
+    compiled with ``eager``/``aot_eager`` it is traced into the block's graph and differentiated
+    there (inductor's CPU flex lowering has no backward: training still fails there, at the
+    step, saying so). The check passes silently on CUDA, so lifting it for CPU traces the code
+    a GPU run traces. A no-op off CPU."""
+    import torch.nn.attention.flex_attention as flex
+
+    if device != "cpu":
+        yield
+        return
+    original = flex._validate_device
+
+    def validate(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        if query.device.type != "cpu":
+            original(query, key, value)
+
+    flex._validate_device = validate
+    try:
+        yield
+    finally:
+        flex._validate_device = original
+
+
+def _attend(q, k, v, *, attn_type: str, scale: float | None, block_mask=None) -> torch.Tensor:
+    """q/k/v are ``[B, H, S, D]``; returns ``[B, H, S, Dv]``. ``block_mask``: a packed batch's
+    document mask (Flex only; None: causal)."""
     if attn_type == "flex":
-        mask = causal_block_mask(q.shape[2], q.device)
+        mask = causal_block_mask(q.shape[2], q.device) if block_mask is None else block_mask
         return flex_attention(
             q.contiguous(), k.contiguous(), v.contiguous(), block_mask=mask, scale=scale
         )
@@ -91,7 +162,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, attention_masks=None) -> torch.Tensor:
         bs, seqlen, _ = x.shape
         # -1, not n_heads: under tensor parallelism each rank holds its share of the heads.
         xq = self.wq(x).view(bs, seqlen, -1, self.head_dim)
@@ -106,6 +177,7 @@ class Attention(nn.Module):
             xv.transpose(1, 2),
             attn_type=self.attn_type,
             scale=None,
+            block_mask=attention_masks,
         )
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
@@ -124,8 +196,10 @@ class InnerAttention(nn.Module):
         self.attn_type = attn_type
         self.scale = scale
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return _attend(q, k, v, attn_type=self.attn_type, scale=self.scale)
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask=None
+    ) -> torch.Tensor:
+        return _attend(q, k, v, attn_type=self.attn_type, scale=self.scale, block_mask=block_mask)
 
 
 class MLAttention(nn.Module):
@@ -175,7 +249,7 @@ class MLAttention(nn.Module):
         self.wo = nn.Linear(n_heads * v_head_dim, dim, bias=False)
         self.inner_attention = InnerAttention(attn_type, softmax_scale)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, attention_masks=None) -> torch.Tensor:
         bs, seqlen, _ = x.shape
         q = self.wq(x) if self.q_lora_rank == 0 else self.wq_b(self.q_norm(self.wq_a(x)))
         q = q.view(bs, seqlen, self.n_heads, self.qk_head_dim)
@@ -191,7 +265,13 @@ class MLAttention(nn.Module):
         k_nope, v = torch.split(kv, [self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, self.n_heads, -1)], dim=-1)
 
-        out = self.inner_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        # Called as before when unpacked: tensor parallelism's input hooks see q, k, v only.
+        out = (
+            self.inner_attention(q, k, v)
+            if attention_masks is None
+            else self.inner_attention(q, k, v, attention_masks)
+        )
         return self.wo(out.transpose(1, 2).contiguous().view(bs, seqlen, -1))
 
     def init_weights(self, init_std: float) -> None:

@@ -158,10 +158,14 @@ def rope_table(freqs: torch.Tensor, max_seq_len: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent pairs of ``x`` (``[B, S, H, D]``) by the ``[S, D // 2, 2]`` table."""
+    """Rotate adjacent pairs of ``x`` (``[B, S, H, D]``) by the ``[S, D // 2, 2]`` table, or by
+    a per-row ``[B, S, D // 2, 2]`` one (packed rows: positions restart at each document)."""
     xf = x.float().reshape(*x.shape[:-1], -1, 2)
     x0, x1 = xf[..., 0], xf[..., 1]
-    cos = rope[..., 0].view(1, rope.shape[0], 1, rope.shape[1])
-    sin = rope[..., 1].view(1, rope.shape[0], 1, rope.shape[1])
+    if rope.dim() == 4:
+        cos, sin = rope[..., 0].unsqueeze(2), rope[..., 1].unsqueeze(2)
+    else:
+        cos = rope[..., 0].view(1, rope.shape[0], 1, rope.shape[1])
+        sin = rope[..., 1].view(1, rope.shape[0], 1, rope.shape[1])
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).type_as(x)

@@ -14,7 +14,7 @@ from typing import Protocol, cast
 import torch
 from torch import nn
 
-from .attention import Attention, MLAttention, causal_block_mask
+from .attention import Attention, MLAttention, causal_block_mask, document_block_mask
 from .common import FeedForward, RMSNorm, depth_init_std, rope_table, trunc_normal_
 from .moe import MoE
 
@@ -46,8 +46,12 @@ class TransformerBlock(nn.Module):
             self.feed_forward = feed_forward
         self.weight_init_std = depth_init_std(layer_id)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor, attention_masks=None) -> torch.Tensor:
+        """``attention_masks``: a packed batch's document BlockMask (Flex), else None."""
+        if attention_masks is None:
+            h = x + self.attention(self.attention_norm(x), rope)
+        else:
+            h = x + self.attention(self.attention_norm(x), rope, attention_masks)
         if self.moe_enabled:
             return h + self.moe(self.ffn_norm(h))
         return h + self.feed_forward(self.ffn_norm(h))
@@ -119,21 +123,34 @@ class Decoder(nn.Module):
             if self.output is not None:
                 trunc_normal_(self.output.weight, self.dim**-0.5)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens[B, S]`` (or hidden states when a pipeline stage dropped ``tok_embeddings``) -> logits."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``tokens[B, S]`` (or hidden states when a pipeline stage dropped ``tok_embeddings``) -> logits.
+
+        ``positions[B, S]``: a packed batch's per-token positions, restarting at 0 at each document
+        (torchtitan's ``positions``): RoPE reads them, and under Flex the blocks get the
+        document-masked BlockMask built from them here (``attention.document_block_mask``)."""
         seqlen = tokens.shape[1]
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        if seqlen <= self.rope_cache.shape[0]:
-            rope = self.rope_cache[:seqlen]
+        longest = seqlen if positions is None else int(positions.max()) + 1
+        if longest <= self.rope_cache.shape[0]:
+            table = self.rope_cache[:longest]
         else:
             # Longer than the table (built for max_seq_len): extend on the fly rather than fail; the
             # buffer is left alone so that forward never mutates module state. No ``with
             # torch.device(...)`` here: Dynamo 2.13 cannot enter it (GB0142, whole frame skipped).
-            rope = rope_table(self.rope_freqs_fn().to(h.device), seqlen)
-        if self.attn_type == "flex":
-            # Build the BlockMask here, outside the (per-block) compiled regions; blocks read the cache.
-            causal_block_mask(seqlen, h.device)
+            table = rope_table(self.rope_freqs_fn().to(h.device), longest)
+        masks = None
+        if positions is None:
+            rope = table
+            if self.attn_type == "flex":
+                # Build the BlockMask here, outside the (per-block) compiled regions; blocks read
+                # the cache.
+                causal_block_mask(seqlen, h.device)
+        else:
+            rope = table[positions]  # [B, S, D/2, 2]: each row's documents from position 0
+            if self.attn_type == "flex":
+                masks = document_block_mask(positions)
         for block in self.layers.values():
-            h = block(h, rope)
+            h = block(h, rope) if masks is None else block(h, rope, masks)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

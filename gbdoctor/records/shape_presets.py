@@ -10,6 +10,8 @@ cross-rank bucketing gives them).
 ``buckets``        each step one of ``lens`` (``lens=32/48/64``), drawn uniformly
 ``packed``         rows packed to ``seq`` with documents of mean length ``mean`` (exponential)
 ``last-partial``   epochs of ``samples`` sequences in batches of ``batch``: the last is smaller
+``flattened``      each step's ``batch`` documents (mean length ``mean``, at most ``max``) in one
+                   row (padding-free packing, Hugging Face's ``DataCollatorWithFlattening``)
 =================  ===========================================================================
 """
 
@@ -38,6 +40,7 @@ PRESETS: dict[str, dict[str, int | str]] = {
     "buckets": {**_COMMON, "lens": "32/48/64"},
     "packed": {**_COMMON, "seq": 64, "mean": 16},
     "last-partial": {**_COMMON, "seq": 64, "samples": 7},
+    "flattened": {**_COMMON, "batch": 4, "mean": 16, "max": 64},
 }
 """Preset name -> its parameters with their defaults."""
 _RANGES = {
@@ -120,6 +123,16 @@ def _rank_shapes(name: str, v: dict[str, int | str], rank: int) -> list[RankShap
             )
             for _ in range(steps)
         ]
+    if name == "flattened":
+        # Padding-free: the batch's documents end to end in one row, whose length is their sum.
+        mean, most = int(v["mean"]), int(v["max"])
+        if (why := SEQ_LEN.problem(most * batch)) is not None:
+            raise SpecError(f"--shapes flattened: max {most} x batch {batch}: {why}")
+        rows = [
+            tuple(min(most, max(1, math.ceil(rng.expovariate(1 / mean)))) for _ in range(batch))
+            for _ in range(steps)
+        ]
+        return [RankShape(batch=1, seq=sum(row), docs=(row,)) for row in rows]
     # last-partial: full batches, then what is left of the epoch's samples.
     samples, seq = int(v["samples"]), int(v["seq"])
     epoch = [batch] * (samples // batch) + ([samples % batch] if samples % batch else [])

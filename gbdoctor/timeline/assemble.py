@@ -225,6 +225,7 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
             "ranks compile in different steps (they diverge): "
             + "; ".join(f"rank {r}: {list(steps)}" for r, steps in enumerate(per_rank))
         )
+    notes.extend(dict.fromkeys(n for run in runs for n in run.notes))
     if job.dynamo_config:
         notes.append("torch._dynamo.config: " + ", ".join(f"{k}={v}" for k, v in job.dynamo_config))
     return TimelineReport(

@@ -1,11 +1,14 @@
 """What one call of the model gets in a timeline rank (``timeline.train.timeline_rank``): the
 batch shape of the call on this rank (``--seq-lens``, a ``--shapes`` stream, or the
-prediction's shape classes), its synthetic batch, and the forward-only call the prediction
-makes (``timeline.predict``)."""
+prediction's shape classes), its synthetic batch, a packed batch's positions (``docs``), and
+the forward-only call the prediction makes (``timeline.predict``)."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -29,6 +32,94 @@ def call_shape(job: Any, call: int, meshes: Any) -> tuple[int, int]:
             hint="give one shape per step (every rank) or one per data-parallel rank",
         )
     return job.shapes[rank][call]
+
+
+Docs = tuple[tuple[int, ...], ...]
+"""A packed batch: per row, the lengths of its documents (``()``: a plain batch)."""
+
+POSITION_KWARGS = ("positions", "position_ids")
+"""How a model's forward takes per-token positions: torchtitan's (and gbdoctor's built-in
+models') ``positions``, Hugging Face's ``position_ids``."""
+
+
+def call_docs(job: Any, call: int, meshes: Any) -> Docs:
+    """The documents packed into this rank's rows for ``call`` (``()``: plain rows)."""
+    if not job.packing:
+        return ()
+    if len(job.packing) == 1:
+        return job.packing[0][call]
+    from gbdoctor.setup.train import data_share
+
+    return job.packing[data_share(meshes)[0]][call]
+
+
+def docs_kind(docs: Docs) -> str:
+    """What a packed batch changes in a model's inputs beside its shape: ``plain`` (no
+    positions), ``single`` (positions, one document per row: Hugging Face then finds no packing
+    and keeps its causal path) or ``packed`` (a row holds several documents: a document mask).
+    A shape class of the prediction is its (batch, seq) and this kind."""
+    if not docs:
+        return "plain"
+    return "packed" if any(len(row) > 1 for row in docs) else "single"
+
+
+def position_kwarg(model: Any) -> str | None:
+    """The keyword of :data:`POSITION_KWARGS` the model's forward takes, looking through the
+    wrappers a setup puts around it (``torch.compile``'s ``_orig_mod``, an engine's ``module``);
+    None when it takes neither."""
+    seen = 0
+    while model is not None and seen < 4:
+        try:
+            names = set(inspect.signature(model.forward).parameters)
+        except (TypeError, ValueError, AttributeError):
+            names = set()
+        for name in POSITION_KWARGS:
+            if name in names:
+                return name
+        model = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        seen += 1
+    return None
+
+
+@contextlib.contextmanager
+def packed_inputs(model: Any, docs: Docs, device: Any) -> Iterator[None]:
+    """For the block, ``model``'s forward also gets the packed rows' positions (0, 1, ...
+    restarting at each document) under the keyword it takes: what a packing data loader hands
+    the model next to the tokens. A forward pre-hook on the root module, which runs eagerly
+    under per-block compile: the blocks see the positions (or the document mask the model
+    builds from them) as arguments, as in training."""
+    name = position_kwarg(model) if docs else None
+    if name is None:
+        yield
+        return
+    from gbdoctor.models.attention import document_positions
+
+    positions = document_positions(docs, device)
+
+    def add_positions(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        return args, {**kwargs, name: positions}
+
+    handle = model.register_forward_pre_hook(add_positions, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def packing_note(model: Any, job: Any) -> str | None:
+    """What a packed stream fed this model (None for a stream without ``docs``)."""
+    if not any(any(rank) for rank in job.packing):
+        return None
+    name = position_kwarg(model)
+    if name is None:
+        return (
+            "packed rows fed as plain rows: the model's forward takes neither `positions` nor "
+            "`position_ids`, so document boundaries do not reach it"
+        )
+    return (
+        f"packed rows: `{name}` restart at 0 at each document (the model builds its own "
+        "document mask from them, if any)"
+    )
 
 
 def call_batch(
@@ -74,6 +165,10 @@ def with_stream(job: Any, stream: ShapeStream) -> Any:
         tuple(stream.shape(i, r).shape for i in range(len(stream.steps)))
         for r in range(stream.ranks)
     )
+    packing = tuple(
+        tuple(stream.shape(i, r).docs for i in range(len(stream.steps)))
+        for r in range(stream.ranks)
+    )
     seqs = tuple(dict.fromkeys(seq for rank in per_rank for _, seq in rank))
     batch = max(b for rank in per_rank for b, _ in rank)
     # The stream decides the steps and the shapes; the rest of the settings (device, backend,
@@ -92,5 +187,6 @@ def with_stream(job: Any, stream: ShapeStream) -> Any:
         spec=spec,
         settings=settings,
         shapes=per_rank,
+        packing=packing if any(any(rank) for rank in packing) else (),
         shapes_source=stream.source or "file",
     )

@@ -7,7 +7,8 @@ that matches none runs eagerly. So each rank's steps are grouped into shape clas
 ``(batch, seq)`` its model gets), and the real setup (the same spawned ranks, framework,
 strategy, backend and Dynamo settings as the timeline) makes ONE forward per class, in the
 order the classes first appear in the stream: that drives Dynamo through the same decisions as
-the training run, once each. Every step then gets the outcome of its class: its first
+the training run, once each. A packed stream's classes also say whether a row holds several
+documents (``calls.docs_kind``), and each class's call packs the documents of its first step. Every step then gets the outcome of its class: its first
 appearance gets the compiles, guards and limit hits of the class's call; a later appearance
 compiles nothing and runs eagerly exactly where the class's call did (a class that found no
 graph past the limit finds none later either).
@@ -31,7 +32,7 @@ from gbdoctor.records import RunSettings, Spec
 from gbdoctor.records.shapes import ShapeStream
 from gbdoctor.records.timeline import TimelineReport
 from gbdoctor.run.worker import ModeFailure
-from gbdoctor.timeline.calls import with_stream
+from gbdoctor.timeline.calls import docs_kind, with_stream
 from gbdoctor.timeline.train import (
     RankTimeline,
     RawStep,
@@ -49,32 +50,61 @@ dynamic graph (inductor's lowering can); ``compile_with="same"`` (``--predict-ba
 predicts with the timeline's backend, at its compile cost."""
 
 
-def shape_classes(job: TimelineJob) -> list[list[tuple[int, int]]]:
-    """Per rank, its distinct (batch, seq) in the order they first appear."""
-    return [list(dict.fromkeys(rank)) for rank in job.shapes]
+ClassKey = tuple[tuple[int, int], str]
+"""A shape class: (batch, seq) and what packing feeds beside it (``calls.docs_kind``)."""
+
+
+def step_keys(job: TimelineJob) -> list[list[ClassKey]]:
+    """Per rank (one entry: every rank), each step's shape class."""
+    out = []
+    for r, rank in enumerate(job.shapes):
+        docs = job.packing[r] if job.packing else ((),) * len(rank)
+        out.append([(shape, docs_kind(d)) for shape, d in zip(rank, docs, strict=True)])
+    return out
+
+
+def shape_classes(job: TimelineJob) -> list[list[ClassKey]]:
+    """Per rank, its distinct shape classes in the order they first appear. A packed batch's
+    documents are values (positions, a mask's contents), not shapes; whether a row holds one
+    document or several is not: Hugging Face builds a document mask only for the latter."""
+    return [list(dict.fromkeys(rank)) for rank in step_keys(job)]
 
 
 def prediction_job(job: TimelineJob) -> TimelineJob:
-    """One forward per shape class per rank, every rank the same number of calls."""
-    classes = shape_classes(job)
-    calls = max(len(c) for c in classes)
-    padded = tuple(tuple(c + [c[-1]] * (calls - len(c))) for c in classes)
+    """One forward per shape class per rank (with the documents of its first step), every rank
+    the same number of calls."""
+    keys = step_keys(job)
+    shapes, packing = [], []
+    for r, rank in enumerate(keys):
+        first: dict[ClassKey, int] = {}
+        for i, key in enumerate(rank):
+            first.setdefault(key, i)
+        firsts = list(first.values())  # in order of first appearance
+        shapes.append([job.shapes[r][i] for i in firsts])
+        packing.append([job.packing[r][i] if job.packing else () for i in firsts])
+    calls = max(len(c) for c in shapes)
+    pad = [c + [c[-1]] * (calls - len(c)) for c in shapes]
+    pad_docs = [c + [c[-1]] * (calls - len(c)) for c in packing]
     return replace(
-        job, shapes=padded, forward_only=True, settings=replace(job.settings, steps=calls)
+        job,
+        shapes=tuple(tuple(c) for c in pad),
+        packing=tuple(tuple(c) for c in pad_docs) if job.packing else (),
+        forward_only=True,
+        settings=replace(job.settings, steps=calls),
     )
 
 
-def _rank_steps(stream_shapes: tuple[tuple[int, int], ...], run: RankTimeline) -> RankTimeline:
+def _rank_steps(stream_keys: list[ClassKey], run: RankTimeline) -> RankTimeline:
     """The class calls of one rank mapped onto the stream's steps (module docstring)."""
-    order = list(dict.fromkeys(stream_shapes))
-    call_of = {shape: i for i, shape in enumerate(order)}
+    order = list(dict.fromkeys(stream_keys))
+    call_of = {key: i for i, key in enumerate(order)}
     first_step: dict[int, int] = {}
-    for step, shape in enumerate(stream_shapes):
-        first_step.setdefault(call_of[shape], step)
+    for step, key in enumerate(stream_keys):
+        first_step.setdefault(call_of[key], step)
     steps: list[RawStep] = []
     cache: dict[str, int] = {}
-    for step, shape in enumerate(stream_shapes):
-        call = call_of[shape]
+    for step, (shape, kind) in enumerate(stream_keys):
+        call = call_of[(shape, kind)]
         raw = run.steps[call]
         first = first_step[call] == step
         if first:
@@ -178,7 +208,7 @@ def _predict(spec: Spec, mode: str, job: TimelineJob, compile_with: str) -> Time
         runs = _prediction_ranks(spec, calls)
     except GbdoctorError as exc:
         raise _at_step(exc, job) from None
-    shares = job.shapes
+    shares = step_keys(job)
     # A rank follows its data-parallel rank's shapes (TP ranks share one).
     mapped = [_rank_steps(shares[run.data_rank if len(shares) > 1 else 0], run) for run in runs]
     report = build_report(spec, mode, job, mapped)
@@ -197,10 +227,11 @@ def _at_step(exc: GbdoctorError, job: TimelineJob) -> GbdoctorError:
     found = re.search(r"step (\d+): ", exc.message)
     if found is None or int(found.group(1)) >= len(order):
         return exc
-    step = job.shapes[0].index(order[int(found.group(1))])
+    key = order[int(found.group(1))]
+    step = step_keys(job)[0].index(key)
     rest = exc.message[found.end() :]
     return type(exc)(
-        f"predicted: training fails at step {step} (shape {order[int(found.group(1))]}): {rest}",
+        f"predicted: training fails at step {step} (shape {key[0]}): {rest}",
         hint=exc.hint,
     )
 

@@ -63,6 +63,9 @@ class TimelineJob:
     """Per data-parallel rank (one entry: every rank), per call of the model: (batch, seq), from
     a ``--shapes`` stream or the prediction's shape classes (``timeline.predict``); empty:
     ``settings.batch_size`` x ``settings.seq_lens``, one call per step."""
+    packing: tuple[tuple[tuple[tuple[int, ...], ...], ...], ...] = ()
+    """Per data-parallel rank (one entry: every rank), per call: the documents packed into each
+    row (``()``: plain rows), parallel to ``shapes``; empty: no call is packed."""
     shapes_source: str = ""
     """The stream's preset or file ("" without one)."""
     forward_only: bool = False
@@ -243,8 +246,16 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
     from gbdoctor.frameworks.interface import GradientAccumulation
     from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
+    from gbdoctor.models.attention import flex_cpu_backward
     from gbdoctor.setup.train import data_share
-    from gbdoctor.timeline.calls import call_batch, call_shape, forward_step
+    from gbdoctor.timeline.calls import (
+        call_batch,
+        call_docs,
+        call_shape,
+        forward_step,
+        packed_inputs,
+        packing_note,
+    )
 
     spec, settings = job.spec, job.settings
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -270,10 +281,12 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         sync = torch.cuda.synchronize if settings.device == "cuda" else None
         steps: list[RawStep] = []
         first_acc = accumulation(setup) if accumulation is not None else None
+        notes = [n for n in [packing_note(setup.model, job)] if n is not None]
         with (
             watch_recompiles(path_fn) as watch,
             compile_log(path_fn) as clog,
             recipe.step_context(setup),
+            flex_cpu_backward(settings.device),
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's
             calls = len(job.shapes[0]) if job.shapes else settings.steps
@@ -291,10 +304,11 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                 counter.take()
                 start = time.perf_counter()
                 try:
-                    if job.forward_only:
-                        phases = forward_step(setup, tokens, labels)
-                    else:
-                        _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
+                    with packed_inputs(setup.model, call_docs(job, step, meshes), meshes.device):
+                        if job.forward_only:
+                            phases = forward_step(setup, tokens, labels)
+                        else:
+                            _, phases = recipe.timed_train_step(setup, tokens, labels, sync=sync)
                 except Exception as exc:  # noqa: BLE001 - reported as the run's failure
                     from gbdoctor.capture.counters import failure_kind
 
@@ -335,6 +349,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         lost_metrics=lost,
         data_rank=data_share(meshes)[0],
         graphs=counter.graph_shapes(),
+        notes=notes,
     )
 
 

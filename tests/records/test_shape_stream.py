@@ -160,3 +160,41 @@ def test_a_version_1_timeline_still_reads_and_a_version_2_round_trips() -> None:
 
     new = replace(new, graphs=(graph,), shapes="varlen", predicted=True)
     assert _load_timeline(json.loads(dumps(new)), "t.json") == new
+
+
+def test_flattened_preset_puts_each_steps_documents_in_one_row() -> None:
+    stream = preset_stream("flattened:steps=20,batch=4,mean=16,max=64")
+    for step in stream.steps:
+        (shape,) = step.ranks
+        assert shape.batch == 1 and len(shape.docs) == 1 and len(shape.docs[0]) == 4
+        assert sum(shape.docs[0]) == shape.seq and max(shape.docs[0]) <= 64
+    assert len(set(_seqs(stream))) > 5  # padding-free: the row length changes step to step
+
+
+@pytest.mark.parametrize("flavor", ["debugmodel", "debugmodel_flex_attn"])
+def test_packed_rows_reach_the_built_in_models(flavor) -> None:
+    """The oracle for a packed row is the same documents run alone. Flex (torchtitan's document
+    mask, positions restarting): every document gets exactly its own logits. SDPA stays causal
+    across a row's documents, as torchtitan's SDPA does: the first document's logits are its
+    own, a later one's are not (it attends to the documents before it); a row of one document
+    is the plain row."""
+    import torch
+
+    from gbdoctor.models import build_model
+    from gbdoctor.models.attention import document_positions
+    from gbdoctor.records import ModelSpec
+
+    torch.manual_seed(0)
+    model = build_model(ModelSpec(name="llama3", flavor=flavor), max_seq_len=64)
+    tokens = torch.randint(0, 2048, (1, 40))
+    with torch.no_grad():
+        packed = model(tokens, positions=document_positions(((24, 16),), "cpu"))
+        first, second = model(tokens[:, :24]), model(tokens[:, 24:])
+        single = model(tokens, positions=document_positions(((40,),), "cpu"))
+        plain = model(tokens)
+    torch.testing.assert_close(packed[:, :24], first)
+    torch.testing.assert_close(single, plain)
+    if flavor.endswith("flex_attn"):
+        torch.testing.assert_close(packed[:, 24:], second)
+    else:
+        assert not torch.allclose(packed[:, 24:], second, atol=1e-3)
