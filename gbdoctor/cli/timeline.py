@@ -117,6 +117,14 @@ def timeline(
         bool,
         typer.Option("--fix", help="Apply the proposed fixes, run again and compare"),
     ] = False,
+    fix_with: Annotated[
+        str,
+        typer.Option(
+            "--fix-with",
+            help="With --fix: config (the Dynamo settings the findings propose) or shapes-spec "
+            "(torch.compile(shapes_spec=...) over the dims that changed size; torch >= 2.13)",
+        ),
+    ] = "config",
     shapes: ShapesOpt = None,
     predict: Annotated[
         bool,
@@ -209,6 +217,7 @@ def timeline(
             dynamo_config=settings,
             fix=fix,
             compile_with=predict_backend,
+            fix_with=fix_with,
         )
     else:
         n = len(stream.steps) if stream is not None else steps
@@ -221,6 +230,7 @@ def timeline(
             dynamo_config=settings,
             fix=fix,
             shapes=stream,
+            fix_with=fix_with,
         )
     emit(render(Printout.TIMELINE, format, report, RenderOptions(details=details)), output)
     if plot is not None:

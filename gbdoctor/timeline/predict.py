@@ -174,6 +174,7 @@ def predict_timeline(
     dynamo_config: tuple[tuple[str, str], ...] = (),
     fix: bool = False,
     compile_with: str = PREDICT_BACKEND,
+    fix_with: str = "config",
 ) -> TimelineReport:
     """The timeline ``run_timeline(spec, settings, shapes=shapes, ...)`` would record, predicted
     from one forward per distinct shape class (step times 0; ``predicted`` is set).
@@ -181,21 +182,20 @@ def predict_timeline(
     them (the stream replaces their steps, batch and lengths). ``fix``: predict
     again with the proposed fixes and attach the comparison, as ``run_timeline`` does.
     ``compile_with``: the backend the prediction's calls compile with (:data:`PREDICT_BACKEND`;
-    ``"same"``: the timeline's own)."""
+    ``"same"``: the timeline's own). ``fix_with``: as ``run_timeline``'s."""
     from gbdoctor.timeline.assemble import verify
-    from gbdoctor.timeline.train import _fix_settings
+    from gbdoctor.timeline.train import check_fix_with, fixed_job
 
+    check_fix_with(fix_with)
     job = with_stream(_job(spec, settings, mode, plan_path, dynamo_config), shapes)
     before = _predict(spec, mode, job, compile_with)
     if not fix:
         return before
-    fixes = _fix_settings(before)
-    if not fixes:
+    fixed = fixed_job(job, before, fix_with)
+    if fixed is None:
         return replace(before, notes=(*before.notes, "--fix: nothing to apply"))
-    fixed = replace(job, dynamo_config=tuple(dict((*job.dynamo_config, *fixes)).items()))
-    return replace(
-        before, verification=verify(before, _predict(spec, mode, fixed, compile_with), fixes)
-    )
+    after = _predict(spec, mode, fixed[0], compile_with)
+    return replace(before, verification=verify(before, after, fixed[1]))
 
 
 def _predict(spec: Spec, mode: str, job: TimelineJob, compile_with: str) -> TimelineReport:

@@ -68,6 +68,9 @@ class TimelineJob:
     row (``()``: plain rows), parallel to ``shapes``; empty: no call is packed."""
     shapes_source: str = ""
     """The stream's preset or file ("" without one)."""
+    shapes_spec: tuple[tuple[str, int], ...] = ()
+    """(argument, dim) the compiled blocks get as ``torch.compile(shapes_spec=...)`` dims
+    (``timeline.shapes_spec``: the ``--fix-with shapes-spec`` run); empty: none."""
     forward_only: bool = False
     """Each call is a forward and the loss, no backward or optimizer step: the prediction's
     calls, which only need the decisions Dynamo makes when it converts a frame."""
@@ -256,6 +259,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         packed_inputs,
         packing_note,
     )
+    from gbdoctor.timeline.shapes_spec import shapes_spec_fix
 
     spec, settings = job.spec, job.settings
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -287,6 +291,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
             compile_log(path_fn) as clog,
             recipe.step_context(setup),
             flex_cpu_backward(settings.device),
+            shapes_spec_fix(setup.model, job.shapes_spec),
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's
             calls = len(job.shapes[0]) if job.shapes else settings.steps
@@ -362,6 +367,7 @@ def run_timeline(
     dynamo_config: tuple[tuple[str, str], ...] = (),
     fix: bool = False,
     shapes: ShapeStream | None = None,
+    fix_with: str = "config",
 ) -> TimelineReport:
     """Train ``spec`` ``settings.steps`` steps in ``mode`` and explain the step-time pattern.
 
@@ -371,7 +377,9 @@ def run_timeline(
     comparison (``TimelineReport.verification``). ``shapes``: a shape stream
     (``records.shapes``) the steps follow instead of the settings' sequence lengths and batch,
     one step per stream step (``timeline.calls.with_stream``: the job's settings take the
-    stream's length as steps). Bad input raises SpecError (exit 2)."""
+    stream's length as steps). ``fix_with``: ``config`` (the findings' Dynamo settings) or
+    ``shapes-spec`` (``torch.compile(shapes_spec=...)`` over the dims that changed size:
+    ``timeline.shapes_spec``). Bad input raises SpecError (exit 2)."""
     from gbdoctor.timeline.assemble import build_report, verify
 
     job = _job(spec, settings, mode, plan_path, dynamo_config)
@@ -379,15 +387,42 @@ def run_timeline(
         from gbdoctor.timeline.calls import with_stream
 
         job = with_stream(job, shapes)
+    check_fix_with(fix_with)
     before = build_report(spec, mode, job, _run_ranks(job))
     if not fix:
         return before
+    fixed = fixed_job(job, before, fix_with)
+    if fixed is None:
+        return replace(before, notes=(*before.notes, "--fix: nothing to apply"))
+    fixed_job_, applied = fixed
+    after = build_report(spec, mode, fixed_job_, _run_ranks(fixed_job_))
+    return replace(before, verification=verify(before, after, applied))
+
+
+def check_fix_with(fix_with: str) -> None:
+    """SpecError (exit 2) for an unknown ``--fix-with`` or a torch without ``shapes_spec``,
+    before anything runs."""
+    from gbdoctor.timeline.shapes_spec import FIX_WITH, unsupported_reason
+
+    if fix_with not in FIX_WITH:
+        raise SpecError(f"--fix-with {fix_with[:40]}: expected one of {', '.join(FIX_WITH)}")
+    if fix_with == "shapes-spec" and (why := unsupported_reason()) is not None:
+        raise SpecError(f"--fix-with shapes-spec: {why}", hint="use --fix-with config")
+
+
+def fixed_job(
+    job: TimelineJob, before: TimelineReport, fix_with: str
+) -> tuple[TimelineJob, tuple[tuple[str, str], ...]] | None:
+    """The job with the fixes applied and what was applied; None: nothing to apply."""
     fixes = _fix_settings(before)
     if not fixes:
-        return replace(before, notes=(*before.notes, "--fix: nothing to apply"))
-    fixed_job = replace(job, dynamo_config=tuple(dict((*job.dynamo_config, *fixes)).items()))
-    after = build_report(spec, mode, fixed_job, _run_ranks(fixed_job))
-    return replace(before, verification=verify(before, after, fixes))
+        return None
+    if fix_with == "shapes-spec":
+        from gbdoctor.timeline.shapes_spec import describe, spec_dims
+
+        dims = spec_dims(before)
+        return replace(job, shapes_spec=dims), describe(dims)
+    return replace(job, dynamo_config=tuple(dict((*job.dynamo_config, *fixes)).items())), fixes
 
 
 def _fix_settings(report: TimelineReport) -> tuple[tuple[str, str], ...]:

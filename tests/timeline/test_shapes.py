@@ -119,3 +119,68 @@ def test_per_rank_shapes_predict_which_ranks_diverge() -> None:
     assert events(predicted) == events(real)
     assert len(set(real.rank_compile_steps)) == 2, real.rank_compile_steps
     assert any("diverge" in n for n in real.notes) and any("diverge" in n for n in predicted.notes)
+
+
+PACKED_FLEX = FIXTURES / "shapes" / "packed_flex.toml"
+PACKED_HF = FIXTURES / "shapes" / "packed_hf_llama.toml"
+
+
+@pytest.mark.parametrize("flavor", ["debugmodel_flex_attn", "debugmodel"])
+def test_packed_rows_predicted_as_trained(flavor) -> None:
+    """Padding-free packing (``flattened``: each step's 4 documents in one row of their summed
+    length, positions restarting per document) on the built-in llama3, 30 steps, forward and
+    backward per step (Flex trains on CPU under aot_eager: ``attention.flex_cpu_backward``).
+    The row length changes every step: automatic dynamic recompiles once, with the length a
+    symbol; under Flex the document-masked BlockMask is rebuilt every step and its document-id
+    tensor (in the mask function's closure) becomes dynamic with it, so no step recompiles
+    after that."""
+    spec = load_spec(PACKED_FLEX, overrides=[f"model.flavor={flavor}"])
+    stream = preset_stream("flattened:steps=30,batch=4,mean=16,max=64")
+    predicted = predict_timeline(spec, stream, _settings(spec))
+    real = run_timeline(spec, _settings(spec), shapes=stream)
+    assert events(predicted) == events(real)
+    marks = "".join(step_mark(s) for s in real.steps)
+    assert marks.startswith("CR") and marks.count("R") == 1 and "E" not in marks, marks
+    block = [g for g in real.graphs if "decoder.py" in g.frame]
+    assert [bool(g.dynamic) for g in block] == [False, True]
+    closure = any("mask_mod" in d for d in block[1].dynamic)
+    assert closure == flavor.endswith("flex_attn"), block[1].dynamic
+    assert any("`positions` restart" in n for n in real.notes)
+
+
+def test_hf_position_ids_packing_predicted_as_trained() -> None:
+    """A transformers Llama from its config (the factory path), fed ``position_ids`` that
+    restart per document: transformers builds a document-masked causal mask from them only when
+    a row holds several documents, so the first step that packs a second document gives the
+    compiled layers a mask where they had None: a recompile, which the prediction (classes
+    single / packed) names at the same step."""
+    spec = load_spec(PACKED_HF)
+    stream = preset_stream("packed:steps=12,batch=1,seq=64,mean=48")
+    kinds = [len(stream.shape(i, 0).docs[0]) > 1 for i in range(12)]
+    first_packed = kinds.index(True)
+    assert not kinds[0] and first_packed > 0
+    predicted = predict_timeline(spec, stream, _settings(spec))
+    real = run_timeline(spec, _settings(spec), shapes=stream)
+    assert events(predicted) == events(real)
+    layer = next(f for f in real.frames if "modeling_layers.py" in f.frame)
+    assert layer.recompile_steps == (first_packed,), layer
+    assert any("`position_ids` restart" in n for n in real.notes)
+
+
+def test_shapes_spec_fix_predicted_as_trained() -> None:
+    """``--fix --fix-with shapes-spec`` on the same padding-free stream, static sizes (every new
+    length recompiles, past the limit): torch.compile(shapes_spec=...) over the dim the guards
+    name (the row length, shared by the RoPE table) compiles it unbacked from the first call;
+    no recompile after step 0, predicted and trained alike."""
+    spec = load_spec(PACKED_FLEX, overrides=["model.flavor=debugmodel"])
+    stream = preset_stream("flattened:steps=12,batch=4,mean=16,max=64")
+    kwargs = dict(dynamo_config=STATIC, fix=True, fix_with="shapes-spec")
+    predicted = predict_timeline(spec, stream, _settings(spec), **kwargs)
+    real = run_timeline(spec, _settings(spec), shapes=stream, **kwargs)
+    assert events(predicted) == events(real)
+    for report in (predicted, real):
+        v = report.verification
+        assert v is not None and v.gone, v
+        assert v.applied == (("shapes_spec", "x dim 1"),)
+        assert v.before_recompiles > 0 and v.after_recompiles == 0
+    assert _after(predicted) == _after(real)
