@@ -209,6 +209,16 @@ def _rank_compile_steps(runs: list[Any]) -> tuple[tuple[int, ...], ...]:
     )
 
 
+COLLECTIVES_NOTE = (
+    "; on accelerator ranks torch._dynamo.config.enable_compiler_collectives=True makes a size "
+    "that differs across ranks at a compile dynamic on every rank at once (it needs the ranks "
+    "to compile together: sizes equal at the first compile still diverge later)"
+)
+"""What compiler collectives change for diverging ranks (torch 2.13: only automatic dynamic
+shapes, by an all-gather of the ranks' input sizes inside each compile); not runnable on CPU
+(``timeline.train._job`` refuses it there)."""
+
+
 def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineReport:
     from gbdoctor.capture import torch_version
 
@@ -224,6 +234,7 @@ def build_report(spec: Spec, mode: str, job: Any, runs: list[Any]) -> TimelineRe
         notes.append(
             "ranks compile in different steps (they diverge): "
             + "; ".join(f"rank {r}: {list(steps)}" for r, steps in enumerate(per_rank))
+            + COLLECTIVES_NOTE
         )
     notes.extend(dict.fromkeys(n for run in runs for n in run.notes))
     if job.dynamo_config:

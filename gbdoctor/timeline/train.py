@@ -463,7 +463,15 @@ def _job(
         raise SpecError(
             f"unknown timeline mode {mode!r}", hint=f"valid modes: {', '.join(TIMELINE_MODES)}"
         )
-    typed_dynamo_settings(dynamo_config)  # refused here, not in the ranks
+    typed = typed_dynamo_settings(dynamo_config)  # refused here, not in the ranks
+    if typed.get("enable_compiler_collectives") and settings.device == "cpu":
+        raise SpecError(
+            "--dynamo-config enable_compiler_collectives=true needs an accelerator: torch "
+            "2.13 places its compile-time all-gather on device `rank % "
+            "torch.accelerator.device_count()` (0 on CPU: Dynamo fails at the first compile)",
+            hint="run it on CUDA ranks, or fix the divergence with --fix (sizes dynamic from "
+            "the first compile)",
+        )
     if mode == "plan" and not plan_path:
         raise SpecError("mode 'plan' needs --plan FILE", hint="make one with `gbdoctor plan SPEC`")
     if plan_path and mode != "plan":
