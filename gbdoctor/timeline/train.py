@@ -382,12 +382,12 @@ def run_timeline(
     ``timeline.shapes_spec``). Bad input raises SpecError (exit 2)."""
     from gbdoctor.timeline.assemble import build_report, verify
 
+    check_fix_with(fix_with)
     job = _job(spec, settings, mode, plan_path, dynamo_config)
     if shapes is not None:
         from gbdoctor.timeline.calls import with_stream
 
         job = with_stream(job, shapes)
-    check_fix_with(fix_with)
     before = build_report(spec, mode, job, _run_ranks(job))
     if not fix:
         return before

@@ -124,6 +124,8 @@ def test_cli_refuses_bad_shapes_before_any_model(tmp_path) -> None:
         (["--predict"], "need --shapes"),
         (["--shapes", "varlen", "--seq-lens", "8"], "both"),
         (["--shapes", "varlen", "--pad-buckets", "0"], "--pad-buckets"),
+        (["--shapes", "varlen", "--fix", "--fix-with", "spec"], "--fix-with"),
+        (["--dynamo-config", "enable_compiler_collectives=true"], "accelerator"),
     ):
         result = runner.invoke(app, ["timeline", spec, *args])
         assert result.exit_code == ExitCode.BAD_INPUT, (args, result.output)
