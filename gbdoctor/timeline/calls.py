@@ -63,6 +63,37 @@ def docs_kind(docs: Docs) -> str:
     return "packed" if any(len(row) > 1 for row in docs) else "single"
 
 
+class CallPlan:
+    """Which steps of a prediction call the model (``timeline.predict``): a step whose shape
+    class (``(batch, seq)`` and :func:`docs_kind`) has not been called, or has not been called
+    since the last compile on this rank (a graph compiled since, a dynamic one that Dynamo tries
+    first, may take its shape: a new input shape for that graph). Any other step would repeat
+    its class's last call exactly. With several ranks a step calls on every rank when it does on
+    one (a MAX all-reduce of the flag), so that the ranks' collectives pair up; the extra calls
+    hit the cache."""
+
+    def __init__(self, distributed: bool) -> None:
+        self.distributed = distributed
+        self.compiles = 0
+        self.seen: dict[tuple[tuple[int, int], str], int] = {}
+
+    def needed(self, shape: tuple[int, int], docs: Docs) -> bool:
+        key = (shape, docs_kind(docs))
+        need = self.seen.get(key) != self.compiles
+        if not self.distributed:
+            return need
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([int(need)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def called(self, shape: tuple[int, int], docs: Docs, compiles: int) -> None:
+        self.compiles += compiles
+        self.seen[(shape, docs_kind(docs))] = self.compiles
+
+
 def position_kwarg(model: Any) -> str | None:
     """The keyword of :data:`POSITION_KWARGS` the model's forward takes, looking through the
     wrappers a setup puts around it (``torch.compile``'s ``_orig_mod``, an engine's ``module``);

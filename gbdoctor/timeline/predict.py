@@ -4,20 +4,21 @@ What Dynamo does at a step depends on the shapes it has seen before, not on the 
 whose input shapes match a cached graph runs it, a call that matches none compiles (the first
 new size makes the size dynamic: automatic dynamic shapes), and past ``recompile_limit`` a call
 that matches none runs eagerly. So each rank's steps are grouped into shape classes (the
-``(batch, seq)`` its model gets), and the real setup (the same spawned ranks, framework,
-strategy, backend and Dynamo settings as the timeline) makes ONE forward per class, in the
-order the classes first appear in the stream: that drives Dynamo through the same decisions as
-the training run, once each. A packed stream's classes also say whether a row holds several
-documents (``calls.docs_kind``), and each class's call packs the documents of its first step. Every step then gets the outcome of its class: its first
-appearance gets the compiles, guards and limit hits of the class's call; a later appearance
-compiles nothing and runs eagerly exactly where the class's call did (a class that found no
-graph past the limit finds none later either).
+``(batch, seq)`` its model gets; for a packed stream also whether a row holds several
+documents, ``calls.docs_kind``), and the real setup (the same spawned ranks, framework,
+strategy, backend and Dynamo settings as the timeline) walks the stream, forward only, and
+calls the model at a step only where the outcome may be new (``calls.CallPlan``): the first
+step of a class, or a later one when something compiled since the class's last call (a graph
+compiled in between, a dynamic one that Dynamo tries first, may take that shape too: a new
+input shape for that graph, a CUDA-graph recording). That drives Dynamo through the same
+decisions as the training run, in the same order. Every other step gets the outcome of its
+class's last call: no compile, and eager exactly where that call ran eagerly.
 
 The forward is a training step's forward with autograd recording (Dynamo guards on grad
 mode), without its backward and optimizer step: frames are converted in the forward, so the
 decisions are the same; what the steps' values change (a step counter, a schedule) is not a
-shape and is not predicted. Ranks with fewer classes repeat their last one so that every rank
-makes the same number of calls (FSDP's collectives pair up); a repeat hits the cache.
+shape and is not predicted. Ranks decide together (a step calls on every rank when it does on
+one) so that FSDP's collectives pair up; the extra calls hit the cache.
 ``tests/timeline/test_shapes.py`` checks a prediction against the real timeline of the same stream.
 """
 
@@ -63,52 +64,27 @@ def step_keys(job: TimelineJob) -> list[list[ClassKey]]:
     return out
 
 
-def shape_classes(job: TimelineJob) -> list[list[ClassKey]]:
-    """Per rank, its distinct shape classes in the order they first appear. A packed batch's
-    documents are values (positions, a mask's contents), not shapes; whether a row holds one
-    document or several is not: Hugging Face builds a document mask only for the latter."""
-    return [list(dict.fromkeys(rank)) for rank in step_keys(job)]
-
-
 def prediction_job(job: TimelineJob) -> TimelineJob:
-    """One forward per shape class per rank (with the documents of its first step), every rank
-    the same number of calls."""
-    keys = step_keys(job)
-    shapes, packing = [], []
-    for r, rank in enumerate(keys):
-        first: dict[ClassKey, int] = {}
-        for i, key in enumerate(rank):
-            first.setdefault(key, i)
-        firsts = list(first.values())  # in order of first appearance
-        shapes.append([job.shapes[r][i] for i in firsts])
-        packing.append([job.packing[r][i] if job.packing else () for i in firsts])
-    calls = max(len(c) for c in shapes)
-    pad = [c + [c[-1]] * (calls - len(c)) for c in shapes]
-    pad_docs = [c + [c[-1]] * (calls - len(c)) for c in packing]
-    return replace(
-        job,
-        shapes=tuple(tuple(c) for c in pad),
-        packing=tuple(tuple(c) for c in pad_docs) if job.packing else (),
-        forward_only=True,
-        settings=replace(job.settings, steps=calls),
-    )
+    """The stream's steps, forward only, calling the model only where its outcome may be new
+    (``calls.CallPlan``)."""
+    return replace(job, forward_only=True, predict_calls=True)
 
 
 def _rank_steps(stream_keys: list[ClassKey], run: RankTimeline) -> RankTimeline:
-    """The class calls of one rank mapped onto the stream's steps (module docstring)."""
-    order = list(dict.fromkeys(stream_keys))
-    call_of = {key: i for i, key in enumerate(order)}
-    first_step: dict[int, int] = {}
-    for step, key in enumerate(stream_keys):
-        first_step.setdefault(call_of[key], step)
+    """The calls of one rank mapped onto the stream's steps (module docstring): a step without a
+    call repeats its class's last call, compiling nothing."""
+    call_at = {step: call for call, step in enumerate(run.called_steps)}
+    latest: dict[ClassKey, int] = {}
     steps: list[RawStep] = []
     cache: dict[str, int] = {}
-    for step, (shape, kind) in enumerate(stream_keys):
-        call = call_of[(shape, kind)]
-        raw = run.steps[call]
-        first = first_step[call] == step
-        if first:
+    for step, key in enumerate(stream_keys):
+        own = step in call_at
+        if own:
+            latest[key] = call_at[step]
+        raw = run.steps[latest[key]]
+        if own:
             cache = raw.cache_sizes
+        shape = key[0]
         steps.append(
             RawStep(
                 time_s=0.0,
@@ -117,27 +93,13 @@ def _rank_steps(stream_keys: list[ClassKey], run: RankTimeline) -> RankTimeline:
                 collective_calls=0,
                 tokens=shape[0] * shape[1],
                 boundary=None,
-                compiles=raw.compiles if first else [],
+                compiles=raw.compiles if own else [],
                 graph_runs=raw.graph_runs,
                 cache_sizes=cache,
                 shape=shape,
             )
         )
-    recompiles = [
-        replace(rec, step=first_step[rec.step]) for rec in run.recompiles if rec.step in first_step
-    ]
-    graphs = [
-        replace(
-            g,
-            compiled_at=first_step.get(g.compiled_at, g.compiled_at),
-            new_shape_calls=tuple(
-                sorted(first_step[c] for c in g.new_shape_calls if c in first_step)
-            ),
-        )
-        for g in run.graphs
-        if g.compiled_at in first_step
-    ]
-    return replace(run, steps=steps, recompiles=recompiles, graphs=graphs)
+    return replace(run, steps=steps)
 
 
 def _prediction_ranks(spec: Spec, job: TimelineJob) -> list[RankTimeline]:
@@ -213,25 +175,22 @@ def _predict(spec: Spec, mode: str, job: TimelineJob, compile_with: str) -> Time
     mapped = [_rank_steps(shares[run.data_rank if len(shares) > 1 else 0], run) for run in runs]
     report = build_report(spec, mode, job, mapped)
     note = (
-        f"predicted: {calls.settings.steps} forward(s), one per distinct shape class, for "
-        f"{job.settings.steps} steps, compiled with {calls.settings.backend}; step times are not "
-        "predicted"
+        f"predicted: {len(runs[0].called_steps)} forward(s) for {job.settings.steps} steps (each "
+        "distinct shape class, again after a compile), compiled with "
+        f"{calls.settings.backend}; step times are not predicted"
     )
     return replace(report, predicted=True, notes=(*report.notes, note))
 
 
 def _at_step(exc: GbdoctorError, job: TimelineJob) -> GbdoctorError:
-    """A failed call said as the training run would fail: at the step where its shape class
-    first appears (rank 0's stream)."""
-    order = shape_classes(job)[0]
+    """A failed call said as the training run would fail: the call's step is the stream's."""
     found = re.search(r"step (\d+): ", exc.message)
-    if found is None or int(found.group(1)) >= len(order):
+    if found is None or int(found.group(1)) >= len(job.shapes[0]):
         return exc
-    key = order[int(found.group(1))]
-    step = step_keys(job)[0].index(key)
+    step = int(found.group(1))
     rest = exc.message[found.end() :]
     return type(exc)(
-        f"predicted: training fails at step {step} (shape {key[0]}): {rest}",
+        f"predicted: training fails at step {step} (shape {job.shapes[0][step]}): {rest}",
         hint=exc.hint,
     )
 

@@ -74,6 +74,9 @@ class TimelineJob:
     forward_only: bool = False
     """Each call is a forward and the loss, no backward or optimizer step: the prediction's
     calls, which only need the decisions Dynamo makes when it converts a frame."""
+    predict_calls: bool = False
+    """Call the model only where Dynamo's outcome may be new (``timeline.calls.CallPlan``): a
+    step whose shape class was called since the last compile repeats that call's outcome."""
 
 
 @dataclass
@@ -106,6 +109,8 @@ class RankTimeline:
     data_rank: int = 0
     graphs: list[Any] = field(default_factory=list)
     """``capture.timeline_hooks.GraphShapes`` of every compiled graph."""
+    called_steps: list[int] = field(default_factory=list)
+    """With ``predict_calls``: the steps that called the model (``steps`` holds theirs)."""
 
 
 def _parse_value(text: str) -> Any:
@@ -252,6 +257,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
     from gbdoctor.models.attention import flex_cpu_backward
     from gbdoctor.setup.train import data_share
     from gbdoctor.timeline.calls import (
+        CallPlan,
         call_batch,
         call_docs,
         call_shape,
@@ -295,10 +301,16 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         ):
             clog.take()  # compiles of the setup itself (none so far) are not a step's
             calls = len(job.shapes[0]) if job.shapes else settings.steps
+            plan = CallPlan(world > 1) if job.predict_calls else None
+            called: list[int] = []
             for step in range(calls):
+                batch, seq = call_shape(job, step, meshes)
+                docs = call_docs(job, step, meshes)
+                if plan is not None and not plan.needed((batch, seq), docs):
+                    continue
+                called.append(step)
                 watch.tag(step=step, measured=True)
                 counter.call = step
-                batch, seq = call_shape(job, step, meshes)
                 tokens, labels = call_batch(spec, meshes, vocab, step, batch, seq, job)
                 boundary = accumulation(setup)[1] if accumulation is not None else None
                 if world > 1:
@@ -309,7 +321,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                 counter.take()
                 start = time.perf_counter()
                 try:
-                    with packed_inputs(setup.model, call_docs(job, step, meshes), meshes.device):
+                    with packed_inputs(setup.model, docs, meshes.device):
                         if job.forward_only:
                             phases = forward_step(setup, tokens, labels)
                         else:
@@ -322,6 +334,9 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                     ) from exc
                 elapsed = time.perf_counter() - start
                 coll_s, coll_n = clock.take()
+                compiles = clog.take()
+                if plan is not None:
+                    plan.called((batch, seq), docs, len(compiles))
                 steps.append(
                     RawStep(
                         time_s=elapsed,
@@ -330,7 +345,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
                         collective_calls=coll_n,
                         tokens=batch * seq,
                         boundary=boundary,
-                        compiles=clog.take(),
+                        compiles=compiles,
                         graph_runs=counter.take(),
                         cache_sizes=cache_sizes(path_fn),
                         shape=(batch, seq),
@@ -355,6 +370,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         data_rank=data_share(meshes)[0],
         graphs=counter.graph_shapes(),
         notes=notes,
+        called_steps=called,
     )
 
 
