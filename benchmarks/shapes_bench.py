@@ -4,7 +4,7 @@ timeline it predicts, on the same stream, in one process, and whether it predict
 For each repetition it runs :func:`gbdoctor.timeline.predict.predict_timeline` and then
 :func:`gbdoctor.timeline.train.run_timeline` on the same spec, stream, backend and Dynamo
 settings, and prints both wall times, their ratio (the target is at most 1/3), the prediction's
-calls (one forward per distinct shape class) against the stream's steps, and whether the events
+calls (forwards at its distinct shape classes) against the stream's steps, and whether the events
 (recompiles, dynamic dims, limit hits, eager steps, distinct shapes per graph) are equal.
 
     python benchmarks/shapes_bench.py                     # varlen_tiny, varlen 30 steps

@@ -130,7 +130,7 @@ def timeline(
         bool,
         typer.Option(
             "--predict",
-            help="With --shapes: predict the timeline from one forward per distinct shape "
+            help="With --shapes: predict the timeline from forwards at its distinct shapes "
             "instead of training every step",
         ),
     ] = False,

@@ -217,5 +217,5 @@ class TimelineReport:
     ranks that differ here diverge (per-rank shapes), and a collective inside a compiled region
     can wait on a rank that is compiling; empty at world size 1."""
     predicted: bool = False
-    """Predicted (``timeline.predict``: one forward per distinct shape class), not trained:
+    """Predicted (``timeline.predict``: a forward at each distinct shape class, again after a compile), not trained:
     every timing is 0."""

@@ -200,7 +200,7 @@ def shape_lines(report: TimelineReport) -> list[str]:
     ``mode="reduce-overhead"``); nothing without a stream."""
     if not report.shapes:
         return []
-    how = "predicted from one forward per distinct shape" if report.predicted else "trained"
+    how = "predicted from forwards at its distinct shapes" if report.predicted else "trained"
     lines = [f"shapes: {report.shapes} ({len(report.steps)} steps, {how})"]
     frames: dict[str, list[TimelineGraph]] = {}
     for g in report.graphs:

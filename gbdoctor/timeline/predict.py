@@ -139,7 +139,7 @@ def predict_timeline(
     fix_with: str = "config",
 ) -> TimelineReport:
     """The timeline ``run_timeline(spec, settings, shapes=shapes, ...)`` would record, predicted
-    from one forward per distinct shape class (step times 0; ``predicted`` is set).
+    from forwards at its distinct shape classes (step times 0; ``predicted`` is set).
     ``settings``: ``run.settings.run_settings`` at the capture shape, as ``run_timeline`` takes
     them (the stream replaces their steps, batch and lengths). ``fix``: predict
     again with the proposed fixes and attach the comparison, as ``run_timeline`` does.
