@@ -173,6 +173,7 @@ def test_flattened_preset_puts_each_steps_documents_in_one_row() -> None:
     assert len(set(_seqs(stream))) > 5  # padding-free: the row length changes step to step
 
 
+@pytest.mark.slow  # builds and runs the llama3 debug model 5 times: over the inner loop's 2 s
 @pytest.mark.parametrize("flavor", ["debugmodel", "debugmodel_flex_attn"])
 def test_packed_rows_reach_the_built_in_models(flavor) -> None:
     """The oracle for a packed row is the same documents run alone. Flex (torchtitan's document
