@@ -1,8 +1,9 @@
 """The model zoo: torchtitan v0.2.2-style llama3, llama4 and deepseek_v3, plus user factories.
 
 Everything the rest of gbdoctor needs from a model goes through this module: building it (on any
-device, ``meta`` included), its blocks (``block_container``), its vocabulary (``vocab_size``) and,
-for spec validation, the expert count of a flavor (``num_experts``).
+device, ``meta`` included), its blocks (``block_container``), its vocabulary (``vocab_size``) and
+what a flavor says about its structure before it is built (``model_facts``: heads, layers,
+attention, experts; one reading of the flavor's args for every stage).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import SpecError
-from ..records import ModelSpec
+from ..records import ModelFacts, ModelSpec
 from . import deepseek_v3, llama3, llama4
 from .custom import load_factory
 from .moe import MoEArgs, grouped_mm_supported
@@ -34,6 +35,7 @@ __all__ = [
     "flavor_args",
     "grouped_mm_supported",
     "load_factory",
+    "model_facts",
     "num_experts",
     "vocab_size",
 ]
@@ -68,11 +70,30 @@ def flavor_args(name: str, flavor: str):
         ) from None
 
 
+def model_facts(model: ModelSpec) -> ModelFacts:
+    """What ``model``'s flavor says about its structure (:class:`~gbdoctor.records.ModelFacts`),
+    the one reading of a flavor's args outside building it. Nothing is known (every field None)
+    for a custom factory or a flavor this zoo does not have (the installed torchtitan names its
+    own configs), rather than an error: the callers decide from what is known."""
+    module = _BUILTIN.get(model.name)
+    args = None if module is None else module.FLAVORS.get(model.flavor)
+    if args is None:
+        return ModelFacts()
+    moe = getattr(args, "moe", None)
+    routed = isinstance(moe, MoEArgs)
+    return ModelFacts(
+        n_layers=args.n_layers,
+        n_heads=args.n_heads,
+        attn_type=args.attn_type,
+        num_experts=moe.num_experts if routed else None,
+        top_k=moe.top_k if routed else None,
+    )
+
+
 def num_experts(name: str, flavor: str) -> int | None:
     """Routed experts per MoE layer, or None for dense flavors and custom models."""
-    args = flavor_args(name, flavor)
-    moe = getattr(args, "moe", None)
-    return moe.num_experts if isinstance(moe, MoEArgs) else None
+    flavor_args(name, flavor)  # an unknown family or flavor is the spec's error, not "dense"
+    return model_facts(ModelSpec(name=name, flavor=flavor)).num_experts
 
 
 def build_model(

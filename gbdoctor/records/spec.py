@@ -23,6 +23,25 @@ class ModelSpec:
 
 
 @record
+class ModelFacts:
+    """What a model's flavor says about its structure before anything is built, read in one
+    place from the flavor's model args (``models.model_facts``) for the stages that decide
+    from it (memory estimate, simulation, FlexAttention refusal, PP layout, EP check). A custom
+    factory, or a framework's own model this zoo does not have, says nothing until it is
+    built: every field None."""
+
+    n_layers: int | None = None
+    n_heads: int | None = None
+    """Attention heads (the scores an estimate counts)."""
+    attn_type: str | None = None
+    """``sdpa`` or ``flex`` (FlexAttention cannot be simulated: no CPU backward)."""
+    num_experts: int | None = None
+    """Routed experts per MoE layer; None for a dense flavor too."""
+    top_k: int | None = None
+    """Experts each token is routed to; None for a dense flavor too."""
+
+
+@record
 class TrainingSpec:
     local_batch_size: int = 8
     seq_len: int = 2048

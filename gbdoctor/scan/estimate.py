@@ -50,14 +50,9 @@ def local_world_limit() -> int:
 
 def flex_flavor(spec: Spec) -> bool:
     """Whether a built-in flavor uses FlexAttention (custom models: not known before running)."""
-    from gbdoctor.models import flavor_args
+    from gbdoctor.models import model_facts
 
-    try:
-        return (
-            getattr(flavor_args(spec.model.name, spec.model.flavor), "attn_type", "sdpa") == "flex"
-        )
-    except Exception:  # noqa: BLE001 - custom models
-        return False
+    return model_facts(spec.model).attn_type == "flex"
 
 
 def _refuse_flex(spec: Spec, reason: str) -> None:

@@ -108,22 +108,16 @@ def available_memory(device: str = "cpu") -> int:
 
 def _heads(spec: Spec) -> int:
     """Attention heads of a built-in flavor; 0 when the spec does not say (custom models)."""
-    from gbdoctor.models import flavor_args
+    from gbdoctor.models import model_facts
 
-    try:
-        return int(getattr(flavor_args(spec.model.name, spec.model.flavor), "n_heads", 0) or 0)
-    except Exception:  # noqa: BLE001 - custom models: not known from the spec
-        return 0
+    return model_facts(spec.model).n_heads or 0
 
 
 def experts_per_token(spec: Spec) -> int:
     """Experts each token is routed to (built-in MoE flavors); 1 when the spec does not say."""
-    from gbdoctor.models import flavor_args
+    from gbdoctor.models import model_facts
 
-    try:
-        return max(1, int(flavor_args(spec.model.name, spec.model.flavor).moe.top_k))
-    except Exception:  # noqa: BLE001 - dense and custom models: not known from the spec
-        return 1
+    return max(1, model_facts(spec.model).top_k or 1)
 
 
 def activation_bytes(model: Any, tokens: int, *, top_k: int = 1, compute_bytes: int = 2) -> int:

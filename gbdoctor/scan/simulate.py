@@ -363,9 +363,6 @@ def simulation_notes(spec: Spec, reason: str | None) -> tuple[str, ...]:
 
 
 def _top_k(spec: Spec) -> int | None:
-    from gbdoctor.models import flavor_args
+    from gbdoctor.models import model_facts
 
-    try:
-        return flavor_args(spec.model.name, spec.model.flavor).moe.top_k
-    except Exception:  # noqa: BLE001 - custom or dense models: not known from the spec
-        return None
+    return model_facts(spec.model).top_k  # None: custom or dense, not known from the spec

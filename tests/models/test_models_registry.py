@@ -13,10 +13,11 @@ from gbdoctor.models import (
     build_model,
     family_flavors,
     flavor_args,
+    model_facts,
     num_experts,
     vocab_size,
 )
-from gbdoctor.records import ModelSpec
+from gbdoctor.records import ModelFacts, ModelSpec
 
 
 def test_families_exact():
@@ -80,6 +81,41 @@ def test_custom_without_factory_is_spec_error():
 )
 def test_num_experts(family, flavor, experts):
     assert num_experts(family, flavor) == experts
+
+
+@pytest.mark.parametrize(
+    "family, flavor",
+    [
+        ("llama3", "debugmodel"),
+        ("llama3", "debugmodel_flex_attn"),
+        ("llama4", "debugmodel"),
+        ("llama4", "debugmodel_irope"),
+        ("deepseek_v3", "debugmodel"),
+    ],
+)
+def test_model_facts_match_the_built_model(family, flavor):
+    """The oracle is the model built on meta: its blocks, its attention modules' heads and
+    kernel, its routers' top-k and expert count."""
+    spec = ModelSpec(name=family, flavor=flavor)
+    facts = model_facts(spec)
+    model = build_model(spec, device="meta")
+    assert facts.n_layers == len(block_container(model))
+    attention = [m for m in model.modules() if hasattr(m, "attn_type") and hasattr(m, "n_heads")]
+    assert attention and {(m.n_heads, m.attn_type) for m in attention} == {
+        (facts.n_heads, facts.attn_type)
+    }
+    routers = [m for m in model.modules() if hasattr(m, "top_k")]
+    if facts.top_k is None:
+        assert not routers and facts.num_experts is None
+    else:
+        assert {(m.top_k, m.num_experts) for m in routers} == {(facts.top_k, facts.num_experts)}
+
+
+def test_model_facts_unknown_without_a_flavor_of_the_zoo():
+    # A custom factory, and a framework's own config name (the installed torchtitan's), say
+    # nothing before they are built: every fact unknown, not an error.
+    assert model_facts(ModelSpec(name="custom", flavor="x", factory="m.py:build")) == ModelFacts()
+    assert model_facts(ModelSpec(name="llama3", flavor="llama3_debug")) == ModelFacts()
 
 
 def test_flavor_args_are_frozen():

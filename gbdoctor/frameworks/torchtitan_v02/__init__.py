@@ -82,13 +82,13 @@ class TorchtitanV02(BuildingBlocksFramework):
         # (a custom model's, when it is built).
         if spec.parallelism.pp_enabled:
             from gbdoctor.errors import SpecError
-            from gbdoctor.models import flavor_args
+            from gbdoctor.models import model_facts
             from gbdoctor.setup.pipeline import pipeline_layout
 
-            args = flavor_args(spec.model.name, spec.model.flavor)
-            if args is not None:
+            n_layers = model_facts(spec.model).n_layers
+            if n_layers is not None:
                 try:
-                    pipeline_layout(spec.parallelism, args.n_layers, spec.training.local_batch_size)
+                    pipeline_layout(spec.parallelism, n_layers, spec.training.local_batch_size)
                 except SpecError as exc:
                     ctx.fail(exc.message, exc.hint)
         return spec
