@@ -80,6 +80,7 @@ def price(
     """Scan, then measure what each distinct break costs a training step (ms and share, with
     the spread over rounds): each block kind as set up against the same kind fixed by the plan."""
     from gbdoctor.cli.scan import scan_with_progress
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.plan import PriorScan, propose_plan, read_plan
     from gbdoctor.price.driver import price_scan
     from gbdoctor.report.formats import Printout, RenderOptions, render
@@ -109,11 +110,14 @@ def price(
     )
     # Real or simulated is decided once, for the scan and every re-scan of the plan; the plan
     # takes the scan below where it asks for that same capture (PriorScan).
-    decision = scan_decision(loaded)
+    framework = framework_for(loaded)  # once: the scan, the plan's re-scans and the rounds
+    decision = scan_decision(loaded, framework)
     chosen = choose_strategy(loaded, strategy, None)
     # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
     with shared_ranks():
-        report = scan_with_progress(loaded, chosen, recompiles=False, decision=decision)
+        report = scan_with_progress(
+            loaded, chosen, recompiles=False, decision=decision, framework=framework
+        )
         if saved_plan is not None:
             plan = saved_plan
         else:
@@ -124,9 +128,10 @@ def price(
                     progress=lambda m, d, t: bar(f"plan: {m}", d, t),
                     decision=decision,
                     prior=prior,
+                    framework=framework,
                 )
         with ProgressBar() as bar:
-            priced = price_scan(loaded, report, plan, settings, progress=bar)
+            priced = price_scan(loaded, report, plan, settings, progress=bar, framework=framework)
     notice(priced.notes, output, format)
     options = RenderOptions(details=details, width=table_width(output))
     emit(render(Printout.PRICE, format, priced, options), output)

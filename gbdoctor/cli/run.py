@@ -101,6 +101,7 @@ def run(
 
     It cannot simulate: a spec that does not fit this machine is refused (exit 2) with the
     memory estimate and how to shrink it."""
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.price.check import priced_mode, with_price_check
     from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.report.plan_table import render_plan_table
@@ -117,6 +118,7 @@ def run(
             "--price compares the plan with the mode as set up: drop --no-plan"
         )
     loaded = load_spec_args(spec, registry_run, set_, world_size=world_size)
+    framework = framework_for(loaded)  # once: the plan, the modes, the ranks and the report
     spare_model_code(loaded, output, csv)
     settings = run_settings(
         loaded,
@@ -142,7 +144,8 @@ def run(
             make_plan=not no_plan,
             progress=bar,
             on_plan=show_plan,
-            extra_modes=priced_mode(loaded, priced) if priced is not None else None,
+            extra_modes=priced_mode(framework, priced) if priced is not None else None,
+            framework=framework,
         )
     if priced is not None:
         report = with_price_check(report, priced)

@@ -34,6 +34,7 @@ from gbdoctor.cli.output import (
 from gbdoctor.errors import ExitCode
 
 if TYPE_CHECKING:
+    from gbdoctor.frameworks import Framework
     from gbdoctor.records import Decision, ScanReport, Spec
     from gbdoctor.records.shapes import ShapeStream
 
@@ -124,8 +125,10 @@ def scan_with_progress(
     recompiles: bool | None = None,
     decision: Decision | None = None,
     shapes: ShapeStream | None = None,
+    framework: Framework | None = None,
 ) -> ScanReport:
-    """``gbdoctor.scan.scan`` under a progress bar on stderr."""
+    """``gbdoctor.scan.scan`` under a progress bar on stderr (``framework``: the spec's, where
+    the command resolved it)."""
     from gbdoctor.scan import scan as run_scan
 
     with ProgressBar() as bar:
@@ -137,4 +140,5 @@ def scan_with_progress(
             recompiles=recompiles,
             decision=decision,
             shapes=shapes,
+            framework=framework,
         )

@@ -25,7 +25,7 @@ import importlib.metadata
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from gbdoctor.causes.contributions import CauseKnowledge, Taxonomy, combine
 from gbdoctor.causes.hooks import NO_FRAMEWORK_HOOKS, FrameworkHooks
@@ -37,6 +37,7 @@ from gbdoctor.frameworks.interface import (
     Framework,
     HasEmitters,
     HasRunModes,
+    MetaModelBuilder,
     OwnHookLibrary,
     Planner,
     RegistryRuns,
@@ -293,6 +294,17 @@ def all_frameworks() -> tuple[Framework, ...]:
 def can_simulate(framework: Framework) -> bool:
     """Whether a spec of ``framework`` too large for local ranks may be simulated."""
     return isinstance(framework, Simulation) and framework.simulates
+
+
+def meta_model(framework: Framework, spec: Spec) -> Any:
+    """``spec``'s model on the meta device (nothing allocated), for memory estimates and FLOP
+    counts: built by ``framework`` where it builds its own models (:class:`MetaModelBuilder`,
+    the installed torchtitan), else by ``models.build_model`` at the spec's training length."""
+    if isinstance(framework, MetaModelBuilder):
+        return framework.meta_model(spec)
+    from gbdoctor.models import build_model
+
+    return build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
 
 
 def planner_of(framework: Framework, command: str = "plan") -> Planner:

@@ -80,13 +80,14 @@ def model_facts(model: ModelSpec) -> ModelFacts:
     if args is None:
         return ModelFacts()
     moe = getattr(args, "moe", None)
-    routed = isinstance(moe, MoEArgs)
+    if not isinstance(moe, MoEArgs):
+        moe = None  # a dense flavor: no experts
     return ModelFacts(
         n_layers=args.n_layers,
         n_heads=args.n_heads,
         attn_type=args.attn_type,
-        num_experts=moe.num_experts if routed else None,
-        top_k=moe.top_k if routed else None,
+        num_experts=None if moe is None else moe.num_experts,
+        top_k=None if moe is None else moe.top_k,
     )
 
 

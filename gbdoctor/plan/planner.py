@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gbdoctor.errors import BaselineError, SpecError
-from gbdoctor.frameworks.interface import Planner
+from gbdoctor.frameworks.interface import Framework, Planner
 from gbdoctor.frameworks.registry import (
     all_frameworks,
     framework_for,
@@ -66,29 +66,32 @@ def propose_plan(
     progress: Callable[[str, int, int], None] | None = None,
     decision: Decision | None = None,
     prior: PriorScan | None = None,
+    framework: Framework | None = None,
 ) -> Plan:
     """Scan, propose, verify (the spec's framework's planner), and return the plan.
 
     ``decision``: the command's own ``scan.scan_decision(spec)`` (``price`` made it for its
     scan), else decided here once; every re-scan keeps it. ``prior``: a scan the command made
-    (``price``'s), reused where the planner asks for that same capture."""
+    (``price``'s), reused where the planner asks for that same capture. ``framework``: the
+    spec's, where the command resolved it; None: resolved here, once for every re-scan."""
     from gbdoctor.scan import scan, scan_decision
     from gbdoctor.scan.estimate import pin
 
-    framework = framework_for(spec)
+    if framework is None:
+        framework = framework_for(spec)
     if scan_fn is None:
         if decision is None:
-            decision = scan_decision(spec)
-        # Re-scans keep the first decision (and its reason, for the notice).
-        scan_fn = functools.partial(scan, decision=decision)
+            decision = scan_decision(spec, framework)
+        # Re-scans keep the first decision (and its reason, for the notice) and the framework.
+        scan_fn = functools.partial(scan, decision=decision, framework=framework)
         if prior is not None:
-            scan_fn = _reusing(scan_fn, prior, pin(prior.spec, decision))
+            scan_fn = _reusing(scan_fn, prior, pin(prior.spec, decision), framework)
         spec = pin(spec, decision)
     return planner_of(framework).propose_plan(spec, scan_fn=scan_fn, progress=progress)
 
 
 def _reusing(
-    scan_fn: Callable[..., ScanReport], prior: PriorScan, pinned: Spec
+    scan_fn: Callable[..., ScanReport], prior: PriorScan, pinned: Spec, framework: Framework
 ) -> Callable[..., ScanReport]:
     """``scan_fn``, answering the capture ``prior`` already made with its report. ``pinned``:
     the prior scan's spec with the decision pinned, as ``scan`` scanned it."""
@@ -96,7 +99,7 @@ def _reusing(
 
     def resolved(spec: Spec, strategy: Any, recompiles: bool | None) -> tuple[Any, bool]:
         if strategy is None or isinstance(strategy, str):
-            strategy = strategy_for(spec, strategy)
+            strategy = strategy_for(framework, spec, strategy)
         return strategy, probe_by_default() if recompiles is None else recompiles
 
     made = resolved(prior.spec, prior.strategy, prior.recompiles)

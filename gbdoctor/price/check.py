@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.frameworks.interface import Framework
 from gbdoctor.price.driver import breaks_tolerated
 from gbdoctor.records import (
     PRICE_CONSISTENT_WITHIN,
@@ -20,15 +20,15 @@ from gbdoctor.records import (
     PriceCheck,
     RunReport,
     ScanReport,
-    Spec,
 )
 from gbdoctor.records.enums import ModeStatus
 from gbdoctor.setup.compile import Strategy
 
 
-def priced_mode(spec: Spec, priced: ScanReport) -> dict[str, Strategy]:
-    """The extra run mode that reproduces what the prices were measured against."""
-    strategy, _ = breaks_tolerated(framework_for(spec).strategies[priced.setup.strategy])
+def priced_mode(framework: Framework, priced: ScanReport) -> dict[str, Strategy]:
+    """The extra run mode that reproduces what the prices were measured against, from the
+    strategies of the spec's ``framework``."""
+    strategy, _ = breaks_tolerated(framework.strategies[priced.setup.strategy])
     return {AS_PRICED: strategy}
 
 

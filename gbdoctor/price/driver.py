@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gbdoctor.errors import SetupError, SpecError
-from gbdoctor.frameworks.interface import CaptureStyle, CompileStrategy
+from gbdoctor.frameworks.interface import CaptureStyle, CompileStrategy, Framework
 from gbdoctor.frameworks.registry import framework_for
 from gbdoctor.records import (
     BlockKind,
@@ -79,19 +79,21 @@ def price_scan(
     settings: RunSettings,
     *,
     progress: Progress | None = None,
+    framework: Framework | None = None,
 ) -> ScanReport:
     """``report`` (a scan of ``spec``) with ``price`` filled in: see the module doc.
     ``settings``: device, backend, rounds, steps, shape and clock (``run.settings.run_settings``,
-    built once by the command)."""
-
-    framework = framework_for(spec)
+    built once by the command). ``framework``: the spec's, where the command resolved it;
+    None: resolved here."""
+    if framework is None:
+        framework = framework_for(spec)
     if framework.capture_style != CaptureStyle.PER_BLOCK:
         raise SpecError(
             f"price needs per-block capture; {framework.title} scans capture whole engine steps",
             hint="price a per-block spec; `gbdoctor run` compares this framework's compile modes",
         )
     device, clock = settings.device, settings.clock
-    run_spec, dtype_note = prepare_training(spec, settings, real=False)
+    run_spec, dtype_note = prepare_training(spec, settings, framework, real=False)
     as_set_up, relaxed = breaks_tolerated(framework.strategies[report.setup.strategy])
     modes = _modes(report, plan, as_set_up)
     notes = [dtype_note] if dtype_note else []
@@ -106,6 +108,7 @@ def price_scan(
     try:
         measured = train_rounds(
             run_spec,
+            framework,
             {m.name: m.strategy for m in modes},
             settings,
             progress=progress,

@@ -20,7 +20,7 @@ from gbdoctor.records import (
     Verdict,
 )
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
-from gbdoctor.run.modes import framework_modes
+from gbdoctor.run.modes import BASELINES
 from gbdoctor.run.stats import divergence, mode_from_rounds, ratio_with_spread, strategy_flags
 from gbdoctor.run.worker import RankRun
 from gbdoctor.setup.compile import Strategy
@@ -39,6 +39,7 @@ def build_report(
     settings: RunSettings,
     *,
     torch_version: str,
+    baselines: tuple[str, ...] = BASELINES,
     load: tuple[float, int] | None = None,
     shape_note: str | None = None,
     optimizer: str = "",
@@ -50,8 +51,10 @@ def build_report(
     plan_kinds: tuple[str, ...] = (),
 ) -> RunReport:
     """Per-rank measurements -> records, with ratios and their spreads, loss checks, duplicates
-    and findings. ``spec``: as trained (``run.settings.prepare_training``); ``shape_note``: the
-    settings' own unless given (with the CPU dtype note added)."""
+    and findings. ``spec``: as trained (``run.settings.prepare_training``); ``baselines``: the
+    framework's modes that compete for best baseline, in its order (ties go to the first; the
+    default framework's unless given);
+    ``shape_note``: the settings' own unless given (with the CPU dtype note added)."""
     device, warmup, rounds = settings.device, settings.warmup, settings.rounds
     world = spec.parallelism.world_size
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
@@ -80,13 +83,8 @@ def build_report(
 
     ok = {m: r for m, r in results.items() if r.status == ModeStatus.OK and r.step_time_median_s}
     eager = ok.get("eager")
-    order = framework_modes(spec)[2]
-    baselines = {m: r for m, r in ok.items() if m in order}
-    best = (
-        min(baselines, key=lambda m: (baselines[m].step_time_median_s, order.index(m)))
-        if baselines
-        else None
-    )
+    ran = {m: r for m, r in ok.items() if m in baselines}
+    best = min(ran, key=lambda m: (ran[m].step_time_median_s, baselines.index(m))) if ran else None
     report_notes: list[str] = []
     findings: list[str] = []
     final: list[ModeResult] = []

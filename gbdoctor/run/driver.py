@@ -30,7 +30,8 @@ from typing import Any
 
 from gbdoctor.capture import torch_version
 from gbdoctor.errors import SpecError
-from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.frameworks.interface import Framework
+from gbdoctor.frameworks.registry import framework_for, meta_model
 from gbdoctor.records import CompileMode, RunReport, RunSettings, Spec
 from gbdoctor.run.assemble import build_report
 from gbdoctor.run.measure import (
@@ -62,6 +63,7 @@ def run_modes(
     progress: Progress | None = None,
     on_plan: Callable[[Any], None] | None = None,
     extra_modes: Mapping[str, Strategy] | None = None,
+    framework: Framework | None = None,
 ) -> RunReport:
     """Make the plan, then train ``spec`` under each mode in fresh processes and compare.
 
@@ -71,19 +73,24 @@ def run_modes(
     ``plan_path``: a saved plan JSON (``gbdoctor plan --emit-config json``) instead of making one.
     ``on_plan``: called with the :class:`~gbdoctor.plan.Plan` once it is made or loaded.
     ``extra_modes``: more modes by name, run after the chosen ones (``run --price`` adds the
-    strategy the prices were measured against).
+    strategy the prices were measured against). ``framework``: the spec's, where the command
+    resolved it; None: resolved here, once for the plan, the ranks and the report.
     A mode that fails (compile error, crash, timeout) is a failed record; the others still run.
     Bad input (unknown mode, bad plan, a model factory that fails) raises SpecError
     (BaselineError for an unreadable plan file).
     """
     if plan_path and not make_plan:
         raise SpecError("--plan FILE conflicts with --no-plan", hint="drop one of them")
-    framework = framework_for(spec)
-    mode_strategies, all_modes, _ = framework_modes(spec)
+    if framework is None:
+        framework = framework_for(spec)
+    mode_strategies, all_modes, baselines = framework_modes(framework)
     chosen = resolve_modes(modes, plan=make_plan or bool(plan_path), all_modes=all_modes)
     device = settings.device
+    # The model on meta, built once for the memory check, the plan's decision (its capture
+    # shape and memory) and the FLOPs: the three shapes differ, the model does not.
+    model = meta_model(framework, spec)
     # Where a scan would simulate, exit 2 with the estimate and a --set that shrinks the spec.
-    run_spec, dtype_note = prepare_training(spec, settings)
+    run_spec, dtype_note = prepare_training(spec, settings, framework, model=model)
     shape_note = f"{settings.shape_note}; {dtype_note}" if dtype_note else settings.shape_note
     table = framework.strategies
     strategies: dict[str, Any] = {
@@ -95,7 +102,7 @@ def run_modes(
     cudagraph_layers: tuple[str, ...] = ()
     # cudagraphs alone off CUDA does not run, so no plan is made for it (a --plan file is read).
     if "plan" in chosen or ("cudagraphs" in chosen and (device == "cuda" or plan_path)):
-        plan, identity = _get_plan(spec, plan_path, progress)
+        plan, identity = _get_plan(spec, framework, model, plan_path, progress)
         if on_plan is not None:
             on_plan(plan)
         from gbdoctor.plan import plan_strategy
@@ -116,6 +123,7 @@ def run_modes(
 
     measured = train_rounds(
         run_spec,
+        framework,
         {m: strategies[m] for m in chosen},
         settings,
         progress=progress,
@@ -133,7 +141,7 @@ def run_modes(
         for m in chosen
     ]
     loads = measured.loads
-    flops = _flops(spec, settings.seq_len)
+    flops = _flops(model, settings.seq_len)
     device_name, peak = device_peak(device)
     from gbdoctor.setup.optim import adamw_implementation
 
@@ -141,6 +149,7 @@ def run_modes(
         run_spec,
         raw,
         settings,
+        baselines=baselines,
         torch_version=torch_version(),
         load=(max(loads, default=load_average()), os.cpu_count() or 1),
         shape_note=shape_note,
@@ -153,15 +162,18 @@ def run_modes(
 
 
 def _get_plan(
-    spec: Spec, plan_path: str | None, progress: Progress | None
+    spec: Spec, framework: Framework, model: Any, plan_path: str | None, progress: Progress | None
 ) -> tuple[Any, str | None]:
-    """(plan, identity): the ``--plan`` file (read and checked), or a plan made and verified now."""
+    """(plan, identity): the ``--plan`` file (read and checked), or a plan made and verified now
+    (its scans decided once, from ``model``, the spec's on meta)."""
     from gbdoctor.plan import propose_plan, read_plan
+    from gbdoctor.scan import scan_decision
 
     if plan_path:
         return read_plan(plan_path)
     say = (lambda msg, done, total: progress(f"plan: {msg}", done, total)) if progress else None
-    return propose_plan(spec, progress=say), None
+    decision = scan_decision(spec, framework, model=model)
+    return propose_plan(spec, progress=say, framework=framework, decision=decision), None
 
 
 def _plan_lines(plan: Any) -> tuple[str, ...]:
@@ -196,10 +208,13 @@ def _unavailable(chosen: list[str], device: str, layers: tuple[str, ...]) -> dic
     return {}
 
 
-def _flops(spec: Spec, seq_len: int) -> int | None:
-    from gbdoctor.run.flops import model_flops_per_token
+def _flops(model: Any, seq_len: int) -> int | None:
+    """FLOPs per token of ``model`` (built on meta) at ``seq_len``: the count reads parameter
+    shapes and the attention's length, not the model's RoPE table, so the model built at the
+    spec's training length counts any run length."""
+    from gbdoctor.run.flops import count_flops_per_token
 
     try:
-        return model_flops_per_token(spec.model, seq_len).flops_per_token
-    except Exception:  # noqa: BLE001 - a custom model that cannot build on meta: no FLOPs, no MFU
+        return count_flops_per_token(model, seq_len).flops_per_token
+    except Exception:  # noqa: BLE001 - a model the count cannot read: no FLOPs, no MFU
         return None

@@ -4,7 +4,8 @@ its options, the benchmark shape and parameter dtype on this device, and the bac
 from __future__ import annotations
 
 from gbdoctor.errors import SpecError
-from gbdoctor.frameworks.registry import default_framework, framework_for, run_modes_of
+from gbdoctor.frameworks.interface import Framework
+from gbdoctor.frameworks.registry import default_framework, run_modes_of
 from gbdoctor.records import Spec
 from gbdoctor.spec import with_overrides
 
@@ -23,9 +24,11 @@ BASELINES: tuple[str, ...] = _DEFAULT_MODES.baselines
 """Modes that compete for "best baseline"."""
 
 
-def framework_modes(spec: Spec) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
+def framework_modes(
+    framework: Framework,
+) -> tuple[dict[str, str], tuple[str, ...], tuple[str, ...]]:
     """(mode -> strategy name, every mode, the baselines) of the spec's training framework."""
-    modes = run_modes_of(framework_for(spec))
+    modes = run_modes_of(framework)
     return dict(modes.strategies), modes.modes, modes.baselines
 
 

@@ -28,6 +28,7 @@ from enum import Enum
 
 from gbdoctor.causes import KnownIssue
 from gbdoctor.errors import DeadlineError, GbdoctorError, SetupError, SpecError
+from gbdoctor.frameworks.interface import Framework
 from gbdoctor.records import ModeStatus, RunSettings, Spec
 from gbdoctor.records.enums import ModeFailure as FailureKind
 from gbdoctor.run.measure import known_bug_workaround, load_average, strip_rank
@@ -71,6 +72,7 @@ class Rounds:
 
 def train_rounds(
     spec: Spec,
+    framework: Framework,
     strategies: Mapping[str, Strategy],
     settings: RunSettings,
     *,
@@ -126,6 +128,7 @@ def train_rounds(
                 while True:
                     job = ModeJob(
                         spec=mode_specs.get(mode, spec),
+                        framework=framework,
                         mode=mode,
                         strategy=strategies[mode],
                         device=settings.device,

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 from enum import Enum
+from typing import Any
 
 from gbdoctor.errors import SpecError
+from gbdoctor.frameworks.interface import Framework
 from gbdoctor.records import Clock, Spec
 from gbdoctor.records.bounds import WARMUP
 from gbdoctor.records.settings import RunSettings
@@ -119,7 +121,13 @@ def run_settings(
 
 
 def prepare_training(
-    spec: Spec, settings: RunSettings, *, real: bool = True, command: str = "run"
+    spec: Spec,
+    settings: RunSettings,
+    framework: Framework,
+    *,
+    real: bool = True,
+    command: str = "run",
+    model: Any = None,
 ) -> tuple[Spec, str]:
     """(the spec its ranks train, the CPU dtype note or ""): ``spec`` at the settings' shape,
     with FSDP's bf16 parameters in float32 on a CPU without bf16 matmuls (``cpu_param_dtype``),
@@ -127,8 +135,9 @@ def prepare_training(
     every rank, such as a stale DeepSpeed JIT lock, is exit 3 before any rank starts).
 
     ``real``: exit 2 with how to shrink the spec where a scan would simulate it
-    (``scan.estimate.require_real``: a training command cannot simulate)."""
-    from gbdoctor.frameworks.registry import framework_for
+    (``scan.estimate.require_real``: a training command cannot simulate); ``model``: the
+    spec's model on meta where the command built it (its memory check uses it), else built
+    there. The model does not depend on the shape: one build serves every shape's estimate."""
     from gbdoctor.scan.estimate import require_real
 
     shaped = replace(
@@ -138,6 +147,6 @@ def prepare_training(
     trained, note = cpu_param_dtype(shaped, settings.device)
     if real:
         # After the cheap checks: this builds the model on meta.
-        require_real(trained, command=command)
-    framework_for(spec).prepare_ranks(settings.device)
+        require_real(trained, command=command, model=model)
+    framework.prepare_ranks(settings.device)
     return trained, note

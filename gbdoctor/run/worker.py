@@ -23,6 +23,7 @@ from gbdoctor.capture.counters import (
 from gbdoctor.capture.profile import eager_us_of, watch_break_frames
 from gbdoctor.capture.recompiles import watch_recompiles
 from gbdoctor.errors import GbdoctorError, SetupError, exception_line
+from gbdoctor.frameworks.interface import Framework
 from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import Location, Recompile, Spec
 from gbdoctor.setup.compile import Strategy
@@ -33,6 +34,9 @@ class ModeJob:
     """What a rank needs to run one mode (picklable: sent to spawned ranks)."""
 
     spec: Spec
+    framework: Framework
+    """The spec's framework, resolved once by the command (it travels with the job, as the
+    strategy does)."""
     mode: str
     strategy: Strategy
     device: str
@@ -125,7 +129,6 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     import torch
     import torch.distributed as dist
 
-    from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
     from gbdoctor.setup.train import step_batch
 
@@ -133,7 +136,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
     rank, world = dist.get_rank(), dist.get_world_size()
     cuda = job.device == "cuda"
     try:
-        recipe = framework_for(spec)
+        recipe = job.framework
         model, meshes = recipe.build(spec, job.device)
         compile_fn = (
             _reduce_overhead_compile_fn(job.cudagraph_layers) if job.cudagraph_layers else None

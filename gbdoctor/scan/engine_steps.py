@@ -32,8 +32,8 @@ from gbdoctor.capture.locate import portable_path
 from gbdoctor.capture.recompiles import watch_recompiles
 from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import SetupError
-from gbdoctor.frameworks.interface import CaptureStyle, EngineStepFramework
-from gbdoctor.frameworks.registry import framework_for, hooks_of
+from gbdoctor.frameworks.interface import CaptureStyle, EngineStepFramework, Framework
+from gbdoctor.frameworks.registry import hooks_of
 from gbdoctor.records import BlockReport, Event, EventKind, Recompile, ScanReport, Spec
 from gbdoctor.scan.block_report import block_report, event_order
 from gbdoctor.scan.job import Progress, RankScan, ScanJob
@@ -49,23 +49,33 @@ compiled code is reused or recompiled ("recompiles every few steps", measured)."
 
 
 def scan_engine_steps(
-    spec: Spec, *, strategy: Any, progress: Progress | None = None, strict: bool = False
+    spec: Spec,
+    framework: Framework,
+    *,
+    strategy: Any,
+    progress: Progress | None = None,
+    strict: bool = False,
 ) -> ScanReport:
     """Scan a spec whose framework captures whole engine steps. Every rank (world size 1 too)
     is a spawned process: such an engine keeps process-wide state (DeepSpeed's comm backend,
     ZeRO's module stack, the nvtx switch ``engine.compile`` flips) that a second setup in one
     process would inherit."""
-    framework = _engine_framework(spec)
+    engine = _engine_framework(framework)
     # These scans train real steps on local ranks: no simulation, and the same size limits as
     # `run`, checked by the caller (``environment.scan_decision``: exit 2 with how to shrink).
     device = resolve_device(spec.gbdoctor.device)
-    job = ScanJob(spec=spec, strategy=strategy, device=device, dedupe=False, strict=strict)
+    job = ScanJob(
+        spec=spec,
+        framework=framework,
+        strategy=strategy,
+        device=device,
+        dedupe=False,
+        strict=strict,
+    )
     world = spec.parallelism.world_size
-    framework.prepare_ranks(device)
+    engine.prepare_ranks(device)
     if progress:
-        progress(
-            f"{framework.set_up_words} + {CAPTURE_STEPS} captured steps on {world} rank(s)", 0, 1
-        )
+        progress(f"{engine.set_up_words} + {CAPTURE_STEPS} captured steps on {world} rank(s)", 0, 1)
     ranks = run_ranks(
         scan_engine_steps_rank,
         job,
@@ -78,8 +88,7 @@ def scan_engine_steps(
     return merge_ranks(spec, job, ranks)
 
 
-def _engine_framework(spec: Spec) -> EngineStepFramework:
-    framework = framework_for(spec)
+def _engine_framework(framework: Framework) -> EngineStepFramework:
     if framework.capture_style != CaptureStyle.ENGINE_STEPS:
         raise SetupError(f"{framework.name} scans capture per block, not whole engine steps")
     if not isinstance(framework, EngineStepFramework):
@@ -96,7 +105,7 @@ def scan_engine_steps_rank(job: ScanJob) -> RankScan:
     from gbdoctor.models import vocab_size
 
     spec = job.spec
-    recipe = _engine_framework(spec)
+    recipe = _engine_framework(job.framework)
     session = CaptureSession()
     setup, meshes = build_and_setup(job, session)
     session.locator = Locator(setup.model, setup.hooks)

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from gbdoctor.errors import SetupError
-from gbdoctor.frameworks import CaptureStyle, framework_for
+from gbdoctor.frameworks import CaptureStyle, Framework, framework_for
 from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import Decision, ScanReport, Spec
 from gbdoctor.records.shapes import ShapeStream
@@ -43,6 +43,7 @@ def scan(
     recompiles: bool | None = None,
     decision: Decision | None = None,
     shapes: ShapeStream | None = None,
+    framework: Framework | None = None,
 ) -> ScanReport:
     """Scan ``spec``; multi-rank specs run on spawned local ranks and are merged. DeepSpeed
     Specs of a framework that captures whole engine steps (``CaptureStyle.ENGINE_STEPS``) are
@@ -57,7 +58,10 @@ def scan(
     real pipeline-parallel scan also trains the config's schedule on its ranks
     (``scan.pipeline_schedule``: the recompiles and crashes only PP causes). ``shapes``: a
     shape stream whose distinct shapes the probe steps follow instead (docs/shapes.md); it
-    turns the probe on."""
+    turns the probe on. ``framework``: the spec's, where the command resolved it (a plan's
+    re-scans pass the plan's); None: resolved here, once for the scan and its ranks."""
+    if framework is None:
+        framework = framework_for(spec)
     if recompiles is None:
         recompiles = probe_by_default() or shapes is not None
     probe_shapes = (
@@ -66,15 +70,16 @@ def scan(
         else ()
     )
     if strategy is None or isinstance(strategy, str):
-        strategy = strategy_for(spec, strategy)
+        strategy = strategy_for(framework, spec, strategy)
     launched.check_world(spec.parallelism.world_size)
-    framework = framework_for(spec)
     if decision is None:
-        decision = scan_decision(spec)
+        decision = scan_decision(spec, framework)
     if framework.capture_style == CaptureStyle.ENGINE_STEPS:
         from gbdoctor.scan.engine_steps import scan_engine_steps
 
-        return scan_engine_steps(spec, strategy=strategy, progress=progress, strict=strict)
+        return scan_engine_steps(
+            spec, framework, strategy=strategy, progress=progress, strict=strict
+        )
     spec = pin(spec, decision)
     if decision.simulate:
         return simulate_scan(
@@ -84,10 +89,13 @@ def scan(
             progress=progress,
             strict=strict,
             reason=decision.reason,
+            framework=framework,
         )
+    # Resolved only for a real scan: a simulation runs on fake CPU tensors whatever the device.
     device = resolve_device(spec.gbdoctor.device)
     job = ScanJob(
         spec=spec,
+        framework=framework,
         strategy=strategy,
         device=device,
         dedupe=dedupe,
@@ -152,16 +160,19 @@ def _with_pipeline_schedule(
     return with_schedule(report, found)
 
 
-def scan_decision(spec: Spec) -> Decision:
+def scan_decision(spec: Spec, framework: Framework | None = None, *, model: Any = None) -> Decision:
     """How a scan of ``spec`` runs, decided once per command (``plan`` keeps it for every
     re-scan, ``price`` for its scan and its plan): ``--simulate``, a world too large for local
     ranks or too much memory simulates, or a smaller CPU shape is captured (``estimate.decide``);
     a framework that cannot simulate runs for real or is refused with how to shrink it (exit 2),
-    and so does one that captures whole engine steps (they train real steps)."""
-    framework = framework_for(spec)
+    and so does one that captures whole engine steps (they train real steps). ``framework``:
+    the spec's, where the command resolved it; None: resolved here. ``model``: the spec's
+    model on meta where the command built it (``run``), else built here when needed."""
+    if framework is None:
+        framework = framework_for(spec)
     if can_simulate(framework) and framework.capture_style != CaptureStyle.ENGINE_STEPS:
-        return decide(spec)
-    return Decision(simulate=False, estimate=require_real(spec, command="scan"))
+        return decide(spec, model=model)
+    return Decision(simulate=False, estimate=require_real(spec, command="scan", model=model))
 
 
 def with_notice(report: ScanReport, decision: Decision) -> ScanReport:
@@ -179,13 +190,24 @@ def simulate_scan(
     progress: Progress | None = None,
     strict: bool = False,
     reason: str | None = "requested",
+    framework: Framework | None = None,
 ) -> ScanReport:
-    """Scan rank 0 of ``spec``'s world in this process, on a fake process group and fake tensors."""
+    """Scan rank 0 of ``spec``'s world in this process, on a fake process group and fake tensors.
+    ``framework``: the spec's, where the caller resolved it; None: resolved here."""
+    if framework is None:
+        framework = framework_for(spec)
     if strategy is None or isinstance(strategy, str):
-        strategy = strategy_for(spec, strategy)
+        strategy = strategy_for(framework, spec, strategy)
     world = spec.parallelism.world_size
     # Fake tensors live on cpu whatever the spec's device: the fake backend needs no accelerator.
-    job = ScanJob(spec=spec, strategy=strategy, device="cpu", dedupe=dedupe, strict=strict)
+    job = ScanJob(
+        spec=spec,
+        framework=framework,
+        strategy=strategy,
+        device="cpu",
+        dedupe=dedupe,
+        strict=strict,
+    )
     mode, _ = simulation_mode()
     if progress:
         progress(

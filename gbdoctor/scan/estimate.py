@@ -114,15 +114,11 @@ def decide(spec: Spec, *, model: Any = None, available: int | None = None) -> De
 
 
 def _meta_model(spec: Spec) -> Any:
-    from gbdoctor.frameworks.interface import MetaModelBuilder
-    from gbdoctor.frameworks.registry import framework_for
-    from gbdoctor.models import build_model
+    from gbdoctor.frameworks.registry import framework_for, meta_model
 
-    # A framework that builds its own models (the installed torchtitan) builds them on meta too.
-    framework = framework_for(spec)
-    if isinstance(framework, MetaModelBuilder):
-        return framework.meta_model(spec)
-    return build_model(spec.model, device="meta", max_seq_len=spec.training.seq_len)
+    # Where the caller passed none: a command that needs the model again builds it once and
+    # passes it (``run``: its memory check, its plan's decision and its FLOPs).
+    return meta_model(framework_for(spec), spec)
 
 
 def _memory_decision(spec: Spec, model: Any, available: int | None) -> Decision:
@@ -158,10 +154,11 @@ def pin(spec: Spec, decision: Decision) -> Spec:
 
 
 def require_real(
-    spec: Spec, *, available: int | None = None, command: str = "run"
+    spec: Spec, *, available: int | None = None, command: str = "run", model: Any = None
 ) -> MemoryEstimate | None:
     """For ``run`` (it trains for real and cannot simulate): the estimate, or exit 2 with how to
-    shrink the spec when ``decide`` would simulate."""
+    shrink the spec when ``decide`` would simulate. ``model``: the spec's model built on meta
+    (built here when not given)."""
     if spec.gbdoctor.simulate:
         raise SpecError(
             f"`gbdoctor {command}` trains for real and cannot simulate "
@@ -177,7 +174,7 @@ def require_real(
             hint="shrink the world, e.g. --world-size 2 or --set parallelism."
             "data_parallel_shard_degree=2 (EP must divide it)",
         )
-    decision = _memory_decision(spec, None, available)
+    decision = _memory_decision(spec, model, available)
     if decision.simulate:
         assert decision.estimate is not None
         raise SpecError(

@@ -8,7 +8,7 @@ from typing import Any
 import torch.nn as nn
 
 from gbdoctor.capture import clean_fqn, find_hooks, torch_version, within
-from gbdoctor.frameworks import CaptureStyle, framework_for
+from gbdoctor.frameworks import CaptureStyle, Framework, framework_for
 from gbdoctor.frameworks.registry import can_simulate
 from gbdoctor.records import BlockSetup, HookInfo, SetupReport, Spec
 from gbdoctor.scan.estimate import decide
@@ -36,15 +36,20 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
         from gbdoctor.scan.estimate import require_real
 
         require_real(spec, command="inspect")
-        framework.prepare_ranks(resolve_device(spec.gbdoctor.device))
     else:
         decision = decide(spec)
         if decision.simulate:
-            return simulate_inspect(spec, strategy=strategy, reason=decision.reason)
+            return simulate_inspect(
+                spec, strategy=strategy, reason=decision.reason, framework=framework
+            )
+    device = resolve_device(spec.gbdoctor.device)
+    if not can_simulate(framework):
+        framework.prepare_ranks(device)
     job = ScanJob(
         spec=spec,
-        strategy=strategy_for(spec, strategy),
-        device=resolve_device(spec.gbdoctor.device),
+        framework=framework,
+        strategy=strategy_for(framework, spec, strategy),
+        device=device,
     )
     world = spec.parallelism.world_size
     if world == 1 and not own_processes:
@@ -62,11 +67,23 @@ def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
 
 
 def simulate_inspect(
-    spec: Spec, *, strategy: str | None = None, reason: str | None = "requested"
+    spec: Spec,
+    *,
+    strategy: str | None = None,
+    reason: str | None = "requested",
+    framework: Framework | None = None,
 ) -> SetupReport:
     """Rank 0 of ``spec``'s world, set up on meta tensors and a fake process group, in this
-    process (the same code as ``simulate_scan`` up to the capture)."""
-    job = ScanJob(spec=spec, strategy=strategy_for(spec, strategy), device="cpu")
+    process (the same code as ``simulate_scan`` up to the capture). ``framework``: the spec's,
+    where the caller resolved it; None: resolved here."""
+    if framework is None:
+        framework = framework_for(spec)
+    job = ScanJob(
+        spec=spec,
+        framework=framework,
+        strategy=strategy_for(framework, spec, strategy),
+        device="cpu",
+    )
     mode, _ = simulation_mode()
     with fake_process_group(spec.parallelism.world_size):
         report = inspect_rank(job, fake_mode=mode)
@@ -139,7 +156,7 @@ def inspect_rank(job: ScanJob, fake_mode: Any = None) -> SetupReport:
             )
         )
     in_block = lambda fqn: any(within(fqn, s.fqn) for s in setup.blocks)  # noqa: E731
-    framework_for(job.spec).release_rank()
+    job.framework.release_rank()
     return SetupReport(
         spec=job.spec.key,
         model=f"{job.spec.model.name}/{job.spec.model.flavor}",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gbdoctor.frameworks.registry import framework_for
+from gbdoctor.frameworks.interface import Framework
 from gbdoctor.records import BlockReport, SetupInfo, Spec
 
 Progress = Callable[[str, int, int], None]
@@ -19,9 +19,14 @@ class ScanJob:
     """Everything a rank needs (picklable: sent to spawned ranks)."""
 
     spec: Spec
+    framework: Framework
+    """The spec's framework, resolved once by the command (``registry.framework_for``); it
+    travels to the ranks with the job (a plug-in's framework is a stateless object of an
+    importable class, as its strategies are), so no stage below asks the registry again."""
     strategy: Any
     """One of the spec's framework's strategies (``Framework.strategies``), or a plan's."""
     device: str
+    """``cpu`` or ``cuda``: ``setup.dist.resolve_device`` of the spec's, resolved once."""
     dedupe: bool = True
     strict: bool = False
     """Run blocks whose compiled regions are all fullgraph under Dynamo's strict check."""
@@ -44,9 +49,9 @@ def probe_by_default() -> bool:
     return os.environ.get(PROBE_ENV, "1").strip() != "0"
 
 
-def strategy_for(spec: Spec, name: str | None) -> Any:
+def strategy_for(framework: Framework, spec: Spec, name: str | None) -> Any:
     """The spec's compile strategy (or ``name``), from its framework's table."""
-    return framework_for(spec).strategies[name or spec.gbdoctor.strategy]
+    return framework.strategies[name or spec.gbdoctor.strategy]
 
 
 RankScan = tuple[tuple[BlockReport, ...], SetupInfo, tuple[str, ...]]

@@ -34,7 +34,6 @@ from gbdoctor.capture import (
 from gbdoctor.capture.locate import portable_text
 from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import DEBUG_ENV, SetupError
-from gbdoctor.frameworks import framework_for
 from gbdoctor.frameworks.registry import hooks_of, zero_stage_of
 from gbdoctor.records import BlockReport, EventKind, Recompile, SetupInfo, Spec
 from gbdoctor.scan.block_report import block_report
@@ -75,8 +74,7 @@ def build_and_setup(
 
     With ``fake_mode`` (simulated scans) the model is built and set up on meta, then becomes that
     mode's fake tensors (``simulate.simulated_setup``)."""
-    spec = job.spec
-    recipe = framework_for(spec)
+    spec, recipe = job.spec, job.framework
     model, meshes = recipe.build(
         spec, job.device, meta=fake_mode is not None, max_seq_len=spec.training.seq_len
     )
@@ -121,7 +119,7 @@ def _scan_set_up(
 
     vocab = vocab_size(setup.model)
     tokens, labels = step_batch(spec, meshes, vocab, 0)
-    recipe = framework_for(spec)
+    recipe = job.framework
     with recipe.step_context(setup):
         attempts = warm_up_attempts(recipe, setup, tokens, labels)
         # The model's output on the warm-up says where the loss came from (a note); the
@@ -379,7 +377,7 @@ def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
         flags = tuple(sorted(flags + (("lru_cache", "False"),)))
     return SetupInfo(
         framework=spec.gbdoctor.framework,
-        zero_stage=zero_stage_of(framework_for(spec), spec),
+        zero_stage=zero_stage_of(job.framework, spec),
         strategy=job.strategy.name,
         device=job.device,
         world_size=spec.parallelism.world_size,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gbdoctor.errors import GbdoctorError, SpecError, exception_line
+from gbdoctor.frameworks.interface import Framework
 from gbdoctor.records import Recompile, RunSettings, Spec
 from gbdoctor.records.bounds import MAX_INT
 from gbdoctor.records.shapes import ShapeStream
@@ -54,6 +55,9 @@ class TimelineJob:
 
     spec: Spec
     """As trained (``run.settings.prepare_training``)."""
+    framework: Framework
+    """The spec's framework, resolved once where the job is built (it travels to the ranks
+    with the job, as the strategy does)."""
     strategy: Any
     settings: RunSettings
     """Device, backend, steps, batch and the sequence lengths the steps cycle through."""
@@ -252,7 +256,6 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         recompile_limit,
     )
     from gbdoctor.frameworks.interface import GradientAccumulation
-    from gbdoctor.frameworks.registry import framework_for
     from gbdoctor.models import vocab_size
     from gbdoctor.models.attention import flex_cpu_backward
     from gbdoctor.setup.train import data_share
@@ -274,7 +277,7 @@ def timeline_rank(job: TimelineJob) -> RankTimeline:
         return portable_path(path, spec.root or None)
 
     counter = GraphRunCounter(settings.backend)
-    recipe = framework_for(spec)
+    recipe = job.framework
     # Collectives are wrapped before the setup: frameworks bind them at initialization
     # (DeepSpeed's comm backend keeps torch.distributed's functions as attributes).
     with dynamo_settings(job.dynamo_config), timed_collectives(world > 1) as clock:
@@ -509,7 +512,11 @@ def _job(
                 hint=f"valid: {', '.join(sorted(table))}",
             )
         strategy = table[name]
-    run_spec, _ = prepare_training(spec, settings, command="timeline")
+    run_spec, _ = prepare_training(spec, settings, framework, command="timeline")
     return TimelineJob(
-        spec=run_spec, strategy=strategy, settings=settings, dynamo_config=dynamo_config
+        spec=run_spec,
+        framework=framework,
+        strategy=strategy,
+        settings=settings,
+        dynamo_config=dynamo_config,
     )

@@ -144,9 +144,9 @@ def priced(tmp_path_factory, trained):
     )
     out = tmp / "price.json"
 
-    def train_rounds(spec, strategies, settings, **options):
-        measured = rounds_module.train_rounds(spec, strategies, settings, **options)
-        trained.append((spec, strategies, settings, options, measured))
+    def train_rounds(spec, framework, strategies, settings, **options):
+        measured = rounds_module.train_rounds(spec, framework, strategies, settings, **options)
+        trained.append((spec, framework, strategies, settings, options, measured))
         return measured
 
     with pytest.MonkeyPatch.context() as patch:
@@ -188,7 +188,7 @@ def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, tra
     from gbdoctor.run.worker import ModeJob, run_mode_rank
     from gbdoctor.setup.dist import run_ranks
 
-    spec, strategies, settings, options, measured = trained[0]
+    spec, framework, strategies, settings, options, measured = trained[0]
     assert options["reuse_ranks"] and not measured.failures
     modes = list(strategies)
     assert modes[0] == AS_SET_UP and len(modes) == 4  # two kinds: their fixes and the plan
@@ -201,6 +201,7 @@ def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, tra
         run_mode_rank,
         ModeJob(
             spec=spec,
+            framework=framework,
             mode=last,
             strategy=strategies[last],
             device=settings.device,

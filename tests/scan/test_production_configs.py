@@ -267,13 +267,20 @@ def test_gate_baseline_records_simulated_and_a_mismatch_is_an_error():
 
 def test_warm_up_computes_one_block_per_kind_and_the_records_do_not_change(monkeypatch):
     from gbdoctor.capture import eager_stance
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.scan import ScanJob, build_and_setup, rank, strategy_for
     from gbdoctor.scan.dedupe import shortcut_repeated_blocks
     from gbdoctor.setup.dist import single_process_group
     from gbdoctor.setup.train import forward_loss, synthetic_batch
 
     spec = load_spec("fixtures/llama4_debug.toml")  # 6 layers: dense and MoE alternate
-    job = ScanJob(spec=spec, strategy=strategy_for(spec, None), device="cpu")
+    framework = framework_for(spec)
+    job = ScanJob(
+        spec=spec,
+        framework=framework,
+        strategy=strategy_for(framework, spec, None),
+        device="cpu",
+    )
     with single_process_group("cpu"):
         setup, _ = build_and_setup(job)
         computed = []

@@ -146,10 +146,17 @@ def test_production_size_setup_allocates_nothing_at_full_size():
     from torch._subclasses.fake_tensor import FakeTensor
 
     from gbdoctor.capture import CaptureSession
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.scan import ScanJob, build_and_setup, strategy_for
 
     spec = load_spec("benchmarks/specs/llama4_17bx16e_ep8_w64.toml")
-    job = ScanJob(spec=spec, strategy=strategy_for(spec, None), device="cpu")
+    framework = framework_for(spec)
+    job = ScanJob(
+        spec=spec,
+        framework=framework,
+        strategy=strategy_for(framework, spec, None),
+        device="cpu",
+    )
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mode, _ = simulation_mode()
     with fake_process_group(spec.parallelism.world_size):
