@@ -5,7 +5,7 @@ eager and the best baseline, notes (same regions as another mode, noisy steps), 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gbdoctor.records import (
@@ -53,11 +53,70 @@ def build_report(
     """Per-rank measurements -> records, with ratios and their spreads, loss checks, duplicates
     and findings. ``spec``: as trained (``run.settings.prepare_training``); ``baselines``: the
     framework's modes that compete for best baseline, in its order (ties go to the first; the
-    default framework's unless given);
-    ``shape_note``: the settings' own unless given (with the CPU dtype note added)."""
-    device, warmup, rounds = settings.device, settings.warmup, settings.rounds
+    default framework's unless given); ``shape_note``: the settings' own unless given (with the
+    CPU dtype note added).
+
+    The steps: each mode's record from its rounds (:func:`_mode_results`), the best baseline,
+    each mode compared with eager and that baseline (:func:`_compare_modes`), the report's own
+    notes (:func:`_report_notes`)."""
     world = spec.parallelism.world_size
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
+    results, layouts = _mode_results(raw, tokens_per_step, settings.warmup, plan_verified)
+    ok = {m: r for m, r in results.items() if r.status == ModeStatus.OK and r.step_time_median_s}
+    eager, best = ok.get("eager"), _best_baseline(ok, baselines)
+    throughput = _Throughput(flops_per_token, peak_tflops, world)
+    final, findings = _compare_modes(
+        results, layouts, eager, None if best is None else ok[best], throughput, plan_verified
+    )
+    by_mode = {m.mode: m for m in final}
+    ac = spec.activation_checkpoint
+    return RunReport(
+        spec=spec.key,
+        model=f"{spec.model.name}/{spec.model.flavor}",
+        torch_version=torch_version,
+        device=settings.device,
+        backend=settings.backend,
+        world_size=world,
+        batch_size=spec.capture_batch_size,
+        seq_len=spec.capture_seq_len,
+        warmup=settings.warmup,
+        steps=settings.steps,
+        seed=spec.training.seed,
+        tokens_per_step=tokens_per_step,
+        ac_mode=ac.mode,
+        ac_option=ac.selective_ac_option,
+        modes=tuple(final),
+        rounds=settings.rounds,
+        shape_note=settings.shape_note if shape_note is None else shape_note,
+        optimizer=optimizer,
+        device_name=device_name,
+        flops_per_token=flops_per_token,
+        peak_tflops=peak_tflops,
+        plan_source=plan_source,
+        plan_verified=plan_verified,
+        plan_kinds=plan_kinds,
+        plan_verdict=_plan_verdict(by_mode.get("plan"), best, by_mode),
+        best_baseline=best,
+        findings=tuple(findings),
+        notes=_report_notes(settings, len(results), eager, best, throughput, device_name, load),
+    )
+
+
+@dataclass(frozen=True)
+class _Throughput:
+    """What turns a mode's tokens/s into TFLOP/s and MFU."""
+
+    flops_per_token: int | None
+    peak_tflops: float | None
+    """The device's dense bf16 peak (None: not known, or a CPU)."""
+    world: int
+
+
+def _mode_results(
+    raw: list[Raw], tokens_per_step: int, warmup: int, plan_verified: bool | None
+) -> tuple[dict[str, ModeResult], dict[str, Any]]:
+    """(mode -> its record from its rounds, mode -> the regions it compiled): a failed or
+    unavailable mode's record says why; the plan's says whether it verified."""
     results: dict[str, ModeResult] = {}
     layouts: dict[str, Any] = {}
     for mode, strategy, runs, failure, workaround in raw:
@@ -80,81 +139,42 @@ def build_report(
             results[mode] = replace(results[mode], plan_verified=plan_verified)
         if workaround:
             results[mode] = replace(results[mode], workaround=workaround)
+    return results, layouts
 
-    ok = {m: r for m, r in results.items() if r.status == ModeStatus.OK and r.step_time_median_s}
-    eager = ok.get("eager")
+
+def _best_baseline(ok: dict[str, ModeResult], baselines: tuple[str, ...]) -> str | None:
+    """The fastest baseline that ran (ties: the first in the framework's order)."""
     ran = {m: r for m, r in ok.items() if m in baselines}
-    best = min(ran, key=lambda m: (ran[m].step_time_median_s, baselines.index(m))) if ran else None
-    report_notes: list[str] = []
-    findings: list[str] = []
+    return min(ran, key=lambda m: (ran[m].step_time_median_s, baselines.index(m))) if ran else None
+
+
+def _compare_modes(
+    results: dict[str, ModeResult],
+    layouts: dict[str, Any],
+    eager: ModeResult | None,
+    best: ModeResult | None,
+    throughput: _Throughput,
+    plan_verified: bool | None,
+) -> tuple[list[ModeResult], list[str]]:
+    """(every mode with its ratios, loss check, duplicate and notes, the findings in mode
+    order): ``best`` is the best baseline's record."""
     final: list[ModeResult] = []
+    findings: list[str] = []
     for mode, res in results.items():
         notes = list(res.notes)
         updates: dict[str, Any] = {}
         if res.status == ModeStatus.OK:
-            median = res.step_time_median_s
-            if eager is not None and median:
-                ratio, spread, verdict = ratio_with_spread(eager, res)
-                updates.update(
-                    speedup_vs_eager=ratio, speedup_vs_eager_range=spread, verdict_vs_eager=verdict
-                )
-            if best is not None and median:
-                ratio, spread, verdict = ratio_with_spread(ok[best], res)
-                updates.update(
-                    speedup_vs_best_baseline=ratio,
-                    speedup_vs_best_baseline_range=spread,
-                    verdict_vs_best_baseline=verdict,
-                )
-            if flops_per_token and res.tokens_per_s:
-                from gbdoctor.run.flops import mfu
-
-                updates["tflops_per_s"] = res.tokens_per_s * flops_per_token / 1e12
-                updates["mfu"] = mfu(res.tokens_per_s, flops_per_token, peak_tflops, world)
-            diverged, rel = divergence(res, eager)
-            updates.update(diverged=diverged, loss_rel_diff=rel)
+            updates = _comparisons(res, eager, best, throughput)
             same = _earlier_same_layout(mode, layouts)
             if same is not None:
                 updates["same_regions_as"] = same
                 notes.append(_same_layout_note(res, results[same]))
-            fastest, slowest = res.step_time_min_s, res.step_time_max_s
-            if fastest and slowest and slowest / fastest > NOISY_SPREAD:
-                notes.append(
-                    f"measured step times vary {slowest / fastest:.1f}x "
-                    f"({fastest:.3g}-{slowest:.3g} s) with no recompile in "
-                    "between: the machine is probably busy; compare modes with care"
-                    if not res.graphs_measured
-                    else f"measured step times vary {slowest / fastest:.1f}x "
-                    "(recompiles in the measured steps)"
-                )
-            if res.recompiles:
-                first = next(e for e in res.recompile_events if e.measured and not e.limit_hit)
-                findings.append(
-                    f"{mode}: {res.recompiles} recompile(s) during the measured steps "
-                    f"(first: {first.reason}"
-                    + (f" at {first.location}" if first.location else "")
-                    + ")"
-                )
-            if res.recompile_limit_hit:
-                findings.append(
-                    f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards"
-                )
-            if res.cudagraph_skips:
-                findings.append(
-                    f"{mode}: inductor skipped cudagraphs {len(res.cudagraph_skips)} time(s) "
-                    f"(first: {res.cudagraph_skips[0]})"
-                )
-            if res.cudagraph_rerecords:
-                findings.append(
-                    f"{mode}: inductor re-recorded cudagraphs {len(res.cudagraph_rerecords)} "
-                    f"time(s) ({_most_common(res.cudagraph_rerecords)})"
-                )
-            if diverged:
-                findings.append(
-                    f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})"
-                )
-        elif res.status == ModeStatus.UNAVAILABLE:
-            pass  # not a finding: nothing failed (the reason is the mode's ``error``)
-        else:
+            notes += _noisy_note(res)
+            findings += _findings_of(
+                mode, res, eager, updates["diverged"], updates["loss_rel_diff"]
+            )
+        elif res.status != ModeStatus.UNAVAILABLE:
+            # An unavailable mode is not a finding: nothing failed (its ``error`` says why).
             findings.append(f"{mode} failed ({res.error_kind}): {res.error}")
         if mode == "plan" and plan_verified is False:
             notes.append(
@@ -162,71 +182,125 @@ def build_report(
                 "it ran anyway, as the planner emitted it"
             )
         final.append(replace(res, notes=tuple(notes), **updates))
-    by_mode = {m.mode: m for m in final}
-    plan_verdict = _plan_verdict(by_mode.get("plan"), best, by_mode)
+    return final, findings
+
+
+def _comparisons(
+    res: ModeResult, eager: ModeResult | None, best: ModeResult | None, throughput: _Throughput
+) -> dict[str, Any]:
+    """A mode's ratios (vs eager, vs the best baseline, with spreads and verdicts), its
+    TFLOP/s and MFU, and its loss check against eager, as the record's new field values."""
+    updates: dict[str, Any] = {}
+    median = res.step_time_median_s
+    if eager is not None and median:
+        ratio, spread, verdict = ratio_with_spread(eager, res)
+        updates.update(
+            speedup_vs_eager=ratio, speedup_vs_eager_range=spread, verdict_vs_eager=verdict
+        )
+    if best is not None and median:
+        ratio, spread, verdict = ratio_with_spread(best, res)
+        updates.update(
+            speedup_vs_best_baseline=ratio,
+            speedup_vs_best_baseline_range=spread,
+            verdict_vs_best_baseline=verdict,
+        )
+    flops = throughput.flops_per_token
+    if flops and res.tokens_per_s:
+        from gbdoctor.run.flops import mfu
+
+        updates["tflops_per_s"] = res.tokens_per_s * flops / 1e12
+        updates["mfu"] = mfu(res.tokens_per_s, flops, throughput.peak_tflops, throughput.world)
+    diverged, rel = divergence(res, eager)
+    updates.update(diverged=diverged, loss_rel_diff=rel)
+    return updates
+
+
+def _noisy_note(res: ModeResult) -> list[str]:
+    """The note of a mode whose measured steps vary more than :data:`NOISY_SPREAD` (or none)."""
+    fastest, slowest = res.step_time_min_s, res.step_time_max_s
+    if not (fastest and slowest and slowest / fastest > NOISY_SPREAD):
+        return []
+    if res.graphs_measured:
+        return [
+            f"measured step times vary {slowest / fastest:.1f}x (recompiles in the measured steps)"
+        ]
+    return [
+        f"measured step times vary {slowest / fastest:.1f}x ({fastest:.3g}-{slowest:.3g} s) "
+        "with no recompile in between: the machine is probably busy; compare modes with care"
+    ]
+
+
+def _findings_of(
+    mode: str, res: ModeResult, eager: ModeResult | None, diverged: bool, rel: float | None
+) -> list[str]:
+    """What a mode that ran found: recompiles in the measured steps, the recompile limit,
+    skipped or re-recorded CUDA graphs, losses that diverge from eager."""
+    findings: list[str] = []
+    if res.recompiles:
+        first = next(e for e in res.recompile_events if e.measured and not e.limit_hit)
+        findings.append(
+            f"{mode}: {res.recompiles} recompile(s) during the measured steps "
+            f"(first: {first.reason}" + (f" at {first.location}" if first.location else "") + ")"
+        )
+    if res.recompile_limit_hit:
+        findings.append(f"{mode}: Dynamo hit recompile_limit; some frames ran eagerly afterwards")
+    if res.cudagraph_skips:
+        findings.append(
+            f"{mode}: inductor skipped cudagraphs {len(res.cudagraph_skips)} time(s) "
+            f"(first: {res.cudagraph_skips[0]})"
+        )
+    if res.cudagraph_rerecords:
+        findings.append(
+            f"{mode}: inductor re-recorded cudagraphs {len(res.cudagraph_rerecords)} "
+            f"time(s) ({_most_common(res.cudagraph_rerecords)})"
+        )
+    if diverged:
+        findings.append(f"{mode}: losses diverge from eager ({_divergence_text(res, eager, rel)})")
+    return findings
+
+
+def _report_notes(
+    settings: RunSettings,
+    modes: int,
+    eager: ModeResult | None,
+    best: str | None,
+    throughput: _Throughput,
+    device_name: str,
+    load: tuple[float, int] | None,
+) -> tuple[str, ...]:
+    """The report's own notes: what is unavailable and why, a single round, CPU memory and
+    MFU, a busy machine, several ranks."""
+    notes: list[str] = []
+    world = throughput.world
     if eager is None:
-        report_notes.append(
-            "no successful eager run: speedups vs eager and loss checks are unavailable"
-        )
+        notes.append("no successful eager run: speedups vs eager and loss checks are unavailable")
     if best is None:
-        report_notes.append(
-            "no successful baseline mode: speedups vs the best baseline are unavailable"
-        )
-    if rounds < 2 and len(results) > 1:
-        report_notes.append(
+        notes.append("no successful baseline mode: speedups vs the best baseline are unavailable")
+    if settings.rounds < 2 and modes > 1:
+        notes.append(
             "a single round: ratios have no spread, so no difference is called a speedup "
             "(use --rounds 2 or more)"
         )
-    if device == "cpu":
-        report_notes.append(
+    if settings.device == "cpu":
+        notes.append(
             "peak memory on CPU is the rank process's peak RSS (torch and compilation included)"
         )
-        report_notes.append(
+        notes.append(
             "MFU needs a device peak; CPU peaks are not tabulated, so only achieved TFLOP/s is shown"
         )
-    elif flops_per_token and peak_tflops is None:
-        report_notes.append(f"no dense bf16 peak known for {device_name!r}: MFU not computed")
+    elif throughput.flops_per_token and throughput.peak_tflops is None:
+        notes.append(f"no dense bf16 peak known for {device_name!r}: MFU not computed")
     if load is not None and load[0] > load[1] + world:
-        report_notes.append(
+        notes.append(
             f"the machine was busy: 1-minute load average up to {load[0]:.1f} on {load[1]} cores "
             f"(this run's own ranks add at most {world}); timings include contention from other "
             "processes"
         )
     if world > 1:
-        report_notes.append(
+        notes.append(
             f"step times are the slowest of {world} ranks per step; losses are global (all-reduced)"
         )
-    ac = spec.activation_checkpoint
-    return RunReport(
-        spec=spec.key,
-        model=f"{spec.model.name}/{spec.model.flavor}",
-        torch_version=torch_version,
-        device=device,
-        backend=settings.backend,
-        world_size=world,
-        batch_size=spec.capture_batch_size,
-        seq_len=spec.capture_seq_len,
-        warmup=warmup,
-        steps=settings.steps,
-        seed=spec.training.seed,
-        tokens_per_step=tokens_per_step,
-        ac_mode=ac.mode,
-        ac_option=ac.selective_ac_option,
-        modes=tuple(final),
-        rounds=rounds,
-        shape_note=settings.shape_note if shape_note is None else shape_note,
-        optimizer=optimizer,
-        device_name=device_name,
-        flops_per_token=flops_per_token,
-        peak_tflops=peak_tflops,
-        plan_source=plan_source,
-        plan_verified=plan_verified,
-        plan_kinds=plan_kinds,
-        plan_verdict=plan_verdict,
-        best_baseline=best,
-        findings=tuple(findings),
-        notes=tuple(report_notes),
-    )
+    return tuple(notes)
 
 
 def _fmt_ratio(ratio: float | None, spread: tuple[float, float] | None) -> str:
