@@ -13,7 +13,8 @@ block, or whole engine steps), its run modes, its planner and the plan it applie
 - ``common/``: what several frameworks share.
 
 Stages above (``scan``, ``plan``, ``run``, ``spec``, ``cli``) ask ``registry.framework_for(spec)``
-and never name a framework (``tests/test_layering.py`` keeps it so); this package sits above
+once per command, at its entry (the CLI command, or the library function a caller calls), and
+pass the framework down (the rank jobs carry it); they never name a framework (``tests/test_layering.py`` keeps it so); this package sits above
 ``setup``, ``capture``, ``causes``, ``models`` and ``records``.
 """
 
