@@ -64,8 +64,8 @@ def main() -> None:
     spec = with_overrides(load_spec(args.spec), [*sets, f"gbdoctor.strategy={args.strategy}"])
     framework = framework_for(spec)
     started = time.perf_counter()
-    report = scan(spec)
-    plan = propose_plan(spec)
+    report = scan(spec, framework=framework)
+    plan = propose_plan(spec, framework=framework)
     as_set_up, _ = breaks_tolerated(framework.strategies[args.strategy])
     strategies = {m.name: m.strategy for m in _modes(report, plan, as_set_up)}
     strategies[COPY] = replace(as_set_up, name=COPY)
@@ -74,12 +74,13 @@ def main() -> None:
         spec, backend=args.backend, warmup=2, steps=args.steps, rounds=args.rounds
     )
     b, s = settings.batch_size, settings.seq_len
-    run_spec, _ = prepare_training(spec, settings, real=False)
+    run_spec, _ = prepare_training(spec, settings, framework, real=False)
     print(
         f"scan + plan {time.perf_counter() - started:.1f} s; modes {list(strategies)}", flush=True
     )
     rounds = train_rounds(
         run_spec,
+        framework,
         strategies,
         settings,
         progress=lambda msg, done, total: print(f"  [{done}/{total}] {msg}", flush=True),
