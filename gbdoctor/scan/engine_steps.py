@@ -40,7 +40,7 @@ from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.merge import merge_ranks
 from gbdoctor.scan.rank import build_and_setup
 from gbdoctor.setup.apply import BlockSlot
-from gbdoctor.setup.dist import resolve_device, run_ranks
+from gbdoctor.setup.dist import run_ranks
 from gbdoctor.setup.train import step_batch
 
 CAPTURE_STEPS = 3
@@ -51,6 +51,7 @@ compiled code is reused or recompiled ("recompiles every few steps", measured)."
 def scan_engine_steps(
     spec: Spec,
     framework: Framework,
+    device: str,
     *,
     strategy: Any,
     progress: Progress | None = None,
@@ -63,7 +64,6 @@ def scan_engine_steps(
     engine = _engine_framework(framework)
     # These scans train real steps on local ranks: no simulation, and the same size limits as
     # `run`, checked by the caller (``environment.scan_decision``: exit 2 with how to shrink).
-    device = resolve_device(spec.gbdoctor.device)
     job = ScanJob(
         spec=spec,
         framework=framework,

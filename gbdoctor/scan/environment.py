@@ -77,8 +77,10 @@ def scan(
     if framework.capture_style == CaptureStyle.ENGINE_STEPS:
         from gbdoctor.scan.engine_steps import scan_engine_steps
 
+        # Real ranks always (such a framework never simulates): the device is resolved here.
+        device = resolve_device(spec.gbdoctor.device)
         return scan_engine_steps(
-            spec, framework, strategy=strategy, progress=progress, strict=strict
+            spec, framework, device, strategy=strategy, progress=progress, strict=strict
         )
     spec = pin(spec, decision)
     if decision.simulate:
