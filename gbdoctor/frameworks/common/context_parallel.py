@@ -7,7 +7,7 @@ No torch import here; the model registry (``gbdoctor.models``) is imported lazil
 
 from __future__ import annotations
 
-from gbdoctor.frameworks.common.schema import CP_ROTATE_METHODS, CUSTOM_FAMILY
+from gbdoctor.frameworks.common.schema import CP_ROTATE_METHODS
 from gbdoctor.frameworks.common.specfile import SpecContext
 from gbdoctor.records import ModelSpec, ParallelSpec
 
@@ -39,11 +39,10 @@ def check_cp(p: ParallelSpec, model: ModelSpec, ctx: SpecContext) -> None:
             f"scan CP with those degrees at 1 (--set parallelism.{others[0].split(' ')[0]}=1), "
             "and the other degrees with context_parallel_degree = 1",
         )
-    from gbdoctor.models import flavor_args
+    from gbdoctor.models import model_facts
 
-    # Custom models: not known before running (their flavor is the factory's argument).
-    flavor = None if model.name == CUSTOM_FAMILY else flavor_args(model.name, model.flavor)
-    if getattr(flavor, "attn_type", "sdpa") == "flex":
+    # Custom models: not known before running (their facts are all None).
+    if model_facts(model).attn_type == "flex":
         ctx.fail(
             f"{where} = {cp} with {model.name} flavor '{model.flavor}' (FlexAttention): CP's "
             "Flex path cannot run on CPU: torch's context_parallel routes SDPA only (Flex needs "
