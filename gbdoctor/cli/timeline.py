@@ -167,7 +167,8 @@ def timeline(
     from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.report.timeline import render_svg
     from gbdoctor.run.settings import Shape, run_settings
-    from gbdoctor.timeline.train import run_timeline, typed_dynamo_settings
+    from gbdoctor.timeline.dynamo_settings import typed_dynamo_settings
+    from gbdoctor.timeline.train import run_timeline
 
     preflight(
         format, Printout.TIMELINE, output, plot, save_shapes, inputs=(spec, plan_file, shapes)
