@@ -150,16 +150,9 @@ def price_scan(
         notes.append(f"the whole plan did not train: {failures[WHOLE_PLAN]}")
     return replace(
         report,
-        price=PriceReport(
-            backend=settings.backend,
-            device=device,
-            device_name=device_name(device),
-            world_size=settings.ranks,
-            rounds=settings.rounds,
-            warmup=settings.warmup,
-            steps=settings.steps,
-            batch_size=settings.batch_size,
-            seq_len=settings.seq_len,
+        price=_price_record(
+            settings,
+            notes,
             step_ms=round(step_ms, 3),
             step_spread_ms=(round(min(base), 3), round(max(base), 3)),
             kinds=kinds,
@@ -167,8 +160,6 @@ def price_scan(
             plan_ms=plan_ms,
             plan_spread_ms=plan_spread,
             load=(round(max(loads, default=load_average()), 2), cores),
-            notes=tuple(notes),
-            clock=clock,
         ),
     )
 
@@ -370,7 +361,8 @@ def _split(
     return out
 
 
-def _empty(report: ScanReport, settings: RunSettings, notes: list[str]) -> PriceReport:
+def _price_record(settings: RunSettings, notes: list[str], **measured: Any) -> PriceReport:
+    """A price under the settings it was measured with; ``measured``: its times, kinds, breaks."""
     return PriceReport(
         backend=settings.backend,
         device=settings.device,
@@ -381,10 +373,13 @@ def _empty(report: ScanReport, settings: RunSettings, notes: list[str]) -> Price
         steps=settings.steps,
         batch_size=settings.batch_size,
         seq_len=settings.seq_len,
-        step_ms=0.0,
-        step_spread_ms=(0.0, 0.0),
-        kinds=(),
-        breaks=(),
         notes=tuple(notes),
         clock=settings.clock,
+        **measured,
+    )
+
+
+def _empty(report: ScanReport, settings: RunSettings, notes: list[str]) -> PriceReport:
+    return _price_record(
+        settings, notes, step_ms=0.0, step_spread_ms=(0.0, 0.0), kinds=(), breaks=()
     )
