@@ -18,7 +18,7 @@ from that copy, with this rank's current shard in its place, and its reduce-scat
 rank's share of its own gradients: a block run computes on the real gathered weights and waits on
 no one. HSDP's replicate all-reduce and collectives of the model's own code (tensor parallel,
 expert parallel) still cross ranks: the scan's deadline bounds them, and its error names the
-block each unfinished rank was at (``setup.rank_pool.report_stage``).
+block each unfinished rank was at (``setup.rank_main.report_stage``).
 """
 
 from __future__ import annotations

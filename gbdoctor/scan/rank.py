@@ -56,7 +56,7 @@ from gbdoctor.setup.collectives import rank_local_collectives
 from gbdoctor.setup.context_parallel import attention_dispatch, context_parallel_notes
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
 from gbdoctor.setup.pipeline import pipeline_notes
-from gbdoctor.setup.rank_pool import report_stage
+from gbdoctor.setup.rank_main import report_stage
 from gbdoctor.setup.train import step_batch
 
 

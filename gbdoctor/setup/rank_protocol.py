@@ -115,7 +115,7 @@ def deadline_error(
     missing: list[int], timeout_s: float, stages: dict[int, str] | None = None
 ) -> DeadlineError:
     """The error of a job whose ranks ``missing`` had not finished at its deadline; ``stages``:
-    where each rank said it was (``rank_pool.report_stage``: the block it was capturing)."""
+    where each rank said it was (``rank_main.report_stage``: the block it was capturing)."""
     where = "; ".join(f"rank {r} at {stages[r]}" for r in missing if stages and r in stages)
     return DeadlineError(
         f"rank(s) {missing} did not finish within {timeout_s:g} s"

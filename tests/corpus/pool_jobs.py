@@ -59,7 +59,7 @@ def wait_in_a_collective_rank1_never_joins(payload: object) -> None:
     import torch
     import torch.distributed as dist
 
-    from gbdoctor.setup.rank_pool import report_stage
+    from gbdoctor.setup.rank_main import report_stage
 
     if dist.get_rank() == 0:
         report_stage("capturing layers.1")
