@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
-from repo_paths import EXTRA_INSTALL, FIXTURES, extra_installed
+from repo_paths import EXTRA_INSTALL, FIXTURES, REPO, extra_installed
+
+if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
+    sys.path.insert(0, str(REPO))
+
+from tools.slow_tier import read_list as measured_slow_tests  # noqa: E402
 
 # The scan's recompile probe (about two eager steps and two block replays per block kind) runs
 # only in the tests that check recompiles: they ask for it (``scan(..., recompiles=True)``,
@@ -44,17 +50,6 @@ def _fresh_ranks_when_marked(request):
         dist._shared_pools = pools
 
 
-# Tests a measured run found slower than the inner loop's threshold (tools/slow_tier.py).
-SLOW_BY_MEASURE = Path(__file__).with_name("slow_tests.txt")
-
-
-def _measured_slow() -> set[str]:
-    if not SLOW_BY_MEASURE.exists():
-        return set()
-    lines = (line.strip() for line in SLOW_BY_MEASURE.read_text().splitlines())
-    return {line for line in lines if line and not line.startswith("#")}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` the tests listed in ``tests/slow_tests.txt`` (before ``-m`` selects), so
@@ -62,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
 
     Skip tests marked ``extra("NAME")`` when that extra is not installed, naming the install
     command; ``python -m pytest -m extra`` runs exactly them (stage 2 of ``.ci/run``)."""
-    slow = _measured_slow()
+    slow = measured_slow_tests()  # tests/slow_tests.txt, written by tools/slow_tier.py
     for item in items:
         if item.nodeid in slow:
             item.add_marker(pytest.mark.slow)

@@ -10,10 +10,7 @@ import sys
 
 from repo_paths import REPO
 
-if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
-    sys.path.insert(0, str(REPO))
-
-from tools import layout_report  # noqa: E402
+from tools import layout_report  # tests/conftest.py puts the repository on sys.path
 
 HEADINGS = (
     "format registries",

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import re
-import sys
 
 from repo_paths import REPO
 
-if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
-    sys.path.insert(0, str(REPO))
-
-from tools.slow_tier import LIST, read_list, seconds_per_test  # noqa: E402
+from tools.slow_tier import LIST, read_list, seconds_per_test  # tests/conftest.py: REPO on sys.path
 
 LOG = """\
 ============================= slowest durations ==============================
