@@ -361,8 +361,21 @@ def _split(
     return out
 
 
-def _price_record(settings: RunSettings, notes: list[str], **measured: Any) -> PriceReport:
-    """A price under the settings it was measured with; ``measured``: its times, kinds, breaks."""
+def _price_record(
+    settings: RunSettings,
+    notes: list[str],
+    *,
+    step_ms: float,
+    step_spread_ms: tuple[float, float],
+    kinds: tuple[KindPrice, ...],
+    breaks: tuple[BreakPrice, ...],
+    plan_ms: float | None,
+    plan_spread_ms: tuple[float, float] | None,
+    load: tuple[float, int],
+) -> PriceReport:
+    """A price under the settings it was measured with: its times, kinds and breaks, the whole
+    plan's gain (None: not measured) and the load seen. Every measured field is a parameter
+    without a default, so each caller says all of them and mypy checks their types."""
     return PriceReport(
         backend=settings.backend,
         device=settings.device,
@@ -373,13 +386,29 @@ def _price_record(settings: RunSettings, notes: list[str], **measured: Any) -> P
         steps=settings.steps,
         batch_size=settings.batch_size,
         seq_len=settings.seq_len,
+        step_ms=step_ms,
+        step_spread_ms=step_spread_ms,
+        kinds=kinds,
+        breaks=breaks,
+        plan_ms=plan_ms,
+        plan_spread_ms=plan_spread_ms,
+        load=load,
         notes=tuple(notes),
         clock=settings.clock,
-        **measured,
     )
 
 
 def _empty(report: ScanReport, settings: RunSettings, notes: list[str]) -> PriceReport:
+    """The price of a scan with no break: nothing trained, so no step time, no plan's gain and
+    no load seen ((0.0, 1): ``PriceReport``'s default, which this price always wrote)."""
     return _price_record(
-        settings, notes, step_ms=0.0, step_spread_ms=(0.0, 0.0), kinds=(), breaks=()
+        settings,
+        notes,
+        step_ms=0.0,
+        step_spread_ms=(0.0, 0.0),
+        kinds=(),
+        breaks=(),
+        plan_ms=None,
+        plan_spread_ms=None,
+        load=(0.0, 1),
     )
