@@ -32,6 +32,7 @@ from gbdoctor.cli.output import emit, err_console, notice, preflight, print_err,
 from gbdoctor.cli.scan import scan_with_progress
 
 if TYPE_CHECKING:
+    from gbdoctor.frameworks import Framework
     from gbdoctor.records import ScanReport, Spec
     from gbdoctor.records.shapes import ShapeStream
 
@@ -90,6 +91,7 @@ def gate(
 ) -> None:
     """Pre-merge check: exit 1 when graph breaks, new causes or eager fallbacks appear."""
     from gbdoctor.cli.report import gate_printout, write_step_summary
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.gate import open_baseline, run_gate
     from gbdoctor.records.enums import OutputFormat
     from gbdoctor.report.formats import Printout, RenderOptions, render
@@ -123,7 +125,12 @@ def gate(
     )
     for loaded in loaded_specs:
         spare_model_code(loaded, output, html)
-    strategies = [choose_strategy(loaded, strategy, None) for loaded in loaded_specs]
+    # Each spec's framework once: its --strategy check, its scan and the scan's ranks.
+    frameworks = [framework_for(loaded) for loaded in loaded_specs]
+    strategies = [
+        choose_strategy(loaded, strategy, None, framework)
+        for loaded, framework in zip(loaded_specs, frameworks, strict=True)
+    ]
     # The probe costs about two eager steps per kind: only when recompiles are gated.
     scans = [
         functools.partial(
@@ -135,8 +142,9 @@ def gate(
             format=format,
             into=scanned,
             shapes=stream,
+            framework=framework,
         )
-        for loaded, chosen in zip(loaded_specs, strategies, strict=True)
+        for loaded, chosen, framework in zip(loaded_specs, strategies, frameworks, strict=True)
     ]
     result = run_gate(
         baseline,
@@ -169,11 +177,14 @@ def _scan(
     output: Path | None,
     format: str,
     into: list[ScanReport],
+    framework: Framework,
     shapes: ShapeStream | None = None,
 ) -> ScanReport:
     """One gated spec's scan, its automatic-simulation notice shown as soon as it is done; kept
-    in ``into`` for the HTML report."""
-    report = scan_with_progress(spec, strategy, recompiles=recompiles, shapes=shapes)
+    in ``into`` for the HTML report. ``framework``: the spec's, as the command resolved it."""
+    report = scan_with_progress(
+        spec, strategy, recompiles=recompiles, shapes=shapes, framework=framework
+    )
     notice(report.notes, output, format)
     into.append(report)
     return report

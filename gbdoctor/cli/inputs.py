@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
+    from gbdoctor.frameworks import Framework
     from gbdoctor.records import ScanReport, Spec
 
 
@@ -75,9 +76,12 @@ def spec_path(args: list[str] | None) -> Path:
     return Path(args[0])
 
 
-def choose_strategy(spec: Spec, strategy: str | None, plan: Path | None) -> Any:
+def choose_strategy(
+    spec: Spec, strategy: str | None, plan: Path | None, framework: Framework
+) -> Any:
     """What the scan compiles with: a saved plan (``--plan``), a named preset (``--strategy``,
-    checked against the spec's framework's presets), or None for the spec's own choice."""
+    checked against the presets of ``framework``, the spec's, as the command resolved it once
+    for the strategy and the library), or None for the spec's own choice."""
     if plan is not None:
         if strategy is not None:
             raise typer.BadParameter("--plan and --strategy are mutually exclusive")
@@ -86,9 +90,7 @@ def choose_strategy(spec: Spec, strategy: str | None, plan: Path | None) -> Any:
         loaded_plan, identity = read_plan(plan)
         return plan_strategy(loaded_plan, spec, identity=identity)
     if strategy is not None:
-        from gbdoctor.frameworks import framework_for
-
-        presets: Collection[str] = framework_for(spec).strategies
+        presets: Collection[str] = framework.strategies
         if strategy not in presets:
             raise typer.BadParameter(
                 f"unknown strategy {strategy!r}; choose from {', '.join(presets)}"

@@ -30,6 +30,7 @@ def inspect(
     world_size: WorldSizeOpt = None,
 ) -> None:
     """Show the model as set up: AC wrappers, compiled regions, FSDP sharding, hooks."""
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.report.formats import Printout, render
     from gbdoctor.scan.inspect import inspect_spec
 
@@ -38,8 +39,10 @@ def inspect(
     )
     loaded = load_spec_args(spec, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
+    framework = framework_for(loaded)  # once: the --strategy check and the set-up
     # The model's own prints go to stderr: stdout holds only the report.
     with contextlib.redirect_stdout(sys.stderr):
-        report = inspect_spec(loaded, strategy=choose_strategy(loaded, strategy, None))
+        chosen = choose_strategy(loaded, strategy, None, framework)
+        report = inspect_spec(loaded, strategy=chosen, framework=framework)
     notice(report.notes, output, format)
     emit(render(Printout.INSPECT, format, report), output)

@@ -112,7 +112,7 @@ def price(
     # takes the scan below where it asks for that same capture (PriorScan).
     framework = framework_for(loaded)  # once: the scan, the plan's re-scans and the rounds
     decision = scan_decision(loaded, framework)
-    chosen = choose_strategy(loaded, strategy, None)
+    chosen = choose_strategy(loaded, strategy, None, framework)
     # The scan's ranks run the rounds too (setup.dist.shared_ranks): one start, not two.
     with shared_ranks():
         report = scan_with_progress(

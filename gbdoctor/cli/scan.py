@@ -76,6 +76,7 @@ def scan(
     ] = False,
 ) -> None:
     """Capture every graph break of every block under the spec's training setup."""
+    from gbdoctor.frameworks import framework_for
     from gbdoctor.report.formats import Printout, RenderOptions, render
     from gbdoctor.summary import has_findings
 
@@ -93,12 +94,14 @@ def scan(
         )
     loaded = load_spec_args(spec_args, registry_run, set_, simulate=simulate, world_size=world_size)
     spare_model_code(loaded, output)
+    framework = framework_for(loaded)  # once: the --strategy check, the scan and its ranks
     report = scan_with_progress(
         loaded,
-        choose_strategy(loaded, strategy, plan),
+        choose_strategy(loaded, strategy, plan, framework),
         dedupe=not no_dedupe,
         recompiles=recompile_probe,
         shapes=stream,
+        framework=framework,
     )
     notice(report.notes, output, format)
     options = RenderOptions(details=details, width=table_width(output))

@@ -21,14 +21,18 @@ from gbdoctor.setup.dist import resolve_device, run_ranks, single_process_group
 from gbdoctor.spec import spec_notes
 
 
-def inspect_spec(spec: Spec, *, strategy: str | None = None) -> SetupReport:
+def inspect_spec(
+    spec: Spec, *, strategy: str | None = None, framework: Framework | None = None
+) -> SetupReport:
     """Set the spec's model up (on its real world size) and describe rank 0's view.
 
     The rule every command that builds a model follows (``scan.estimate.decide``) picks real
     local ranks or a simulation: a simulated inspect builds on meta and sets up rank 0 on a fake
-    process group."""
+    process group. ``framework``: the spec's, where the command resolved it; None: resolved
+    here."""
     launched.check_world(spec.parallelism.world_size)
-    framework = framework_for(spec)
+    if framework is None:
+        framework = framework_for(spec)
     # A whole-engine-step framework (DeepSpeed) sets up on real local ranks only (no
     # simulation), always in fresh processes: its engine keeps process-wide state.
     own_processes = framework.capture_style == CaptureStyle.ENGINE_STEPS
