@@ -58,6 +58,7 @@ from gbdoctor.records.run import (
     READABLE_RUN_SCHEMA_VERSIONS,
     RUN_SCHEMA_VERSION,
     ModeResult,
+    RunContext,
     RunReport,
 )
 from gbdoctor.records.scan import (
@@ -160,6 +161,7 @@ __all__ = [
     "RawBreak",
     "Readiness",
     "Recompile",
+    "RunContext",
     "RunReport",
     "RunSettings",
     "SCHEMA_VERSION",

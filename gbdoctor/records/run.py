@@ -12,6 +12,7 @@ __all__ = [
     "RUN_SCHEMA_VERSION",
     "ModeResult",
     "Recompile",
+    "RunContext",
     "RunReport",
 ]
 
@@ -128,6 +129,31 @@ class ModeResult:
     """Set when the mode ran with a known upstream bug's config workaround because the spec's own
     setting fails with it (``causes/known_issues.py``): the overrides and the issue."""
     notes: tuple[str, ...] = ()
+
+
+@record
+class RunContext:
+    """What a run's report states beside its measurements and its :class:`RunSettings`: the
+    torch and machine it ran on, the model's FLOPs and the plan it applied. The run driver
+    gathers it once (``run.assemble.build_report`` reads it), so the report's inputs travel as
+    one checked record instead of a dozen loose keywords (issue 41)."""
+
+    torch_version: str
+    optimizer: str = ""
+    """``AdamW (fused)`` or ``AdamW (foreach)`` (``RunReport.optimizer``)."""
+    device_name: str = ""
+    peak_tflops: float | None = None
+    """The device's dense bf16 peak per rank (None: not known, or a CPU: no MFU)."""
+    load: tuple[float, int] | None = None
+    """(the highest 1-minute load average seen, cores): a busy machine gets a note; None: not
+    measured (no note)."""
+    flops_per_token: int | None = None
+    """Training FLOPs per token (``run.flops``); None when not countable."""
+    plan_source: str | None = None
+    """``made by this run`` or the ``--plan`` file; None: no plan mode ran."""
+    plan_verified: bool | None = None
+    plan_kinds: tuple[str, ...] = ()
+    """One line per block kind of the plan (``RunReport.plan_kinds``)."""
 
 
 @record

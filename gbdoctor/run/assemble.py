@@ -14,6 +14,7 @@ from gbdoctor.records import (
     RUN_SCHEMA_VERSION,
     ModeResult,
     ModeStatus,
+    RunContext,
     RunReport,
     RunSettings,
     Spec,
@@ -37,34 +38,27 @@ def build_report(
     spec: Spec,
     raw: list[Raw],
     settings: RunSettings,
+    context: RunContext,
     *,
-    torch_version: str,
     baselines: tuple[str, ...] = BASELINES,
-    load: tuple[float, int] | None = None,
-    shape_note: str | None = None,
-    optimizer: str = "",
-    device_name: str = "",
-    flops_per_token: int | None = None,
-    peak_tflops: float | None = None,
-    plan_source: str | None = None,
-    plan_verified: bool | None = None,
-    plan_kinds: tuple[str, ...] = (),
 ) -> RunReport:
     """Per-rank measurements -> records, with ratios and their spreads, loss checks, duplicates
-    and findings. ``spec``: as trained (``run.settings.prepare_training``); ``baselines``: the
-    framework's modes that compete for best baseline, in its order (ties go to the first; the
-    default framework's unless given); ``shape_note``: the settings' own unless given (with the
-    CPU dtype note added).
+    and findings. ``spec``: as trained (``run.settings.prepare_training``); ``settings``: as
+    trained, its ``shape_note`` the report's (the driver adds the CPU dtype note); ``context``:
+    the torch, machine, FLOPs and plan the report states; ``baselines``: the framework's modes
+    that compete for best baseline, in its order (ties go to the first; the default framework's
+    unless given).
 
     The steps: each mode's record from its rounds (:func:`_mode_results`), the best baseline,
     each mode compared with eager and that baseline (:func:`_compare_modes`), the report's own
     notes (:func:`_report_notes`)."""
     world = spec.parallelism.world_size
     tokens_per_step = spec.capture_batch_size * spec.capture_seq_len * world
+    plan_verified = context.plan_verified
     results, layouts = _mode_results(raw, tokens_per_step, settings.warmup, plan_verified)
     ok = {m: r for m, r in results.items() if r.status == ModeStatus.OK and r.step_time_median_s}
     eager, best = ok.get("eager"), _best_baseline(ok, baselines)
-    throughput = _Throughput(flops_per_token, peak_tflops, world)
+    throughput = _Throughput(context.flops_per_token, context.peak_tflops, world)
     final, findings = _compare_modes(
         results, layouts, eager, None if best is None else ok[best], throughput, plan_verified
     )
@@ -73,7 +67,7 @@ def build_report(
     return RunReport(
         spec=spec.key,
         model=f"{spec.model.name}/{spec.model.flavor}",
-        torch_version=torch_version,
+        torch_version=context.torch_version,
         device=settings.device,
         backend=settings.backend,
         world_size=world,
@@ -87,18 +81,18 @@ def build_report(
         ac_option=ac.selective_ac_option,
         modes=tuple(final),
         rounds=settings.rounds,
-        shape_note=settings.shape_note if shape_note is None else shape_note,
-        optimizer=optimizer,
-        device_name=device_name,
-        flops_per_token=flops_per_token,
-        peak_tflops=peak_tflops,
-        plan_source=plan_source,
+        shape_note=settings.shape_note,
+        optimizer=context.optimizer,
+        device_name=context.device_name,
+        flops_per_token=context.flops_per_token,
+        peak_tflops=context.peak_tflops,
+        plan_source=context.plan_source,
         plan_verified=plan_verified,
-        plan_kinds=plan_kinds,
+        plan_kinds=context.plan_kinds,
         plan_verdict=_plan_verdict(by_mode.get("plan"), best, by_mode),
         best_baseline=best,
         findings=tuple(findings),
-        notes=_report_notes(settings, len(results), eager, best, throughput, device_name, load),
+        notes=_report_notes(settings, len(results), eager, best, throughput, context),
     )
 
 
@@ -265,13 +259,12 @@ def _report_notes(
     eager: ModeResult | None,
     best: str | None,
     throughput: _Throughput,
-    device_name: str,
-    load: tuple[float, int] | None,
+    context: RunContext,
 ) -> tuple[str, ...]:
     """The report's own notes: what is unavailable and why, a single round, CPU memory and
     MFU, a busy machine, several ranks."""
     notes: list[str] = []
-    world = throughput.world
+    world, load = throughput.world, context.load
     if eager is None:
         notes.append("no successful eager run: speedups vs eager and loss checks are unavailable")
     if best is None:
@@ -289,7 +282,7 @@ def _report_notes(
             "MFU needs a device peak; CPU peaks are not tabulated, so only achieved TFLOP/s is shown"
         )
     elif throughput.flops_per_token and throughput.peak_tflops is None:
-        notes.append(f"no dense bf16 peak known for {device_name!r}: MFU not computed")
+        notes.append(f"no dense bf16 peak known for {context.device_name!r}: MFU not computed")
     if load is not None and load[0] > load[1] + world:
         notes.append(
             f"the machine was busy: 1-minute load average up to {load[0]:.1f} on {load[1]} cores "

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gbdoctor.capture import torch_version
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.interface import Framework
 from gbdoctor.frameworks.registry import framework_for, meta_model
-from gbdoctor.records import CompileMode, RunReport, RunSettings, Spec
+from gbdoctor.records import CompileMode, RunContext, RunReport, RunSettings, Spec
 from gbdoctor.run.assemble import build_report
 from gbdoctor.run.measure import (
     device_peak,
@@ -98,7 +99,10 @@ def run_modes(
     }
     strategies.update(extra_modes or {})
     chosen += [m for m in extra_modes or {} if m not in chosen]
-    plan_info: dict[str, Any] = {}
+    # The plan's provenance for the report: none unless a plan is made or read below.
+    plan_source: str | None = None
+    plan_verified: bool | None = None
+    plan_kinds: tuple[str, ...] = ()
     cudagraph_layers: tuple[str, ...] = ()
     # cudagraphs alone off CUDA does not run, so no plan is made for it (a --plan file is read).
     if "plan" in chosen or ("cudagraphs" in chosen and (device == "cuda" or plan_path)):
@@ -113,11 +117,8 @@ def run_modes(
             if m in chosen:
                 strategies[m] = plan_strategy(plan, spec, identity=identity)
         cudagraph_layers = tuple(fqn for k in plan.kinds if k.cudagraph_ready for fqn in k.layers)
-        plan_info = {
-            "plan_source": plan_path or "made by this run (gbdoctor plan, verified by re-scanning)",
-            "plan_verified": plan.verified,
-            "plan_kinds": _plan_lines(plan),
-        }
+        plan_source = plan_path or "made by this run (gbdoctor plan, verified by re-scanning)"
+        plan_verified, plan_kinds = plan.verified, _plan_lines(plan)
     elif "cudagraphs" in chosen:
         strategies["cudagraphs"] = _NOT_MADE
 
@@ -145,20 +146,20 @@ def run_modes(
     device_name, peak = device_peak(device)
     from gbdoctor.setup.optim import adamw_implementation
 
-    return build_report(
-        run_spec,
-        raw,
-        settings,
-        baselines=baselines,
+    context = RunContext(
         torch_version=torch_version(),
-        load=(max(loads, default=load_average()), os.cpu_count() or 1),
-        shape_note=shape_note,
         optimizer=f"AdamW ({adamw_implementation(device)})",
         device_name=device_name,
-        flops_per_token=flops,
         peak_tflops=peak,
-        **plan_info,
+        load=(max(loads, default=load_average()), os.cpu_count() or 1),
+        flops_per_token=flops,
+        plan_source=plan_source,
+        plan_verified=plan_verified,
+        plan_kinds=plan_kinds,
     )
+    # The report states the shape as trained: the settings' note with the CPU dtype note.
+    as_trained = replace(settings, shape_note=shape_note)
+    return build_report(run_spec, raw, as_trained, context, baselines=baselines)
 
 
 def _get_plan(

@@ -19,7 +19,7 @@ from repo_paths import FIXTURES
 from gbdoctor.capture.recompiles import parse_recompile
 from gbdoctor.errors import SpecError
 from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
-from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, RunReport
+from gbdoctor.records import LOSS_RTOL, RUN_SCHEMA_VERSION, RunContext, RunReport
 from gbdoctor.records.io import dumps
 from gbdoctor.report.run_formats import CSV_COLUMNS, render_run, tokens_bar, write_csv
 from gbdoctor.run import (
@@ -449,7 +449,7 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
         spec,
         raw,
         _settings(steps=3),
-        torch_version="x",
+        RunContext(torch_version="x"),
     )
     by = {m.mode: m for m in report.modes}
     assert report.best_baseline == "block-fullgraph"
@@ -475,7 +475,7 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
         spec,
         [("eager", STRATEGIES["none"], [[_rank([1.0], [math.nan])]], None, "")],
         _settings(steps=1),
-        torch_version="x",
+        RunContext(torch_version="x"),
     )
     assert nan.modes[0].diverged
 
@@ -615,9 +615,7 @@ def test_ratios_carry_their_round_spread_and_noise_is_never_a_speedup(tmp_path):
         spec,
         raw,
         _settings(backend="inductor", steps=2, rounds=3),
-        torch_version="x",
-        plan_source="plan.json",
-        plan_verified=True,
+        RunContext(torch_version="x", plan_source="plan.json", plan_verified=True),
     )
     by = {m.mode: m for m in report.modes}
     v020, v022, plan = by["titan-v0.2.0"], by["titan-v0.2.2"], by["plan"]
@@ -649,8 +647,7 @@ def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
         spec,
         raw,
         _settings(steps=3),
-        torch_version="x",
-        load=(6.0, 2),
+        RunContext(torch_version="x", load=(6.0, 2)),
     )
     assert any("machine was busy" in n for n in report.notes)
     assert any("vary 3.5x" in n for n in report.modes[0].notes)
@@ -658,7 +655,6 @@ def test_busy_machine_and_noisy_steps_are_noted(tmp_path):
         spec,
         raw,
         _settings(steps=3),
-        torch_version="x",
-        load=(0.5, 2),
+        RunContext(torch_version="x", load=(0.5, 2)),
     )
     assert not any("busy" in n for n in quiet.notes)
