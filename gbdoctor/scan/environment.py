@@ -131,7 +131,12 @@ def scan(
         if progress:
             progress(f"captured on {world} ranks", 1, 1)
     report = merge_ranks(spec, job, ranks)
-    if recompiles and spec.parallelism.pp_enabled and launched.current() is None:
+    if (
+        recompiles
+        and spec.parallelism.pp_enabled
+        and launched.current() is None
+        and not getattr(framework, "own_pipeline", False)
+    ):
         report = _with_pipeline_schedule(spec, report, progress)
     if probe_shapes and shapes is not None:
         note = (

@@ -35,30 +35,39 @@ def merged_report(
     spec_label: str, model_label: str, ranks: list[RankScan], spec_notes: tuple[str, ...] = ()
 ) -> ScanReport:
     """``merge_ranks`` for any setup: ``spec_label`` and ``model_label`` name what was scanned;
-    ``spec_notes`` (how the spec was read) come before the ranks' notes."""
-    blocks0, info, notes0 = ranks[0]
-    merged = []
-    for i, block in enumerate(blocks0):
-        differing = [
-            r
-            for r, (blocks, _, _) in enumerate(ranks[1:], start=1)
-            if _fingerprint(blocks[i]) != _fingerprint(block)
-        ]
-        if differing:
-            detail = "; ".join(f"rank {r}: {_fingerprint_text(ranks[r][0][i])}" for r in differing)
-            event = Event(
-                kind="rank_divergence",
-                module=block.fqn,
-                detail=f"rank 0: {_fingerprint_text(block)}; {detail}",
-            )
-            block = replace(block, events=tuple(sorted(block.events + (event,), key=event_order)))
-        merged.append(block)
+    ``spec_notes`` (how the spec was read) come before the ranks' notes.
+
+    Ranks that hold different blocks (pipeline stages set up by a framework's own pipeline
+    code: each PP rank holds its stages' layers only) are merged per group of ranks that hold
+    the same blocks: each block's record is its group's first rank's, divergences are compared
+    within the group, the blocks in layer order."""
+    _, info, notes0 = ranks[0]
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for r, (blocks, _, _) in enumerate(ranks):
+        groups.setdefault(tuple(b.fqn for b in blocks), []).append(r)
+    merged: list[BlockReport] = []
+    divergence: list[Any] = []
+    for members in groups.values():
+        group = [ranks[r] for r in members]
+        merged += _merge_group(group, members)
+        found = rank_divergences([blocks for blocks, _, _ in group], info)
+        divergence += [_global_ranks(d, members) for d in found]
+    if len(groups) > 1:
+        merged.sort(key=lambda b: _layer_order(b.fqn))
     notes = spec_notes + notes0
+    # Notes other ranks add (a rank's own stages) follow rank 0's, once each.
+    for _, _, rank_notes in ranks[1:]:
+        if len(groups) > 1:
+            notes += tuple(n for n in rank_notes if n not in notes)
     if len(ranks) > 1:
-        notes += (
-            f"captured on {len(ranks)} ranks; records are rank 0's, disagreements are rank_divergence events",
+        whose = (
+            "records are rank 0's"
+            if len(groups) == 1
+            else "each block's record is the first rank's that holds it"
         )
-    divergence = rank_divergences([blocks for blocks, _, _ in ranks], info)
+        notes += (
+            f"captured on {len(ranks)} ranks; {whose}, disagreements are rank_divergence events",
+        )
     report = ScanReport(
         spec=spec_label,
         model=model_label,
@@ -66,9 +75,50 @@ def merged_report(
         setup=info,
         blocks=tuple(merged),
         notes=notes,
-        divergence=divergence if len(ranks) > 1 else (),
+        divergence=tuple(divergence) if len(ranks) > 1 else (),
     )
     return with_layout(report, len(ranks))
+
+
+def _merge_group(group: list[RankScan], members: list[int]) -> list[BlockReport]:
+    """The first rank's records of a group that holds the same blocks, plus a
+    ``rank_divergence`` event on each block where another rank of the group disagrees."""
+    blocks0 = group[0][0]
+    merged = []
+    for i, block in enumerate(blocks0):
+        differing = [
+            k
+            for k, (blocks, _, _) in enumerate(group[1:], start=1)
+            if _fingerprint(blocks[i]) != _fingerprint(block)
+        ]
+        if differing:
+            detail = "; ".join(
+                f"rank {members[k]}: {_fingerprint_text(group[k][0][i])}" for k in differing
+            )
+            event = Event(
+                kind="rank_divergence",
+                module=block.fqn,
+                detail=f"rank {members[0]}: {_fingerprint_text(block)}; {detail}",
+            )
+            block = replace(block, events=tuple(sorted(block.events + (event,), key=event_order)))
+        merged.append(block)
+    return merged
+
+
+def _global_ranks(found: Any, members: list[int]) -> Any:
+    """A divergence found within a group of ranks, with the group's ranks as global ranks."""
+    if members == list(range(len(members))):
+        return found
+    return replace(
+        found,
+        ranks=tuple(members[r] for r in found.ranks),
+        without=tuple(members[r] for r in found.without),
+    )
+
+
+def _layer_order(fqn: str) -> tuple[int, str]:
+    tail = fqn.rsplit(".", 1)[-1]
+    return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
 
 
 def _fingerprint(block: BlockReport) -> tuple[Any, ...]:

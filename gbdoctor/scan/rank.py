@@ -117,6 +117,10 @@ def _scan_set_up(
     spec = job.spec
     from gbdoctor.models import vocab_size
 
+    own_pipeline = getattr(setup, "own_pipeline", False)
+    if own_pipeline:  # the framework's schedule needs every PP rank in step (see FrameworkBase)
+        job = replace(job, probe_recompiles=False)
+
     vocab = vocab_size(setup.model)
     tokens, labels = step_batch(spec, meshes, vocab, 0)
     recipe = job.framework
@@ -170,7 +174,7 @@ def _scan_set_up(
             notes += (loss_note(sources[0]),)
     # A framework that sets up with its own code says what it changed (CPU stand-ins).
     layout = getattr(setup, "pipeline", None)
-    if layout is not None:
+    if layout is not None and not own_pipeline:  # a framework's own pipeline has its own note
         notes += pipeline_notes(layout)
     notes += context_parallel_notes(setup, spec.capture_seq_len)
     return reports, setup_info(spec, job, setup), notes + tuple(getattr(setup, "notes", ()))
@@ -195,8 +199,11 @@ def capture_set_up(
     outers = {slot.fqn: slot.outer for slot in setup.blocks}
     store, remove = collect_block_inputs(setup.model, outers)
     notes: list[str] = []
-    # Only representatives are captured: repeated layers need not compute in the warm-up.
-    restore = shortcut_repeated_blocks(setup) if dedupe else (lambda: None)
+    # Only representatives are captured: repeated layers need not compute in the warm-up. Not
+    # under a framework's own pipeline schedule: a shortcut output would be shared by its
+    # microbatches, whose backwards then run through one graph twice.
+    shortcut = dedupe and not getattr(setup, "own_pipeline", False)
+    restore = shortcut_repeated_blocks(setup) if shortcut else (lambda: None)
     if progress:
         progress("warm-up: one eager training step", 0, 1)
     try:

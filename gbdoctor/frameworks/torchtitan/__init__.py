@@ -67,6 +67,7 @@ class InstalledTorchtitan(FrameworkBase):
     title = "torchtitan (installed)"
     capture_style = CaptureStyle.PER_BLOCK
     simulates = True
+    own_pipeline = True  # PP > 1 runs torchtitan's own pipelining_fn (pipeline.py)
     strategy_names: tuple[str, ...] = tuple(STRATEGIES)
     default_strategy = "torchtitan"
     run_modes = TitanRunModes()

@@ -32,9 +32,18 @@ from gbdoctor.frameworks.torchtitan.config import (
     torchtitan_version,
 )
 from gbdoctor.frameworks.torchtitan.cpu import cpu_stand_ins
+from gbdoctor.frameworks.torchtitan.pipeline import (
+    PartsView,
+    Pipelined,
+    pipeline,
+    pipeline_note,
+    pipeline_step,
+    stage_slots,
+)
 from gbdoctor.frameworks.torchtitan.recording import RecordingCompile, block_slots
 from gbdoctor.records import Spec
 from gbdoctor.setup.apply import BlockSlot
+from gbdoctor.setup.pipeline import PipelineLayout
 
 
 @dataclass
@@ -77,6 +86,19 @@ class TitanSetup:
     own_loss: bool = True
     copies_said: bool = False
     """torchtitan's loss (its chunked loss applies the LM head) turns the output into the loss."""
+    pipelined: Pipelined | None = None
+    """PP > 1: what torchtitan's ``pipelining_fn`` returned on this rank (``model`` is then a
+    view of the rank's parts, ``pipeline.PartsView``)."""
+
+    @property
+    def pipeline(self) -> PipelineLayout | None:
+        """The layout the scan reports (stages, schedule, microbatches): torchtitan's split."""
+        return self.pipelined.layout if self.pipelined is not None else None
+
+    @property
+    def own_pipeline(self) -> bool:
+        """Whether the framework's own pipeline code set this rank up (see ``FrameworkBase``)."""
+        return self.pipelined is not None
 
     @property
     def ac_enabled(self) -> bool:
@@ -194,49 +216,67 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
     if session is not None and wrapper_graph_check not in session.graph_checks:
         session.graph_checks.append(wrapper_graph_check)  # torchtitan's own CUDA-graph wrappers
     recorder = RecordingCompile(model, session)
+    pipelined: Pipelined | None = None
+    # Under PP the schedule holds the loss, so torchtitan builds it first (its trainer too).
+    loss_fn = config.loss.build(compile_config=config.compile) if parallel_dims.pp_enabled else None
+    embedding = next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
     with recorder.installed():
         try:
-            model = spec.parallelize_fn(
-                model,
-                parallel_dims=parallel_dims,
-                training=config.training,
-                parallelism=config.parallelism,
-                compile_config=config.compile,
-                ac_config=config.activation_checkpoint,
-                dump_folder=config.dump_folder,
-            )
+            if loss_fn is not None:
+                pipelined = pipeline(model, config, parallel_dims, device, recorder, loss_fn)
+                parts = pipelined.parts
+            else:
+                model = spec.parallelize_fn(
+                    model,
+                    parallel_dims=parallel_dims,
+                    training=config.training,
+                    parallelism=config.parallelism,
+                    compile_config=config.compile,
+                    ac_config=config.activation_checkpoint,
+                    dump_folder=config.dump_folder,
+                )
+                parts = [model]
         except ImportError as exc:  # e.g. --compile.enable_autoparallel: 'autoparallel'
             raise SpecError(
                 f"torchtitan's parallelize_fn needs {exc.name or exc}, which is not installed",
                 hint="install it, or drop the option that asks for it",
             ) from exc
-        per_block = compile_blocks_when_traced_whole(model, recorder, config.compile, strategy)
-        if strategy.layers or strategy.flags:
-            apply_layer_plan(model, strategy.layers, strategy.flags, config.compile.backend)
+        per_part = []
+        for part in parts:  # a region's FQN is read on the part that holds it
+            recorder.model = part
+            per_part.append(
+                compile_blocks_when_traced_whole(part, recorder, config.compile, strategy)
+            )
+            if strategy.layers or strategy.flags:
+                apply_layer_plan(part, strategy.layers, strategy.flags, config.compile.backend)
+        per_block = next((n for n in per_part if n), None)
     after = _dynamo_settings()
     flags = tuple(sorted((k, v) for k, v in after.items() if before.get(k) != v))
     restore = tuple((k, before[k]) for k, _ in flags if k in before)
     _set_dynamo(restore)  # in effect inside step_context only (inspect enters none)
 
-    if not meshes.simulated:
-        model.to_empty(device=device)
-        with torch.no_grad():
-            cast(_TitanModel, model).init_weights(buffer_device=None)
-    model.train()
-    fsdp = _sum_reductions_on_gloo(model)
-    simple_fsdp = simple_fsdp_note(model)
+    for part in parts:  # as the trainer does, per part under PP
+        if not meshes.simulated:
+            part.to_empty(device=device)
+            with torch.no_grad():
+                cast(_TitanModel, part).init_weights(buffer_device=None)
+        part.train()
+    fsdp = any([_sum_reductions_on_gloo(part) for part in parts])
+    simple_fsdp = simple_fsdp_note(parts[0])
 
-    loss_fn = config.loss.build(compile_config=config.compile)
-    if isinstance(loss_fn, ChunkedLossWrapper):
-        loss_fn.set_lm_head(model.lm_head)
-        cast(_TitanModel, model)._skip_lm_head = True
-    optimizer = config.optimizer.build(model_parts=[model])
+    if loss_fn is None:
+        loss_fn = config.loss.build(compile_config=config.compile)
+    # Under PP only the last stage has the LM head (torchtitan's trainer does the same).
+    if isinstance(loss_fn, ChunkedLossWrapper) and (pipelined is None or pipelined.has_last):
+        loss_fn.set_lm_head(parts[-1].lm_head)
+        cast(_TitanModel, parts[-1])._skip_lm_head = True
+    optimizer = config.optimizer.build(model_parts=parts)
     if spec.post_optimizer_build_fn is not None:
-        spec.post_optimizer_build_fn(optimizer, [model], parallel_dims)
+        spec.post_optimizer_build_fn(optimizer, parts, parallel_dims)
     trainer_state = types.SimpleNamespace(
         config=config,
         model_config=model_config,
-        model_parts=[model],
+        model_parts=parts,
         parallel_dims=parallel_dims,
         ntokens_seen=0,
         loss_fn=loss_fn,
@@ -246,10 +286,17 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
         ),
     )
 
+    if pipelined is not None:
+        _schedule_state(trainer_state, pipelined)
+        assert embedding is not None  # a token LM: pipelining_fn splits at tok_embeddings
+        model = PartsView(parts, embedding)
     ac = config.activation_checkpoint
     ac_label = "sac" if ac is not None and type(ac).__qualname__.startswith("Selective") else "ac"
     blocks = block_slots(model, recorder.regions, ac_label)
     notes = [stand_in_note()]
+    if pipelined is not None:
+        blocks = stage_slots(blocks, pipelined)
+        notes.append(pipeline_note(pipelined, torchtitan_version()))
     notes += [n for n in (per_block, simple_fsdp, unapplied_ac_note(config, blocks)) if n]
     if not recorder.regions and strategy.compile is not False:
         notes.append("torchtitan compiled nothing under this config (pass --compile.enable)")
@@ -266,7 +313,21 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
         dynamo_restore=restore,
         fsdp=fsdp or simple_fsdp is not None,
         notes=tuple(notes),
+        pipelined=pipelined,
     )
+
+
+def _schedule_state(state: Any, pipelined: Pipelined) -> None:
+    """What the trainer's ``pp_forward_backward_step`` reads of the trainer beyond a step's."""
+    import functools
+
+    from torchtitan.trainer import Trainer
+
+    state.pp_schedule = pipelined.schedule
+    state.pp_has_first_stage = pipelined.has_first
+    state.pp_has_last_stage = pipelined.has_last
+    state.num_pipeline_parallel_microbatches = pipelined.layout.microbatches
+    state.post_dataloading_process = functools.partial(Trainer.post_dataloading_process, state)
 
 
 def stand_in_note() -> str:
@@ -327,6 +388,14 @@ def timed_train_step(
             sync()
         return time.perf_counter()
 
+    if setup.pipelined is not None:
+        # The schedule interleaves forwards and backwards: its step is one phase here.
+        t0 = now()
+        loss = pipeline_step(setup.trainer_state, tokens, labels)
+        t1 = now()
+        setup.optimizer.step()
+        setup.optimizer.zero_grad()
+        return float(loss.detach().sum()), (t1 - t0, 0.0, now() - t1)
     inputs, extra, labels = setup.batch(tokens, labels)
     if not setup.copies_said:  # what torchtitan's CUDA-graph wrappers would copy per replay
         from gbdoctor.frameworks.torchtitan.cudagraph_wrappers import step_copies_note

@@ -73,6 +73,13 @@ def spec_for_run(
             tensor_parallel_degree=p.tensor_parallel_degree,
             context_parallel_degree=p.context_parallel_degree,
             pipeline_parallel_degree=p.pipeline_parallel_degree,
+            # What torchtitan's own pipeline code reads (stages, microbatches, plan per stage).
+            pipeline_parallel_schedule=p.pipeline_parallel_schedule,
+            pipeline_parallel_schedule_csv=p.pipeline_parallel_schedule_csv or "",
+            pipeline_parallel_microbatch_size=p.pipeline_parallel_microbatch_size,
+            pipeline_parallel_layers_per_stage=p.pipeline_parallel_layers_per_stage,
+            pipeline_parallel_first_stage_less_layers=p.pipeline_parallel_first_stage_less_layers,
+            pipeline_parallel_last_stage_less_layers=p.pipeline_parallel_last_stage_less_layers,
             dp_shard=_dp_shard(config, world),
             world_size=world,
         ),
