@@ -29,7 +29,8 @@ from gbdoctor.records import (
 DEFAULT_BATCH_SIZE = 2
 DEFAULT_SEQ_LEN = 64
 """Capture shape unless ``--set gbdoctor.batch_size/seq_len`` says otherwise: torchtitan's
-debug configs train 8 x 2048, whose eager FlexAttention math on CPU needs GiBs per layer."""
+debug configs train 8 x 2048, whose eager FlexAttention math on CPU needs GiBs per layer. Under
+PP the batch is the config's microbatch size (what a stage's blocks see)."""
 """The ``--set gbdoctor.KEY=N`` a torchtitan run accepts; its own keys go as --section.key."""
 SPMD_OVERRIDE = "--parallelism.spmd_backend partial_dtensor"
 
@@ -92,7 +93,15 @@ def spec_for_run(
         ),
         gbdoctor=ToolSpec(
             strategy="torchtitan",
-            batch_size=int(capture.get("batch_size", DEFAULT_BATCH_SIZE)),
+            # Under PP the blocks only ever see a microbatch (as for TOML specs).
+            batch_size=int(
+                capture.get(
+                    "batch_size",
+                    p.pipeline_parallel_microbatch_size
+                    if p.pipeline_parallel_degree > 1
+                    else DEFAULT_BATCH_SIZE,
+                )
+            ),
             seq_len=int(capture.get("seq_len", DEFAULT_SEQ_LEN)),
             device="cpu",
             timeout_s=float(capture.get("timeout_s", ToolSpec().timeout_s)),
