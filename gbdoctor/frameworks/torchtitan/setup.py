@@ -144,6 +144,16 @@ def build(
     simulation, becomes fake tensors after the setup)."""
     run = registry_run(spec)
     config = load_config(run)
+    if simulated and config.parallelism.pipeline_parallel_degree > 1:
+        # pipelining_fn deep-copies the model per stage (_split_module) before the simulation
+        # can swap its meta tensors for fakes, and its stages need a real PP process group.
+        raise SpecError(
+            "a simulated scan cannot run torchtitan's own pipeline code "
+            f"(pipeline_parallel_degree {config.parallelism.pipeline_parallel_degree}): it "
+            "copies the model per stage and sends between real PP ranks",
+            hint="scan on real ranks (drop --simulate; shrink the other degrees to fit), or "
+            "simulate with --parallelism.pipeline_parallel_degree 1",
+        )
     with cpu_stand_ins(device_type):
         model, parallel_dims = _build_model(spec, config)
     if simulated:

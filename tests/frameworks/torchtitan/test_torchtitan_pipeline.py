@@ -177,3 +177,17 @@ def test_plain_compile_of_each_stage_modules_blocks_agrees(scans, monkeypatch):
     assert all(not unexpected for _, _, unexpected in found), found
     # Plain torch.compile logs one statement, the planted print, in stage 1's layers.4 only.
     assert {fqn: n for fqn, n, _ in found if n} == {"layers.4": 1}
+
+
+@pytest.mark.slow  # a CLI run that loads torchtitan's config (~6 s)
+def test_simulating_its_pipeline_code_is_a_one_line_refusal():
+    from typer.testing import CliRunner
+
+    from gbdoctor.cli import app
+
+    args = ["scan", "--simulate", "--torchtitan", RUN, *COMMON[:-2], *PP2]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and not result.stdout
+    lines = [line for line in result.stderr.splitlines() if line.startswith(("Error", "Hint"))]
+    assert "cannot run torchtitan's own pipeline code" in lines[0]
+    assert "drop --simulate" in lines[1] and "Traceback" not in result.stderr
