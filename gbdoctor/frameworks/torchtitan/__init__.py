@@ -135,6 +135,11 @@ class InstalledTorchtitan(FrameworkBase):
 
         return step_context(setup)
 
+    def train_step(self, setup: Any, tokens: Any, labels: Any) -> float:
+        from gbdoctor.frameworks.torchtitan.setup import train_step
+
+        return train_step(setup, tokens, labels)
+
     def timed_train_step(
         self, setup: Any, tokens: Any, labels: Any, sync: Any = None
     ) -> tuple[float, tuple[float, float, float]]:

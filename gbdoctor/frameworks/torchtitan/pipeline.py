@@ -66,8 +66,7 @@ def layout_of(config: Any, parallel_dims: Any) -> PipelineLayout:
         microbatch_size=mb,
         microbatches=config.training.local_batch_size // mb,
         stages=tuple(
-            PipelineStage(index=i, pp_rank=owner[i], modules=tuple(m))
-            for i, m in enumerate(names)
+            PipelineStage(index=i, pp_rank=owner[i], modules=tuple(m)) for i, m in enumerate(names)
         ),
     )
 
@@ -162,21 +161,19 @@ class PartsView(nn.Module):
     def __init__(self, parts: list[nn.Module], embedding: nn.Embedding) -> None:
         super().__init__()
         # One part: its own container (named once); several: their layers merged by key.
-        layers = parts[0].layers if len(parts) == 1 else nn.ModuleDict()
+        layers = _layers(parts[0]) if len(parts) == 1 else nn.ModuleDict()
         for part in parts:
             for name, child in part.named_children():
                 if name == "layers":
                     if name not in self._modules:
                         self.add_module(name, layers)
                     if child is not layers:
-                        for key, block in child.items():
+                        for key, block in _layers(part).items():
                             layers[key] = block
                 elif name not in self._modules:
                     self.add_module(name, child)
         if not any(isinstance(m, nn.Embedding) for m in self.modules()):
-            marker = nn.Embedding(
-                embedding.num_embeddings, embedding.embedding_dim, device="meta"
-            )
+            marker = nn.Embedding(embedding.num_embeddings, embedding.embedding_dim, device="meta")
             del marker._parameters["weight"]  # a shape only: nothing to train or to shard
             self.add_module("_structure_embedding", marker)
         for i, part in enumerate(parts):  # single modules, not a container of blocks
@@ -186,12 +183,20 @@ class PartsView(nn.Module):
         raise RuntimeError("the schedule runs this rank's model parts, not the view")
 
 
+def _layers(part: nn.Module) -> nn.ModuleDict:
+    """A part's blocks: torchtitan's decoder keeps them in a ModuleDict keyed by the global
+    layer index, which its split keeps (the other stages' keys deleted)."""
+    layers = part.get_submodule("layers")
+    assert isinstance(layers, nn.ModuleDict)
+    return layers
+
+
 def stage_slots(slots: list[BlockSlot], pipelined: Pipelined) -> list[BlockSlot]:
     """Each block with the stage that holds it (torchtitan's split)."""
     stage_of = {
         f"layers.{key}": index
         for part, index in zip(pipelined.parts, pipelined.stage_indices, strict=True)
-        for key in (part.layers.keys() if part.layers is not None else ())
+        for key in _layers(part).keys()
     }
     return [replace(slot, stage=stage_of.get(slot.fqn)) for slot in slots]
 
@@ -232,7 +237,7 @@ def pipeline_step(state: Any, tokens: torch.Tensor, labels: torch.Tensor) -> tor
     )
 
 
-def pipeline_note(pipelined: Pipelined, version: str) -> str:
+def pipeline_note(pipelined: Pipelined, version: str | None) -> str:
     """What ran of torchtitan's pipeline code, and what the scan captures of it."""
     layout = pipelined.layout
     ranks = "; ".join(

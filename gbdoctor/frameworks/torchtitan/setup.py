@@ -382,6 +382,17 @@ def _set_dynamo(settings: tuple[tuple[str, Any], ...]) -> None:
         setattr(config, name, value)
 
 
+def train_step(setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor) -> float:
+    """A scan's eager step: under PP torchtitan's schedule step (``tokens``: one microbatch, the
+    capture shape), then the optimizer; else ``timed_train_step``'s."""
+    if setup.pipelined is None:
+        return timed_train_step(setup, tokens, labels)[0]
+    loss = pipeline_step(setup.trainer_state, tokens, labels)
+    setup.optimizer.step()
+    setup.optimizer.zero_grad()
+    return float(loss.detach().sum())
+
+
 def timed_train_step(
     setup: TitanSetup, tokens: torch.Tensor, labels: torch.Tensor, sync: Any = None
 ) -> tuple[float, tuple[float, float, float]]:
@@ -399,13 +410,13 @@ def timed_train_step(
         return time.perf_counter()
 
     if setup.pipelined is not None:
-        # The schedule interleaves forwards and backwards: its step is one phase here.
-        t0 = now()
-        loss = pipeline_step(setup.trainer_state, tokens, labels)
-        t1 = now()
-        setup.optimizer.step()
-        setup.optimizer.zero_grad()
-        return float(loss.detach().sum()), (t1 - t0, 0.0, now() - t1)
+        # A timed step's tokens are the rank's batch (run's tokens per second); the schedule's
+        # step takes that many rows per microbatch, so its throughput would be misread.
+        raise SpecError(
+            "run / price / timeline do not time torchtitan's own pipeline schedule yet: its "
+            f"step trains {setup.pipelined.layout.microbatches} microbatches of the batch given",
+            hint="scan this run, or time it with --parallelism.pipeline_parallel_degree 1",
+        )
     inputs, extra, labels = setup.batch(tokens, labels)
     if not setup.copies_said:  # what torchtitan's CUDA-graph wrappers would copy per replay
         from gbdoctor.frameworks.torchtitan.cudagraph_wrappers import step_copies_note
