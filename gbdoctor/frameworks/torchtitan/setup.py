@@ -271,7 +271,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
             with torch.no_grad():
                 cast(_TitanModel, part).init_weights(buffer_device=None)
         part.train()
-    fsdp = any([_sum_reductions_on_gloo(part) for part in parts])
+    fsdp = any([_sum_reductions_on_gloo(part) for part in parts])  # a list: every part is set
     simple_fsdp = simple_fsdp_note(parts[0])
 
     if loss_fn is None:
