@@ -279,6 +279,16 @@ class Simulation(Protocol):
 
 
 @runtime_checkable
+class OwnPipeline(Protocol):
+    """Whether pipeline parallelism runs through the framework's own pipeline code on the scan's
+    ranks: the scan then trains no schedule of gbdoctor's and runs no recompile probe (its steps
+    would run the framework's schedule on one rank at a time). The setup it returns says the
+    same per spec (``Setup.own_pipeline``)."""
+
+    own_pipeline: bool
+
+
+@runtime_checkable
 class MetaModelBuilder(Protocol):
     """A framework that builds its own models (not ``models.build_model``) builds them on meta
     for memory estimates."""

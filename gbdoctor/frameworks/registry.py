@@ -39,6 +39,7 @@ from gbdoctor.frameworks.interface import (
     HasRunModes,
     MetaModelBuilder,
     OwnHookLibrary,
+    OwnPipeline,
     Planner,
     RegistryRuns,
     RunModes,
@@ -294,6 +295,11 @@ def all_frameworks() -> tuple[Framework, ...]:
 def can_simulate(framework: Framework) -> bool:
     """Whether a spec of ``framework`` too large for local ranks may be simulated."""
     return isinstance(framework, Simulation) and framework.simulates
+
+
+def runs_own_pipeline(framework: Framework) -> bool:
+    """Whether ``framework`` runs pipeline parallelism through its own pipeline code."""
+    return isinstance(framework, OwnPipeline) and framework.own_pipeline
 
 
 def meta_model(framework: Framework, spec: Spec) -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 from gbdoctor.errors import SetupError
 from gbdoctor.frameworks import CaptureStyle, Framework, framework_for
-from gbdoctor.frameworks.registry import can_simulate
+from gbdoctor.frameworks.registry import can_simulate, runs_own_pipeline
 from gbdoctor.records import Decision, ScanReport, Spec
 from gbdoctor.records.shapes import ShapeStream
 from gbdoctor.scan.estimate import decide, pin, require_real
@@ -135,7 +135,7 @@ def scan(
         recompiles
         and spec.parallelism.pp_enabled
         and launched.current() is None
-        and not getattr(framework, "own_pipeline", False)
+        and not runs_own_pipeline(framework)
     ):
         report = _with_pipeline_schedule(spec, report, progress)
     if probe_shapes and shapes is not None:

@@ -117,7 +117,7 @@ def _scan_set_up(
     spec = job.spec
     from gbdoctor.models import vocab_size
 
-    own_pipeline = getattr(setup, "own_pipeline", False)
+    own_pipeline = setup.own_pipeline
     if own_pipeline:  # the framework's schedule needs every PP rank in step (see FrameworkBase)
         job = replace(job, probe_recompiles=False)
 
@@ -202,7 +202,7 @@ def capture_set_up(
     # Only representatives are captured: repeated layers need not compute in the warm-up. Not
     # under a framework's own pipeline schedule: a shortcut output would be shared by its
     # microbatches, whose backwards then run through one graph twice.
-    shortcut = dedupe and not getattr(setup, "own_pipeline", False)
+    shortcut = dedupe and not setup.own_pipeline
     restore = shortcut_repeated_blocks(setup) if shortcut else (lambda: None)
     if progress:
         progress("warm-up: one eager training step", 0, 1)

@@ -48,7 +48,7 @@ def warm_up_attempts(
         with torch.no_grad(), attention_dispatch(setup), loss_context(setup):
             forward_loss(setup.model, tokens, labels, 1)
 
-    if getattr(setup, "own_pipeline", False):
+    if setup.own_pipeline:
         # The framework's schedule runs the rank's stages; a forward of "the model" has no
         # meaning there (each stage needs the previous one's output).
         return [("the eager training step", full_step)]

@@ -97,6 +97,9 @@ class Setup:
     own_loss: bool = False
     """The framework's step turns the model's output into the loss itself (the installed
     torchtitan's chunked loss applies the LM head): no note on what the model returned."""
+    own_pipeline: bool = False
+    """The framework's own pipeline code set this rank up (``interface.OwnPipeline``): its
+    warm-up step is the framework's schedule step, and no probe or forward-only step runs."""
 
     @property
     def dynamo_flags(self) -> tuple[tuple[str, Any], ...]:

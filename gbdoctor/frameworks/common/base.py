@@ -35,10 +35,8 @@ class FrameworkBase:
 
     simulates = False
     own_pipeline = False
-    """Whether pipeline parallelism runs through the framework's own pipeline code on the scan's
-    ranks (its warm-up step is the framework's schedule step): the scan then trains no schedule
-    of gbdoctor's (``scan.pipeline_schedule``), and a setup that says ``own_pipeline`` gets no
-    recompile probe (its steps would run the schedule on one rank at a time)."""
+    """``interface.OwnPipeline``: PP through the framework's own pipeline code (its warm-up step
+    is the framework's schedule step; no schedule of gbdoctor's, no recompile probe)."""
     spec_sections: tuple[str, ...] = ()
     plan_section: str | None = None
 
