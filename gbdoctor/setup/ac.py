@@ -6,6 +6,19 @@ wrapped); ``selective`` ``op`` wraps every block with the per-op SAC policy: sav
 of the listed compute/communication ops, except every second matmul, and always recompute
 matmuls whose weight shape is a router gate's. ``split`` wraps each child of a block instead of
 the block (a plan action: a break in one child no longer sends the others to eager).
+
+The CPU stand-in for CUDA's RNG replay (``rng_stand_in``): a checkpointed region that recomputes
+an RNG-tagged op (SDPA, dropout) has that op replayed with its forward RNG state. On CUDA torch
+threads the state in as a graph input (graph-safe RNG); on CPU it falls back to saving the state
+as an extra forward output, inserted just before the saved symints, i.e. after any saved opaque
+object. torch 2.13 makes ``DeviceMesh`` opaque, and a block with DTensor (TP) parameters saves
+its mesh for the gradients' DTensors, so the saved outputs go out of order and AOTAutograd fails
+("expected all tensors_saved_with_vc_check to be Tensors, got ... DeviceMesh"; upstream issue:
+none found; fixed in: unknown). torchtitan on CUDA never takes that path. So on a mesh without
+graph-safe RNG, a block holding DTensor parameters saves its RNG ops' outputs instead of
+recomputing them (full AC gets a policy that does only that; per-op SAC saves them already on
+CUDA, where every SDPA kernel is in its save list). What is saved changes, not what Dynamo
+traces: the breaks, graphs and kinds are those of torchtitan's full AC (docs/tensor-parallel.md).
 """
 
 from __future__ import annotations
@@ -16,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     CheckpointWrapper,
@@ -52,7 +66,40 @@ def _op_sac_save_list() -> set[Any]:
     return ops
 
 
-def sac_context_fn(force_recompute_mm_shapes: set[tuple[int, ...]]) -> Any:
+# Device types whose RNG ops a compiled checkpoint replays with graph-safe RNG state (torch 2.13
+# registers only CUDA); elsewhere ``rng_stand_in`` applies.
+GRAPHSAFE_RNG_DEVICES = ("cuda",)
+
+
+def _is_rng_op(func: Any) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+
+
+def needs_rng_stand_in(module: nn.Module) -> bool:
+    """Whether ``module``, once checkpointed and compiled, would hit torch's non-graph-safe RNG
+    replay with a saved ``DeviceMesh`` (module docstring): it holds DTensor parameters on a mesh
+    whose device has no graph-safe RNG."""
+    return any(
+        isinstance(p, DTensor) and p.device_mesh.device_type not in GRAPHSAFE_RNG_DEVICES
+        for p in module.parameters()
+    )
+
+
+def rng_save_context_fn() -> Any:
+    """Full AC's ``context_fn`` under ``rng_stand_in``: save RNG ops, recompute everything else."""
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if _is_rng_op(func) else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def context_fn() -> Any:
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
+
+
+def sac_context_fn(
+    force_recompute_mm_shapes: set[tuple[int, ...]], *, rng_stand_in: bool = False
+) -> Any:
     """The per-op SAC ``context_fn`` (a fresh policy with its own matmul counters per call)."""
     save_ops = _op_sac_save_list()
     mm = torch.ops.aten.mm.default
@@ -60,6 +107,9 @@ def sac_context_fn(force_recompute_mm_shapes: set[tuple[int, ...]]) -> Any:
     def policy(
         meta: dict[str, int], ctx: Any, func: Any, *args: Any, **kwargs: Any
     ) -> CheckpointPolicy:
+        if rng_stand_in and _is_rng_op(func):
+            # CPU's SDPA kernel stands in for the CUDA kernels the save list names
+            return CheckpointPolicy.MUST_SAVE
         if (
             func == torch.ops.aten._to_copy.default
             and "cuda" in str(args[0].device)
@@ -93,12 +143,16 @@ def _router_gate_shapes(module: nn.Module, fqn_patterns: tuple[str, ...]) -> set
 def wrap(
     module: nn.Module, *, op_sac: bool, ac: ACSpec, gate_shapes: set[tuple[int, ...]]
 ) -> nn.Module:
-    """One CheckpointWrapper (non-reentrant), with the SAC policy when ``op_sac``."""
+    """One CheckpointWrapper (non-reentrant), with the SAC policy when ``op_sac``, and the RNG
+    stand-in where ``needs_rng_stand_in``."""
     kwargs: dict[str, Any] = dict(
         checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=ac.preserve_rng_state
     )
+    stand_in = needs_rng_stand_in(module)
     if op_sac:
-        kwargs["context_fn"] = sac_context_fn(gate_shapes)
+        kwargs["context_fn"] = sac_context_fn(gate_shapes, rng_stand_in=stand_in)
+    elif stand_in:
+        kwargs["context_fn"] = rng_save_context_fn()
     return checkpoint_wrapper(module, **kwargs)
 
 
