@@ -29,12 +29,12 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
     CheckpointWrapper,
     checkpoint_wrapper,
 )
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from gbdoctor.records import ACSpec
