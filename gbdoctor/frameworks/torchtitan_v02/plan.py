@@ -257,7 +257,8 @@ def propose_block_plan(
         if not changed:
             # Every kind still dirty under the very strategy a strict scan would apply: strict
             # mode only adds failures, so it cannot verify any of them (a production-size
-            # simulated scan costs ~20 s of CPU: 17bx128e under TP + AC is one).
+            # simulated scan costs ~20 s of CPU: 17bx128e was one before setup/ac.py's RNG
+            # stand-in, every kind failing under TP + AC).
             hopeless = {b.kind for b in dirty} >= set(cands)
             break
     if hopeless:
