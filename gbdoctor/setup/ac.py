@@ -35,7 +35,11 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     checkpoint_wrapper,
 )
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
 
 from gbdoctor.records import ACSpec
 from gbdoctor.torch_compat import higher_order_op
@@ -86,12 +90,17 @@ def needs_rng_stand_in(module: nn.Module) -> bool:
 
 
 def rng_save_context_fn() -> Any:
-    """Full AC's ``context_fn`` under ``rng_stand_in``: save RNG ops, recompute everything else."""
+    """Full AC's ``context_fn`` under ``rng_stand_in``: save RNG ops, recompute everything else,
+    in a compiled region only. Run eagerly (a region that fell back to eager) it is plain full
+    AC: the bug is AOTAutograd's, and eager SAC around an FSDP-managed module (the experts
+    under EP) fails in backward on torch 2.13 (``apply_ac``'s docstring)."""
 
     def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         return CheckpointPolicy.MUST_SAVE if _is_rng_op(func) else CheckpointPolicy.PREFER_RECOMPUTE
 
     def context_fn() -> Any:
+        if not torch.compiler.is_compiling():
+            return noop_context_fn()
         return create_selective_checkpoint_contexts(policy)
 
     return context_fn
