@@ -16,9 +16,10 @@ its mesh for the gradients' DTensors, so the saved outputs go out of order and A
 ("expected all tensors_saved_with_vc_check to be Tensors, got ... DeviceMesh"; upstream issue:
 none found; fixed in: unknown). torchtitan on CUDA never takes that path. So on a mesh without
 graph-safe RNG, a block holding DTensor parameters saves its RNG ops' outputs instead of
-recomputing them (full AC gets a policy that does only that, while compiled; per-op SAC saves them already on
-CUDA, where every SDPA kernel is in its save list). What is saved changes, not what Dynamo
-traces: the breaks, graphs and kinds are those of torchtitan's full AC (docs/tensor-parallel.md).
+recomputing them (full AC gets a policy that does only that, while compiled; per-op SAC saves
+them already on CUDA, where every SDPA kernel is in its save list). What is saved changes, not
+what Dynamo traces: the breaks, graphs and kinds are those of torchtitan's full AC
+(docs/tensor-parallel.md).
 """
 
 from __future__ import annotations
