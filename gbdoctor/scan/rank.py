@@ -51,6 +51,7 @@ from gbdoctor.scan.job import Progress, RankScan, ScanJob
 from gbdoctor.scan.probe import RecompileProbe
 from gbdoctor.scan.simulate import simulated_setup
 from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
+from gbdoctor.setup.ac import rng_stand_in_notes
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.collectives import rank_local_collectives
 from gbdoctor.setup.context_parallel import attention_dispatch, context_parallel_notes
@@ -177,6 +178,7 @@ def _scan_set_up(
     if layout is not None and not own_pipeline:  # a framework's own pipeline has its own note
         notes += pipeline_notes(layout)
     notes += context_parallel_notes(setup, spec.capture_seq_len)
+    notes += rng_stand_in_notes(setup.model)
     return reports, setup_info(spec, job, setup), notes + tuple(getattr(setup, "notes", ()))
 
 

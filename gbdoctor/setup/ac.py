@@ -90,6 +90,24 @@ def needs_rng_stand_in(module: nn.Module) -> bool:
     )
 
 
+def rng_stand_in_notes(model: nn.Module) -> tuple[str, ...]:
+    """The scan's note when any checkpointed region of ``model`` runs under ``rng_stand_in``: a
+    stand-in is stated, as CP's CPU ring attention is."""
+    regions = [
+        m
+        for m in model.modules()
+        if isinstance(m, CheckpointWrapper) and needs_rng_stand_in(m._checkpoint_wrapped_module)
+    ]
+    if not regions:
+        return ()
+    return (
+        f"activation checkpointing: {len(regions)} checkpointed region(s) hold DTensor parameters "
+        "on a mesh without graph-safe RNG (CPU): they save their RNG ops' outputs instead of "
+        "recomputing them, a stand-in for CUDA's RNG replay (torch 2.13's CPU replay fails on "
+        "the saved DeviceMesh; docs/tensor-parallel.md); what Dynamo traces is unchanged",
+    )
+
+
 def rng_save_context_fn() -> Any:
     """Full AC's ``context_fn`` under ``rng_stand_in``: save RNG ops, recompute everything else,
     in a compiled region only. Run eagerly (a region that fell back to eager) it is plain full

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import pytest
 import torch
 from repo_paths import FIXTURES
@@ -304,3 +307,58 @@ def test_a_plan_takes_the_commands_own_scan_and_decision(print_plan, monkeypatch
     other = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=True)
     assert propose_plan(spec, decision=decision, prior=other) == fresh
     assert len(captures) == fresh_captures
+
+
+def _scripted_scans(fail: Callable[[bool, int], bool]):
+    """A ``scan_fn`` over real simulated scans of llama3's debug config, where every block of
+    scan number N (from 0) fails to trace when ``fail(strict, N)``; and the steps it took."""
+    from gbdoctor.scan import simulate_scan
+
+    calls: list[str] = []
+
+    def scan_fn(spec, *, strategy, strict=False, recompiles=False):
+        report = simulate_scan(spec, strategy=strategy, strict=strict)
+        calls.append("strict" if strict else "scan")
+        if not fail(strict, len(calls) - 1):
+            return report
+        planted = tuple(replace(b, error="AssertionError: planted") for b in report.blocks)
+        return replace(report, blocks=planted)
+
+    return scan_fn, calls
+
+
+@pytest.mark.slow  # 2-4 simulated scans: ~8 s
+def test_a_clean_baseline_whose_strict_scan_fails_runs_the_rounds():
+    """The one-round shortcut (a clean baseline: the strict scan alone) falls back to the
+    rounds when that strict scan fails, and the plan is verified by a second strict scan."""
+    from gbdoctor.frameworks.torchtitan_v02.plan import propose_block_plan
+
+    scan_fn, calls = _scripted_scans(lambda strict, n: n == 1)
+    steps: list[str] = []
+    plan = propose_block_plan(
+        load_spec("fixtures/llama3_debug.toml"),
+        scan_fn=scan_fn,
+        progress=lambda what, *_: steps.append(what),
+    )
+    assert calls == ["scan", "strict", "scan", "strict"]
+    assert steps == [
+        "baseline scan (whole blocks, no flags)",
+        "strict verification",
+        "verification round 1",
+        "strict verification",
+        "done",
+    ]
+    assert plan.verified, [k.detail for k in plan.kinds]
+
+
+@pytest.mark.slow  # 2-4 simulated scans: ~8 s
+def test_no_strict_scan_when_no_kind_could_pass_it():
+    """Every kind still failing under the strategy a strict scan would apply: strict only adds
+    failures, so the planner stops at the round that shows it, unverified, and says why."""
+    from gbdoctor.frameworks.torchtitan_v02.plan import propose_block_plan
+
+    scan_fn, calls = _scripted_scans(lambda strict, n: True)
+    plan = propose_block_plan(load_spec("fixtures/llama3_debug.toml"), scan_fn=scan_fn)
+    assert "strict" not in calls and len(calls) >= 2
+    assert not plan.verified
+    assert plan.kinds and all("no strict check could pass" in k.detail for k in plan.kinds)

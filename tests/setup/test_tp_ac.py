@@ -128,5 +128,7 @@ def test_tp2_full_ac_traces_on_real_ranks_and_simulation_agrees():
     for block in reps.values():
         assert block.error is None and not block.breaks and block.graph_count == 1, block.error
     simulated = simulate_scan(spec)
+    for report in (real, simulated):  # the stand-in is stated, not silent
+        assert any(n.startswith("activation checkpointing: 6 checkpointed") for n in report.notes)
     assert replace(simulated.setup, simulated=False) == real.setup
     assert simulated.blocks == real.blocks
