@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from cli_runs import Done, in_process
 from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import BaselineError
@@ -33,7 +34,15 @@ from gbdoctor.usercode import TRUSTED_FACTORY_ENV, installed_distribution
 SCAN = FIXTURES / "scans" / "llama4_before.json"
 
 
-def gbdoctor(*args: str, cwd: Path = REPO, timeout: float = 120, **env: str):
+def gbdoctor(*args: str, cwd: Path = REPO, **env: str) -> Done:
+    """In this process (``tests/cli_runs.py``): each of these commands is refused before any
+    model or rank, or reads only files."""
+    return in_process(*args, cwd=cwd, **env)
+
+
+def gbdoctor_process(*args: str, cwd: Path = REPO, timeout: float = 120, **env: str):
+    """A fresh interpreter, for an input that must not hang: a regression then fails at the
+    timeout instead of hanging the test process."""
     return subprocess.run(
         [sys.executable, "-m", "gbdoctor", *args],
         cwd=cwd,
@@ -250,7 +259,7 @@ def test_an_output_onto_the_model_code_or_another_output_is_refused(
     """Issue 45: ``scan custom.toml -o models/model.py`` replaced the model's source."""
     paths = _custom_project(tmp_path)
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    done = gbdoctor(*(part.format(**paths) for part in command), cwd=tmp_path, timeout=60)
+    done = gbdoctor(*(part.format(**paths) for part in command), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and len(done.stderr.strip().splitlines()) <= 2, done.stderr
     after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
@@ -275,7 +284,7 @@ def test_a_device_or_fifo_as_input_is_one_line_at_once(tmp_path) -> None:
     fifo = tmp_path / "scan.fifo"
     os.mkfifo(fifo)
     for path in ("/dev/zero", str(fifo)):
-        done = gbdoctor("diff", path, str(SCAN), timeout=60)
+        done = gbdoctor_process("diff", path, str(SCAN), timeout=60)
         assert done.returncode == 2, done.stderr
         assert "not a regular file" in done.stderr and "Traceback" not in done.stderr
 
@@ -290,7 +299,7 @@ def test_a_spec_that_is_a_device_a_fifo_or_nested_too_deep_is_one_line(tmp_path)
         (str(fifo), "not a regular file"),
         (str(deep), "nested too deeply"),
     ):
-        done = gbdoctor("scan", path, timeout=60)
+        done = gbdoctor_process("scan", path, timeout=60)
         assert done.returncode == 2, done.stderr
         assert needle in done.stderr and path in done.stderr and "Traceback" not in done.stderr
 

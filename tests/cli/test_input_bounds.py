@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import Done, in_process
 from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import BaselineError
@@ -32,7 +33,14 @@ SCAN = FIXTURES / "scans" / "llama4_before.json"
 SPEC = FIXTURES / "custom_tiny.toml"
 
 
-def gbdoctor(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+def gbdoctor(*args: str, cwd: Path = REPO) -> Done:
+    """In this process (``tests/cli_runs.py``): these commands end before any rank or model."""
+    return in_process(*args, cwd=cwd)
+
+
+def gbdoctor_process(
+    *args: str, cwd: Path = REPO, timeout: float = 120
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gbdoctor", *args],
         cwd=cwd,
@@ -137,10 +145,13 @@ def test_a_401_digit_integer_in_a_float_field_of_a_block_is_refused(tmp_path: Pa
 # --------------------------------------------------------------------------- options
 
 
-def _quick(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
-    """The command, which must end with exit 2 before any model is built."""
+def _quick(
+    *args: str, cwd: Path = REPO, process: bool = False
+) -> Done | subprocess.CompletedProcess:
+    """The command, which must end with exit 2 before any model is built (``process``: in a
+    fresh interpreter, whose argv the operating system hands over as bytes)."""
     started = time.monotonic()
-    done = gbdoctor(*args, cwd=cwd, timeout=60)
+    done = gbdoctor_process(*args, cwd=cwd, timeout=60) if process else gbdoctor(*args, cwd=cwd)
     elapsed = time.monotonic() - started
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) <= 2
@@ -242,7 +253,8 @@ def test_a_spec_name_that_is_not_utf8_is_refused_before_the_scan(tmp_path: Path)
     (tmp_path / name).write_text(
         SPEC.read_text().replace("models/", str(FIXTURES / "models") + "/")
     )
-    done = _quick("scan", name, "-o", str(tmp_path / "out.json"), cwd=tmp_path)
+    # A real process: the name reaches it as argv bytes, decoded as Python decodes them.
+    done = _quick("scan", name, "-o", str(tmp_path / "out.json"), cwd=tmp_path, process=True)
     assert "not valid UTF-8" in done.stderr, done.stderr
     assert not (tmp_path / "out.json").exists()
 

@@ -7,11 +7,11 @@ import errno
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 
 import pytest
+from cli_runs import Child, in_child
 from corpus.harness import check_one_error_line
 from repo_paths import FIXTURES, REPO
 from typer.testing import CliRunner
@@ -78,23 +78,11 @@ def test_update_baseline_over_the_file_size_limit_keeps_the_committed_baseline(t
     """The issue's case: a failed --update-baseline left the baseline truncated. Here the
     kernel's file-size limit stops the write after 300 bytes (no torch: gate --scan)."""
     baseline = tmp_path / "baseline.json"
-    first = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gbdoctor",
-            "gate",
-            "--scan",
-            str(SCAN),
-            "--baseline",
-            str(baseline),
-            "--update-baseline",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
+    # Each command in a process of its own (``tests/cli_runs.py``), forked from a server that
+    # imported the CLI once: the file-size limit is the process's.
+    gate_scan = ("gate", "--scan")
+    first = in_child(*gate_scan, str(SCAN), "--baseline", str(baseline), "--update-baseline",
+                     cwd=tmp_path)  # fmt: skip
     assert first.returncode == 0, first.stderr
     committed = baseline.read_text()
     other = tmp_path / "other.json"
@@ -102,30 +90,9 @@ def test_update_baseline_over_the_file_size_limit_keeps_the_committed_baseline(t
     data["spec"] = "configs/" + "a-long-spec-name-" * 20 + ".toml"
     other.write_text(json.dumps(data))
 
-    def limit() -> None:
-        signal.signal(
-            signal.SIGXFSZ, signal.SIG_IGN
-        )  # the write fails with EFBIG instead of a signal
-        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
-
-    failed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gbdoctor",
-            "gate",
-            "--scan",
-            str(other),
-            "--baseline",
-            str(baseline),
-            "--update-baseline",
-        ],
-        cwd=tmp_path,
-        preexec_fn=limit,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
+    # The kernel's limit: the write fails with EFBIG (SIGXFSZ ignored, as the child sets it).
+    failed = in_child(*gate_scan, str(other), "--baseline", str(baseline), "--update-baseline",
+                      cwd=tmp_path, file_size_limit=300)  # fmt: skip
     assert failed.returncode == 3, failed.stderr
     check_one_error_line(
         failed.stderr, failed.stdout, ("writing baseline", "the previous file is unchanged")
@@ -134,30 +101,17 @@ def test_update_baseline_over_the_file_size_limit_keeps_the_committed_baseline(t
     assert "ulimit -f" in failed.stderr and "free disk space" not in failed.stderr, failed.stderr
     assert baseline.read_text() == committed
     assert sorted(p.name for p in tmp_path.iterdir()) == ["baseline.json", "other.json"]
-    gate = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gbdoctor",
-            "gate",
-            "--scan",
-            str(SCAN),
-            "--baseline",
-            str(baseline),
-        ],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
+    gate = in_child(*gate_scan, str(SCAN), "--baseline", str(baseline), cwd=tmp_path)
     assert gate.returncode == 0, gate.stderr
 
 
 def test_concurrent_baseline_updates_keep_every_entry(tmp_path) -> None:
     """Six jobs add six specs to one baseline at the same moment, twice over: the lock around
-    read-merge-write keeps all of them (without it, entries were lost in 3 of 45 trials of two)."""
+    read-merge-write keeps all of them (without it, entries were lost in 3 of 45 trials of two).
+    Each job is a process of its own, forked from a server that imported the CLI once
+    (``tests/cli_runs.py``), so the six reach the lock closer together than six fresh
+    interpreters, whose imports alone take seconds."""
     baseline = tmp_path / "baseline.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     names = []
     for round_ in range(2):
         procs = []
@@ -168,28 +122,19 @@ def test_concurrent_baseline_updates_keep_every_entry(tmp_path) -> None:
             scan = tmp_path / f"scan-{round_}-{i}.json"
             scan.write_text(json.dumps(data))
             procs.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "gbdoctor",
-                        "gate",
-                        "--scan",
-                        str(scan),
-                        "--baseline",
-                        str(baseline),
-                        "--update-baseline",
-                    ],
+                Child(
+                    "gate",
+                    "--scan",
+                    str(scan),
+                    "--baseline",
+                    str(baseline),
+                    "--update-baseline",
                     cwd=tmp_path,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
+                )  # fmt: skip
             )
         for proc in procs:
-            _, err = proc.communicate(timeout=300)
-            assert proc.returncode == 0, err
+            done = proc.wait(timeout=300)
+            assert done.returncode == 0, done.stderr
     assert sorted(json.loads(baseline.read_text())["specs"]) == sorted(names)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], (
         "temporary files left behind"
