@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import in_process
 from repo_paths import FIXTURES, REPO
 
 SCAN = FIXTURES / "scans" / "llama4_before.json"
@@ -26,6 +27,9 @@ CANARY = "GBDOCTOR_LEAK_CANARY_5f3a9c"
 
 
 def gbdoctor(*args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """A fresh interpreter: the leak test's canary must be in the environment the process
+    started with, which is what ``/proc/self/environ`` shows (``os.environ`` changed in this
+    process is not)."""
     return subprocess.run(
         [sys.executable, "-m", "gbdoctor", *args],
         cwd=cwd,
@@ -113,7 +117,7 @@ def test_a_location_inside_the_roots_still_shows_its_source(tmp_path: Path) -> N
                 brk["location"]["line"] = 3
     scan.write_text(json.dumps(data))
     out = tmp_path / "page.html"
-    result = gbdoctor("report", str(scan), "-o", str(out), cwd=work)
+    result = in_process("report", str(scan), "-o", str(out), cwd=work)  # tests/cli_runs.py
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     assert "the line of the break" in text
