@@ -3,8 +3,10 @@ bundled specs is byte-identical to the committed copies under ``fixtures/golden/
 
 This is the safety net for refactors that must not change behaviour (issue 25): any change to
 a command's JSON output, or to its exit code, fails here. Each case runs the real CLI in its own
-process (``python -m gbdoctor.cli``, the way a user runs it), from the repository root, so the
-paths in the reports are the ones users see and no Dynamo state carries over between cases.
+process (``gbdoctor.cli.main``, the console script's entry point), from the repository root, so
+the paths in the reports are the ones users see and no Dynamo state carries over between cases.
+The process is forked from a server that imported the CLI and Dynamo once and compiled nothing
+(``tests/cli_runs.py``): a fresh interpreter would pay that import again for every case.
 
 Two absolute directories are masked, because they differ between a CI clone and a developer's
 checkout: this Python's site-packages (written ``<site-packages>``; Dynamo's own messages quote
@@ -38,12 +40,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import sysconfig
 from dataclasses import dataclass
 
 import pytest
+from cli_runs import Child
 from golden_runs import (
     ALL,
     REGENERATE,
@@ -261,14 +262,7 @@ def test_command_json_matches_its_golden(case: Case, tmp_path):
             )
     out = tmp_path / case.golden.name
     args = [str(out) if a == OUT else a for a in case.args]
-    done = subprocess.run(
-        [sys.executable, "-m", "gbdoctor.cli", *args],
-        cwd=REPO,
-        env=golden_environment(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    done = Child(*args, cwd=REPO, env=golden_environment()).wait(timeout=900)
     assert done.returncode == case.exit_code, done.stderr[-4000:]
     if args[0] in ("scan", "plan"):
         # stderr is a pipe here, as in CI: progress is plain lines (cli.output.ProgressBar).
