@@ -15,14 +15,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import typer
 import typer.main
+from cli_runs import Child
 from repo_paths import REPO
 
 from gbdoctor.cli import app
@@ -303,14 +302,8 @@ def test_output_excerpts_are_marked() -> None:
 def test_output_excerpt_is_real_output(block: Block) -> None:
     args = shlex.split(block.output_of)
     assert args[0] == "gbdoctor", block.output_of
-    done = subprocess.run(
-        [sys.executable, "-m", "gbdoctor", *args[1:]],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+    # A process of its own, forked from a server that imported the CLI once (tests/cli_runs.py).
+    done = Child(*args[1:], cwd=REPO).wait(timeout=900)
     assert done.returncode == 0, done.stderr
     missing = first_missing_line(block.lines, done.stdout)
     assert missing is None, (
