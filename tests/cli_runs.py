@@ -107,11 +107,14 @@ def in_process(*args: str, cwd: Path | str, **env: str) -> Done:
     try:
         os.environ.update(env)
         os.chdir(cwd)
-        sys.argv = ["gbdoctor", *args]
+        sys.argv = ["gbdoctor", *args]  # click names the program after it, as the console script
         with (
             mock.patch.object(root, "install_signal_handlers", lambda: None),
             mock.patch.object(root, "adopt_orphans", lambda: None),
             mock.patch.object(root, "end_process", _end_process),
+            # click names the program after argv[0] unless __main__ is a package's (pytest's
+            # is): the console script's __main__ is a plain script.
+            mock.patch.object(sys.modules["__main__"], "__package__", None),
             contextlib.redirect_stdout(out),
             contextlib.redirect_stderr(err),
         ):
@@ -163,6 +166,7 @@ def _child_main(
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    sys.argv = ["gbdoctor", *args]  # click names the program after it, as the console script
     if fsize is not None:
         import resource
 
