@@ -35,6 +35,7 @@ def _console_script() -> Path:
     return script
 
 
+@pytest.mark.slow  # a fresh interpreter per case, and the fork server's start
 @pytest.mark.parametrize("args", list(CASES.values()), ids=list(CASES))
 def test_both_ways_give_what_the_console_script_gives(args: tuple[str, ...]) -> None:
     """The oracle: the installed ``gbdoctor`` script, run on this checkout (PYTHONPATH)."""
