@@ -1,4 +1,5 @@
-"""Hand-built scan records for the report, gate and plan tests (no torch, no capture).
+"""Hand-built scan records for the report, gate and plan tests (no torch, no capture), and the
+per-kind view the parallelism tests compare (``per_kind``).
 
 The recorded fixtures under ``fixtures/scans/`` are these records serialized with
 ``render_json``; ``report/test_report_json.py`` keeps them in sync (set GBDOCTOR_UPDATE_FIXTURES=1
@@ -12,7 +13,16 @@ from dataclasses import replace
 
 from repo_paths import FIXTURES, REPO
 
-from gbdoctor.records import BlockReport, Break, Event, Location, ScanReport, SetupInfo
+from gbdoctor.records import (
+    BlockKind,
+    BlockReport,
+    Break,
+    Event,
+    Location,
+    ScanReport,
+    SetupInfo,
+)
+from gbdoctor.summary import block_break_count
 
 SCANS = FIXTURES / "scans"
 GOLDEN = REPO / "tests" / "report" / "golden"
@@ -193,3 +203,19 @@ SCAN_FIXTURES = {
     "llama4_after_new_break": llama4_after_new_break,
     "llama4_region_eager": llama4_region_eager,
 }
+
+
+def per_kind(report: ScanReport) -> dict[str, tuple[int, int, frozenset[str]]]:
+    """Kind label (variants folded: PP can split a structure by its neighbours' inputs) ->
+    (worst breaks per block, worst graph count, causes): what a PP or CP scan must keep equal
+    to the same config's scan without it."""
+    out: dict[str, tuple[int, int, frozenset[str]]] = {}
+    for block in report.blocks:
+        label = BlockKind.parse(block.kind).label
+        breaks, graphs, causes = out.get(label, (0, 0, frozenset()))
+        out[label] = (
+            max(breaks, block_break_count(block)),
+            max(graphs, block.graph_count),
+            causes | {b.cause for b in block.breaks},
+        )
+    return out

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from repo_paths import FIXTURES
+from scan_factory import per_kind
 from typer.testing import CliRunner
 
 from gbdoctor.cli import app
@@ -76,24 +77,6 @@ def test_scans_of_the_previous_schema_still_read_without_stages():
     assert report == load_scan_json(FIXTURES / "scans" / "llama4_before.json")
 
 
-def _per_kind(report) -> dict[str, tuple[int, int, frozenset[str]]]:
-    """Kind label (variants folded: PP can split a structure by its neighbours' inputs) ->
-    (worst breaks per block, worst graph count, causes)."""
-    from gbdoctor.records import BlockKind
-    from gbdoctor.summary import block_break_count
-
-    out: dict[str, tuple[int, int, frozenset[str]]] = {}
-    for block in report.blocks:
-        label = BlockKind.parse(block.kind).label
-        breaks, graphs, causes = out.get(label, (0, 0, frozenset()))
-        out[label] = (
-            max(breaks, block_break_count(block)),
-            max(graphs, block.graph_count),
-            causes | {b.cause for b in block.breaks},
-        )
-    return out
-
-
 def test_real_pp2_scan_matches_the_pp1_scan_per_kind():
     """fixtures/llama3_debug_pp2.toml on 2 real gloo ranks (Interleaved1F1B: 4 stages,
     microbatches of 2) against the same config without PP: the same kinds with the same breaks,
@@ -115,7 +98,7 @@ def test_real_pp2_scan_matches_the_pp1_scan_per_kind():
     assert pp1.setup.pp_degree == 1 and all(b.stage is None for b in pp1.blocks)
     assert pp2.setup.batch_size == pp1.setup.batch_size == 2  # the microbatch
     assert all(b.error is None for b in pp2.blocks)
-    assert _per_kind(pp2) == _per_kind(pp1)
+    assert per_kind(pp2) == per_kind(pp1)
 
     expected = titan_pp._generate_llm_fqn_per_model_part(4, 6, 1, 1)
     stage_of = {m: i for i, names in enumerate(expected) for m in names}
@@ -278,11 +261,11 @@ def test_pp2_schedule_matches_pp1_and_reports_pp_only_findings(schedule, pp1_sca
     pp2 = scan(spec, recompiles=False)
     assert pp2.setup.pp_schedule == schedule and not pp2.setup.simulated
     assert all(b.error is None for b in pp2.blocks)
-    assert _per_kind(pp2) == _per_kind(pp1_scan)
+    assert per_kind(pp2) == per_kind(pp1_scan)
 
     found = run_schedule(spec)
     report = with_schedule(pp2, found)
-    assert _per_kind(report) == _per_kind(pp1_scan)  # the schedule adds findings, not breaks
+    assert per_kind(report) == per_kind(pp1_scan)  # the schedule adds findings, not breaks
     recompiles = [(b.fqn, r) for b in report.blocks for r in b.recompiles]
     assert recompiles and {r.step for _, r in recompiles} == {2}
     assert all(

@@ -71,6 +71,19 @@ def layout_of(config: Any, parallel_dims: Any) -> PipelineLayout:
     )
 
 
+def parallelize_kwargs(config: Any, parallel_dims: Any) -> dict[str, Any]:
+    """What 0.3's trainer passes ``parallelize_fn`` (and ``pipelining_fn``, which passes it on
+    to each part's)."""
+    return dict(
+        parallel_dims=parallel_dims,
+        training=config.training,
+        parallelism=config.parallelism,
+        compile_config=config.compile,
+        ac_config=config.activation_checkpoint,
+        dump_folder=config.dump_folder,
+    )
+
+
 def pipeline(
     model: nn.Module, config: Any, parallel_dims: Any, device: str, recorder: Any, loss_fn: Any
 ) -> Pipelined:
@@ -84,12 +97,7 @@ def pipeline(
 
     schedule, parts, has_first, has_last = spec.pipelining_fn(
         model,
-        parallel_dims=parallel_dims,
-        training=config.training,
-        parallelism=config.parallelism,
-        compile_config=config.compile,
-        ac_config=config.activation_checkpoint,
-        dump_folder=config.dump_folder,
+        **parallelize_kwargs(config, parallel_dims),
         device=torch.device(device),
         model_config=spec.model,
         parallelize_fn=parallelize,

@@ -35,6 +35,7 @@ from gbdoctor.frameworks.torchtitan.cpu import cpu_stand_ins
 from gbdoctor.frameworks.torchtitan.pipeline import (
     PartsView,
     Pipelined,
+    parallelize_kwargs,
     pipeline,
     pipeline_note,
     pipeline_step,
@@ -236,15 +237,7 @@ def _set_up(model: nn.Module, meshes: TitanMeshes, strategy: Any, compile_fn: An
                 pipelined = pipeline(model, config, parallel_dims, device, recorder, loss_fn)
                 parts = pipelined.parts
             else:
-                model = spec.parallelize_fn(
-                    model,
-                    parallel_dims=parallel_dims,
-                    training=config.training,
-                    parallelism=config.parallelism,
-                    compile_config=config.compile,
-                    ac_config=config.activation_checkpoint,
-                    dump_folder=config.dump_folder,
-                )
+                model = spec.parallelize_fn(model, **parallelize_kwargs(config, parallel_dims))
                 parts = [model]
         except ImportError as exc:  # e.g. --compile.enable_autoparallel: 'autoparallel'
             raise SpecError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 from repo_paths import FIXTURES
+from scan_factory import per_kind
 
 pytestmark = pytest.mark.extra("torchtitan")
 
@@ -38,23 +39,6 @@ PP2 = (
 )
 
 
-def _per_kind(report) -> dict[str, tuple[int, int, frozenset[str]]]:
-    """Kind (variants folded) -> (worst breaks per block, worst graph count, causes)."""
-    from gbdoctor.records import BlockKind
-    from gbdoctor.summary import block_break_count
-
-    out: dict[str, tuple[int, int, frozenset[str]]] = {}
-    for block in report.blocks:
-        label = BlockKind.parse(block.kind).label
-        breaks, graphs, causes = out.get(label, (0, 0, frozenset()))
-        out[label] = (
-            max(breaks, block_break_count(block)),
-            max(graphs, block.graph_count),
-            causes | {b.cause for b in block.breaks},
-        )
-    return out
-
-
 @pytest.fixture(scope="module")
 def scans():
     from gbdoctor.frameworks.registry import spec_for_run
@@ -78,7 +62,7 @@ def _breaks(report) -> dict[str, tuple[int, tuple[tuple[str, str], ...]]]:
 
 
 @pytest.mark.slow  # two scans, one on 2 ranks (~100 s at load 6)
-def test_pp2_through_torchtitans_pipeline_code_matches_pp1_per_kind(scans):
+def test_pp2_through_torchtitans_pipeline_code_matches_pp1per_kind(scans):
     titan_pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
     spec, pp2, pp1 = scans
     assert spec.parallelism.pipeline_parallel_schedule == "1F1B"  # read from its config
@@ -93,7 +77,7 @@ def test_pp2_through_torchtitans_pipeline_code_matches_pp1_per_kind(scans):
     assert pp1.setup.pp_degree == 1 and all(b.stage is None for b in pp1.blocks)
     assert setup.batch_size == pp1.setup.batch_size == 2
     assert all(b.error is None for b in pp2.blocks)
-    assert _per_kind(pp2) == _per_kind(pp1)
+    assert per_kind(pp2) == per_kind(pp1)
     assert _breaks(pp2) == _breaks(pp1)  # block by block, the planted break included
     planted = ("python-side-effect", "fixtures/torchtitan_overrides/planted_print.py:22")
     assert {fqn: b for fqn, (_, b) in _breaks(pp2).items() if b} == {"layers.4": (planted,)}
