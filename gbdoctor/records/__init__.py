@@ -45,6 +45,7 @@ from gbdoctor.records.plan import (
     Plan,
     PlanSection,
     StagePlan,
+    span_of_layers,
 )
 from gbdoctor.records.price import (
     PRICE_CONSISTENT_WITHIN,
@@ -140,6 +141,7 @@ __all__ = [
     "KindCounts",
     "KindPlan",
     "StagePlan",
+    "span_of_layers",
     "KindSummary",
     "LOSS_RTOL",
     "Location",

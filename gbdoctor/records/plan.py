@@ -173,7 +173,7 @@ class Plan:
         lines = [f"pipeline stages differ ({len(self.stages)} stages){extras}:"]
         for s in self.stages:
             lines.append(
-                f"  stage {s.stage} (PP rank {s.pp_rank}, {_span(s.layers)}): "
+                f"  stage {s.stage} (PP rank {s.pp_rank}, {span_of_layers(s.layers)}): "
                 f"{', '.join(s.kinds) or 'no block'}; breaks {s.breaks_before} -> "
                 f"{s.breaks_after}; {'verified' if s.verified else 'NOT verified'}"
             )
@@ -184,7 +184,7 @@ class Plan:
         return self.deepspeed.section() if self.deepspeed is not None else None
 
 
-def _span(layers: tuple[str, ...]) -> str:
+def span_of_layers(layers: tuple[str, ...]) -> str:
     """``layers.12-24`` for a contiguous run of layer indices, else the list."""
     if not layers:
         return "no layers"

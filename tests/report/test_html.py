@@ -320,3 +320,46 @@ def test_plan_and_run_format_html() -> None:
     assert "Run: fixtures/llama4_debug.toml" in render_run(run_report(), "html")
     result = CliRunner().invoke(app, ["plan", str(FIXTURES / "llama4_debug.toml"), "-f", "yaml"])
     assert result.exit_code == 2 and "valid formats: table, html" in result.output
+
+
+def test_a_pipeline_plan_page_has_its_stages() -> None:
+    """A PP plan's page lists its stages (PP rank, layers, kinds, what else each holds, breaks,
+    verified) under the text table's summary line; a plan without PP has no such section."""
+    from dataclasses import replace
+
+    from gbdoctor.cli.report import plan_printout
+    from gbdoctor.plan.planner import load_plan
+    from gbdoctor.records import StagePlan
+    from gbdoctor.report.formats import Printout, render
+
+    plan = load_plan(GOLDEN / "plan" / "llama4_debug.json")
+    kinds = tuple(k.kind for k in plan.kinds)
+    stages = (
+        StagePlan(
+            stage=0,
+            pp_rank=0,
+            layers=("layers.0", "layers.1"),
+            kinds=kinds,
+            modules=("tok_embeddings",),
+            breaks_before=3,
+            breaks_after=0,
+            verified=True,
+        ),
+        StagePlan(
+            stage=1,
+            pp_rank=1,
+            layers=("layers.2",),
+            kinds=kinds[:1],
+            modules=("norm", "output"),
+            loss=True,
+            verified=False,
+        ),
+    )
+    page = render(Printout.PLAN, "html", plan_printout(replace(plan, stages=stages)))
+    section = page[page.index("Pipeline stages") :]
+    assert "pipeline stages differ (2 stages)" in section
+    assert "layers.0-1" in section and "tok_embeddings" in section
+    assert "norm, output, the loss" in section and "3 -&gt; 0" in section
+    assert "not verified" in section
+    plain = render(Printout.PLAN, "html", plan_printout(plan))
+    assert "Pipeline stages" not in plain

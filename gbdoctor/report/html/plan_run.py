@@ -3,7 +3,7 @@ memory and compile time per mode with their spreads, and the loss curves, as cha
 
 from __future__ import annotations
 
-from gbdoctor.records import ModeResult, ModeStatus, Plan, RunReport, Verdict
+from gbdoctor.records import ModeResult, ModeStatus, Plan, RunReport, Verdict, span_of_layers
 from gbdoctor.report.html.page import (
     KIND_COLORS,
     Chart,
@@ -32,6 +32,27 @@ def _verified(ok: bool | None) -> str:
     if ok is None:
         return "-"
     return badge("verified", "good") if ok else badge("not verified", "bad")
+
+
+def _stages(plan: Plan) -> str:
+    """The plan per pipeline stage: whether the stages agree (the text table's line), then each
+    stage's PP rank, layers, kinds, other modules, breaks and verification."""
+    rows = [
+        (
+            h(f"{s.stage}"),
+            h(f"{s.pp_rank}"),
+            h(span_of_layers(s.layers)),
+            h(", ".join(s.kinds) or "no block"),
+            h(", ".join(s.modules + (("the loss",) if s.loss else ())) or "-"),
+            h(f"{s.breaks_before} -> {s.breaks_after}"),
+            _verified(s.verified),
+        )
+        for s in plan.stages
+    ]
+    summary = tag("p", h(plan.stage_lines()[0]))
+    return summary + table(
+        ("stage", "PP rank", "layers", "kinds", "also holds", "breaks", "verified"), rows
+    )
 
 
 def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str], ...]) -> str:
@@ -110,6 +131,8 @@ def plan_article(page: Page, plan: Plan, doc: str, emitted: tuple[tuple[str, str
         head,
         section(f"{doc}-kinds", "Before -> after, per kind", chart + body),
     ]
+    if plan.stages:
+        parts.append(section(f"{doc}-stages", "Pipeline stages", _stages(plan)))
     extra = plan.framework_section()
     if extra is not None:
         described = [(label, h(value)) for label, value in extra.fields]
