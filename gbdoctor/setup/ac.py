@@ -14,8 +14,8 @@ as an extra forward output, inserted just before the saved symints, i.e. after a
 object. torch 2.13 makes ``DeviceMesh`` opaque, and a block with DTensor (TP) parameters saves
 its mesh for the gradients' DTensors, so the saved outputs go out of order and AOTAutograd fails
 ("expected all tensors_saved_with_vc_check to be Tensors, got ... DeviceMesh"; upstream issue:
-none found; fixed in: unknown). torchtitan on CUDA never takes that path. So on a mesh without
-graph-safe RNG, a block holding DTensor parameters saves its RNG ops' outputs instead of
+none found; fixed in: unknown). torchtitan on CUDA never takes that path. So under TP on a mesh
+without graph-safe RNG, a block holding DTensor parameters saves its RNG ops' outputs instead of
 recomputing them (full AC gets a policy that does only that, while compiled; per-op SAC saves
 them already on CUDA, where every SDPA kernel is in its save list). What is saved changes, not
 what Dynamo traces: the breaks, graphs and kinds are those of torchtitan's full AC
@@ -25,6 +25,7 @@ what Dynamo traces: the breaks, graphs and kinds are those of torchtitan's full 
 from __future__ import annotations
 
 import functools
+import weakref
 from collections import defaultdict
 from typing import Any
 
@@ -76,6 +77,10 @@ def _op_sac_save_list() -> set[Any]:
 GRAPHSAFE_RNG_DEVICES = ("cuda",)
 
 
+_RNG_STAND_INS: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+"""The checkpoint wrappers :func:`wrap` gave the RNG stand-in (for the scan's note)."""
+
+
 def _is_rng_op(func: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
@@ -92,12 +97,10 @@ def needs_rng_stand_in(module: nn.Module) -> bool:
 
 def rng_stand_in_notes(model: nn.Module) -> tuple[str, ...]:
     """The scan's note when any checkpointed region of ``model`` runs under ``rng_stand_in``: a
-    stand-in is stated, as CP's CPU ring attention is."""
-    regions = [
-        m
-        for m in model.modules()
-        if isinstance(m, CheckpointWrapper) and needs_rng_stand_in(m._checkpoint_wrapped_module)
-    ]
+    stand-in is stated, as CP's CPU ring attention is. Counted as decided when wrapping (AC
+    comes before FSDP2, whose sharded parameters are DTensors too but are plain tensors again
+    inside the forward, so they never needed it)."""
+    regions = [m for m in model.modules() if m in _RNG_STAND_INS]
     if not regions:
         return ()
     return (
@@ -169,19 +172,30 @@ def _router_gate_shapes(module: nn.Module, fqn_patterns: tuple[str, ...]) -> set
 
 
 def wrap(
-    module: nn.Module, *, op_sac: bool, ac: ACSpec, gate_shapes: set[tuple[int, ...]]
+    module: nn.Module,
+    *,
+    op_sac: bool,
+    ac: ACSpec,
+    gate_shapes: set[tuple[int, ...]],
+    tensor_parallel: bool = False,
 ) -> nn.Module:
     """One CheckpointWrapper (non-reentrant), with the SAC policy when ``op_sac``, and the RNG
     stand-in where ``needs_rng_stand_in``."""
     kwargs: dict[str, Any] = dict(
         checkpoint_impl=CheckpointImpl.NO_REENTRANT, preserve_rng_state=ac.preserve_rng_state
     )
-    stand_in = needs_rng_stand_in(module)
+    # Only under TP: its DTensor parameters stay DTensors inside the forward. EP's expert
+    # stores are DTensors too but compute on local shards (no mesh saved: EP + AC scans traced
+    # before the stand-in existed), and FSDP2 shards after AC is applied.
+    stand_in = tensor_parallel and needs_rng_stand_in(module)
     if op_sac:
         kwargs["context_fn"] = sac_context_fn(gate_shapes, rng_stand_in=stand_in)
     elif stand_in:
         kwargs["context_fn"] = rng_save_context_fn()
-    return checkpoint_wrapper(module, **kwargs)
+    wrapper = checkpoint_wrapper(module, **kwargs)
+    if stand_in:
+        _RNG_STAND_INS.add(wrapper)
+    return wrapper
 
 
 def ac_label(ac: ACSpec) -> str:
@@ -207,8 +221,10 @@ def apply_ac(
     ac: ACSpec,
     *,
     split: dict[str, tuple[str, ...]] | None = None,
+    tensor_parallel: bool = False,
 ) -> dict[str, tuple[nn.Module, tuple[str, ...]]]:
     """Wrap blocks per ``ac``; returns {block fqn: (new outer module, wrapped sub-FQNs)}.
+    ``tensor_parallel``: TP was applied to the blocks (the RNG stand-in may be needed).
 
     ``split`` maps block FQNs to wrap per child instead of as a whole to the sub-FQNs that stay
     eager there. A child holding such an eager module gets plain (full) AC even under per-op
@@ -233,13 +249,24 @@ def apply_ac(
                         block,
                         name,
                         wrap(
-                            child, op_sac=op_sac and not holds_eager, ac=ac, gate_shapes=gate_shapes
+                            child,
+                            op_sac=op_sac and not holds_eager,
+                            ac=ac,
+                            gate_shapes=gate_shapes,
+                            tensor_parallel=tensor_parallel,
                         ),
                     )
                     names.append(name)
             out[fqn] = (block, tuple(names))
         else:
-            out[fqn] = (wrap(block, op_sac=op_sac, ac=ac, gate_shapes=gate_shapes), ("",))
+            outer = wrap(
+                block,
+                op_sac=op_sac,
+                ac=ac,
+                gate_shapes=gate_shapes,
+                tensor_parallel=tensor_parallel,
+            )
+            out[fqn] = (outer, ("",))
     return out
 
 

@@ -214,7 +214,8 @@ def apply_setup(
 
     # 0. TP: torchtitan's plans (sequence-parallel norms, column/row-wise linears, MoE in/out).
     loss_parallel = False
-    if meshes is not None and getattr(meshes, "tp", None) is not None:
+    tensor_parallel = meshes is not None and getattr(meshes, "tp", None) is not None
+    if tensor_parallel:
         tp = meshes.tp.size()
         uneven = check_divisible(model, tp)
         if uneven:
@@ -263,7 +264,9 @@ def apply_setup(
     split = {
         fqn: (r.eager or default_eager(b)) for (fqn, _, b), r in zip(raw, recipes) if r.split_ac
     }
-    wrapped = ac_mod.apply_ac([(fqn, b) for fqn, _, b in raw], ac, split=split)
+    wrapped = ac_mod.apply_ac(
+        [(fqn, b) for fqn, _, b in raw], ac, split=split, tensor_parallel=tensor_parallel
+    )
 
     # 3. Compile per block (after AC, before FSDP: FSDP's block hooks stay outside).
     slots: list[BlockSlot] = []

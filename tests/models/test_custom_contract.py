@@ -177,7 +177,9 @@ def test_bf16_warm_up_failure_names_the_float32_override(monkeypatch):
         train_step = staticmethod(fails)
 
     monkeypatch.setattr(warm_up, "forward_loss", fails)
-    setup = type("Setup", (), {"optimizer": None, "model": nn.Linear(2, 2)})()
+    setup = type(
+        "Setup", (), {"optimizer": None, "model": nn.Linear(2, 2), "own_pipeline": False}
+    )()
     attempts = warm_up.warm_up_attempts(Recipe(), setup, None, None)
     with pytest.raises(SetupError) as err:
         warm_up.run_warm_up(setup, attempts, [])
