@@ -78,6 +78,7 @@ class AccelerateSetup:
     loss_parallel: bool = False
     engine: Any = None
     own_loss: bool = False
+    own_pipeline: bool = False  # interface.OwnPipeline: Accelerate has no pipeline of its own
     notes: tuple[str, ...] = ()
 
     @property
