@@ -18,7 +18,7 @@ from corpus.pool_jobs import (
 )
 
 from gbdoctor.errors import DeadlineError, SpecError
-from gbdoctor.setup.dist import RankPool, run_ranks, shared_ranks
+from gbdoctor.setup.dist import RankPool, fresh_ranks, run_ranks, shared_ranks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -78,6 +78,27 @@ def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
             assert pids() == first
     assert not any(_alive(p) for p in first)
     assert pids() != first
+
+
+@pytest.mark.fresh_ranks
+def test_fresh_ranks_spawns_per_job_inside_shared_ranks_and_keeps_the_pool():
+    """What a job that needs a new process uses (``run``'s rounds, the ``fresh_ranks`` marker of
+    tests/conftest.py): its own ranks, dead when it returns; the scope's pool stays for after."""
+
+    def pids() -> list[int]:
+        return [
+            r[0]
+            for r in run_ranks(state_found, None, world_size=1, device_type="cpu", timeout_s=300)
+        ]
+
+    with shared_ranks():
+        pooled = pids()
+        with fresh_ranks():
+            own = pids()
+        assert own != pooled and not any(_alive(p) for p in own)
+        assert all(_alive(p) for p in pooled)
+        assert pids() == pooled
+    assert not any(_alive(p) for p in pooled)
 
 
 def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_its_block():
