@@ -15,6 +15,7 @@ from corpus.pool_jobs import (
     state_found,
     uneven_block_runs_under_rank_local_fsdp,
     wait_in_a_collective_rank1_never_joins,
+    working_directory,
 )
 
 from gbdoctor.errors import DeadlineError, SpecError
@@ -53,6 +54,20 @@ def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks(
         assert [f[1:] for f in again] == [(False, True, 0, 0)] * 2
         last = pool.pids()
     assert not any(_alive(p) for p in last)
+
+
+def test_a_job_runs_in_the_parents_working_directory_of_now(tmp_path, monkeypatch):
+    """As on a fresh spawn: not the directory the ranks were spawned in, nor the one an earlier
+    job's user code moved to (a test's ``monkeypatch.chdir`` on the session's ranks)."""
+    first, second, moved = (tmp_path / name for name in ("first", "second", "moved"))
+    for folder in (first, second, moved):
+        folder.mkdir()
+    with RankPool(world_size=1, device_type="cpu", timeout_s=300) as pool:
+        monkeypatch.chdir(first)
+        assert pool.run(working_directory, None) == [str(first)]
+        monkeypatch.chdir(second)
+        assert pool.run(working_directory, str(moved)) == [str(moved)]
+        assert pool.run(working_directory, None) == [str(second)]
 
 
 def test_a_job_past_its_deadline_raises_and_leaves_no_rank():
