@@ -20,6 +20,11 @@ from tools.slow_tier import read_list as measured_slow_tests  # noqa: E402
 # CLI subprocesses inherit this.
 os.environ.setdefault("GBDOCTOR_RECOMPILE_PROBE", "0")
 
+FRESH_RANKS_ENV = "GBDOCTOR_TEST_FRESH_RANKS"
+"""Set to 1, every in-process multi-rank job of the session spawns its own ranks, as without
+:func:`shared_rank_processes`: the paired "before" of benchmarks/results/suite_speed.md, and a
+check that a test's result does not depend on the ranks it ran on."""
+
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_rank_processes():
@@ -29,11 +34,28 @@ def shared_rank_processes():
     Dynamo reset, configs and the environment as a fresh spawn would have them now). A job
     that fails kills its ranks and the next one spawns new ones. Tests of the spawn itself use
     ``RankPool`` directly or the CLI in a subprocess, which this does not reach; a test marked
-    ``fresh_ranks`` spawns its own."""
-    from gbdoctor.setup.dist import shared_ranks
+    ``fresh_ranks`` spawns its own. At the end every pool is closed and none of its ranks may
+    still run (checked by pid)."""
+    from gbdoctor.setup import dist
 
-    with shared_ranks():
+    if os.environ.get(FRESH_RANKS_ENV) == "1":  # every job on fresh ranks: the suite as before
         yield
+        return
+    with dist.shared_ranks():
+        yield
+        # The pools' ranks at the session's end: closing them must leave none running.
+        ranks = [pid for pool in (dist._shared_pools or {}).values() for pid in pool.pids()]
+    left = [pid for pid in ranks if _running(pid)]
+    assert not left, f"the session's rank processes outlived their pools: {left}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie counts as ended)."""
+    try:
+        stat = Path("/proc", str(pid), "stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @pytest.fixture(autouse=True)
@@ -41,13 +63,10 @@ def _fresh_ranks_when_marked(request):
     if request.node.get_closest_marker("fresh_ranks") is None:
         yield
         return
-    from gbdoctor.setup import dist
+    from gbdoctor.setup.dist import fresh_ranks
 
-    pools, dist._shared_pools = dist._shared_pools, None
-    try:
+    with fresh_ranks():  # the session's pools stay open for the next test
         yield
-    finally:
-        dist._shared_pools = pools
 
 
 @pytest.hookimpl(tryfirst=True)

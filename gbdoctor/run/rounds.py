@@ -94,7 +94,7 @@ def train_rounds(
     as unavailable with that reason, never run. ``reuse_ranks``: every job on the same rank
     processes (the module doc says when). A SpecError (bad input fails every mode alike)
     propagates."""
-    from gbdoctor.setup.dist import run_ranks, shared_ranks
+    from gbdoctor.setup.dist import fresh_ranks, run_ranks, shared_ranks
 
     world, rounds = settings.ranks, settings.rounds
     warmup, steps = settings.warmup, settings.steps
@@ -112,8 +112,9 @@ def train_rounds(
     done = 0
     ranks = contextlib.ExitStack()
     try:
-        if reuse_ranks:
-            ranks.enter_context(shared_ranks())
+        # run's own jobs spawn fresh ranks also inside a caller's shared_ranks scope (the test
+        # session's, tests/conftest.py): its compile times and peak RSS are a new process's.
+        ranks.enter_context(shared_ranks() if reuse_ranks else fresh_ranks())
         for r in range(rounds):
             for mode in chosen if r % 2 == 0 else list(reversed(chosen)):
                 if mode in result.failures:

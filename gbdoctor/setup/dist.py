@@ -123,3 +123,16 @@ def shared_ranks() -> Iterator[None]:
         _shared_pools = None
         for pool in pools.values():
             pool.close()
+
+
+@contextlib.contextmanager
+def fresh_ranks() -> Iterator[None]:
+    """Inside, :func:`run_ranks` spawns fresh ranks per job again, also within an open
+    :func:`shared_ranks` scope, whose pools stay open for after: for a job whose result depends
+    on the process being new (``run``'s compile time and peak RSS, ``run/rounds.py``)."""
+    global _shared_pools
+    pools, _shared_pools = _shared_pools, None
+    try:
+        yield
+    finally:
+        _shared_pools = pools

@@ -70,16 +70,20 @@ def _die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="gbdoctor-parent-watch", daemon=True).start()
 
 
-EnvironmentChange = tuple[dict[str, str], tuple[str, ...], list[str]]
+EnvironmentChange = tuple[dict[str, str], tuple[str, ...], list[str], str]
 """(variables set or changed, variables removed) since the ranks were spawned, and the
-parent's ``sys.path`` (a spawned process starts with the parent's)."""
+parent's ``sys.path`` and working directory (a spawned process starts with the parent's)."""
 
 
 def _apply_environment(change: EnvironmentChange) -> None:
     """On a rank, before a job: the parent's environment changes since the spawn (on top of the
-    rank's own variables, which the parent's environment never holds)."""
-    changed, removed, path = change
+    rank's own variables, which the parent's environment never holds), ``sys.path`` and working
+    directory."""
+    changed, removed, path, cwd = change
     sys.path[:] = path
+    # The parent's now (a test's monkeypatch.chdir), not the first job's or what a job's user
+    # code changed it to: relative paths a job reads resolve as on a fresh spawn.
+    os.chdir(cwd)
     os.environ.update({k: v for k, v in changed.items() if k not in _RANK_OWN_VARIABLES})
     for name in removed:
         if name not in _RANK_OWN_VARIABLES:

@@ -302,11 +302,12 @@ class RankPool:
     def _environment_change(self) -> EnvironmentChange:
         """How this process's environment differs from the one the ranks were spawned with: a
         job sees the environment a fresh spawn would get now (a test's ``monkeypatch.setenv``,
-        a command's ``TORCH_LOGS``), not the one of the first job."""
+        a command's ``TORCH_LOGS``, the working directory), not the one of the first job."""
         now = dict(os.environ)
         spawned = self._spawn_environment
         changed = {k: v for k, v in now.items() if spawned.get(k) != v}
-        return changed, tuple(sorted(k for k in spawned if k not in now)), list(sys.path)
+        removed = tuple(sorted(k for k in spawned if k not in now))
+        return changed, removed, list(sys.path), os.getcwd()
 
     def close(self, *, gracefully: bool = True) -> None:
         ranks, self._ranks = self._ranks, None

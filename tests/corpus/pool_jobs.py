@@ -118,3 +118,10 @@ def report_stages(payload: object) -> int:
         say(f"stage 1 on rank {rank}", 0, 2)
         say(f"stage 2 on rank {rank}", 1, 2)
     return rank
+
+
+def working_directory(payload: str | None) -> str:
+    """The job's working directory; with a payload, after user code changed it to that."""
+    if payload is not None:
+        os.chdir(payload)
+    return os.getcwd()

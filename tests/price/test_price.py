@@ -134,6 +134,7 @@ def priced(tmp_path_factory, trained):
     from gbdoctor.cli import app
     from gbdoctor.price import driver as price_module
     from gbdoctor.run import rounds as rounds_module
+    from gbdoctor.setup.dist import fresh_ranks
 
     tmp = tmp_path_factory.mktemp("price")
     spec = tmp / "priced.toml"
@@ -151,34 +152,39 @@ def priced(tmp_path_factory, trained):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(price_module, "train_rounds", train_rounds)
-        result = CliRunner().invoke(
-            app,
-            [
-                "price",
-                str(spec),
-                "--backend",
-                "aot_eager",
-                "--rounds",
-                "2",
-                "--steps",
-                "1",
-                "--warmup",
-                "1",
-                # CPU time: the real path of the clock a busy machine needs (the wall clock differs
-                # only in the field it reads, and its arithmetic is tested below).
-                "--clock",
-                "cpu",
-                "-f",
-                "json",
-                "-o",
-                str(out),
-            ],
-        )
+        # price's own pool, not the session's (tests/conftest.py): its first job is then a
+        # fresh rank's, a witness of test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure
+        # (a module fixture: the fresh_ranks marker's function fixture comes too late for it).
+        with fresh_ranks():
+            result = CliRunner().invoke(
+                app,
+                [
+                    "price",
+                    str(spec),
+                    "--backend",
+                    "aot_eager",
+                    "--rounds",
+                    "2",
+                    "--steps",
+                    "1",
+                    "--warmup",
+                    "1",
+                    # CPU time: the real path of the clock a busy machine needs (the wall clock
+                    # differs only in the field it reads, and its arithmetic is tested below).
+                    "--clock",
+                    "cpu",
+                    "-f",
+                    "json",
+                    "-o",
+                    str(out),
+                ],
+            )
     assert result.exit_code == 0, result.output
     assert len(trained) == 1
     return load_scan_json(out), json.loads(out.read_text()), (spec, out)
 
 
+@pytest.mark.fresh_ranks  # its witness job is spawned alone
 def test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure(priced, trained):
     """``price`` runs all its jobs on the same rank processes (``RankPool``): a job that follows
     others compiles the same graphs with the same breaks, and trains the same losses, as the

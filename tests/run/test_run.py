@@ -52,16 +52,40 @@ def _spec(tmp_path: Path, factory: str, flavor: str, extra: str = ""):
 
 
 @pytest.fixture(scope="module")
-def clean_run(tmp_path_factory):
+def pooled_when_run():
+    """For each rank job of ``clean_run``'s modes: whether a shared pool would have run it."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def clean_run(tmp_path_factory, pooled_when_run):
+    from gbdoctor.run.worker import run_mode_rank
+    from gbdoctor.setup import dist
+
+    def run_ranks(target, *args, **kwargs):
+        if target is run_mode_rank:
+            pooled_when_run.append(dist._shared_pools is not None)
+        return real_run_ranks(target, *args, **kwargs)
+
+    real_run_ranks = dist.run_ranks
     spec = _spec(tmp_path_factory.mktemp("run"), "planted.py", "clean")
     calls: list[tuple[str, int, int]] = []
-    report = run_modes(
-        spec,
-        run_settings(spec, steps=2, warmup=1, rounds=2, backend="aot_eager"),
-        modes=["block-fullgraph", "eager"],
-        progress=lambda msg, done, total: calls.append((msg, done, total)),
-    )
+    # Inside a shared_ranks scope (the session's, or this one under GBDOCTOR_TEST_FRESH_RANKS=1).
+    with pytest.MonkeyPatch.context() as patch, dist.shared_ranks():
+        patch.setattr(dist, "run_ranks", run_ranks)
+        report = run_modes(
+            spec,
+            run_settings(spec, steps=2, warmup=1, rounds=2, backend="aot_eager"),
+            modes=["block-fullgraph", "eager"],
+            progress=lambda msg, done, total: calls.append((msg, done, total)),
+        )
     return report, calls
+
+
+def test_run_trains_each_mode_on_fresh_ranks_inside_shared_ranks(clean_run, pooled_when_run):
+    """run reports each mode's compile time and peak RSS, a new process's (run/rounds.py): no
+    job of its rounds goes to a caller's pool, the test session's included."""
+    assert pooled_when_run == [False] * 4  # 2 rounds x 2 modes
 
 
 # --------------------------------------------------------------------------- real runs

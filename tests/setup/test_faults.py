@@ -258,6 +258,7 @@ def test_a_keyboard_interrupt_raised_by_user_code_is_a_user_code_failure(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.fresh_ranks  # the rendezvous under this GLOO_SOCKET_IFNAME: warm ranks met before it
 def test_the_rendezvous_listens_on_loopback_only(monkeypatch) -> None:
     """Also when the environment names an external interface for gloo (left there for the
     user's own multi-node jobs): the ranks this job spawns all run here."""

@@ -15,10 +15,11 @@ from corpus.pool_jobs import (
     state_found,
     uneven_block_runs_under_rank_local_fsdp,
     wait_in_a_collective_rank1_never_joins,
+    working_directory,
 )
 
 from gbdoctor.errors import DeadlineError, SpecError
-from gbdoctor.setup.dist import RankPool, run_ranks, shared_ranks
+from gbdoctor.setup.dist import RankPool, fresh_ranks, run_ranks, shared_ranks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -55,6 +56,20 @@ def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks(
     assert not any(_alive(p) for p in last)
 
 
+def test_a_job_runs_in_the_parents_working_directory_of_now(tmp_path, monkeypatch):
+    """As on a fresh spawn: not the directory the ranks were spawned in, nor the one an earlier
+    job's user code moved to (a test's ``monkeypatch.chdir`` on the session's ranks)."""
+    first, second, moved = (tmp_path / name for name in ("first", "second", "moved"))
+    for folder in (first, second, moved):
+        folder.mkdir()
+    with RankPool(world_size=1, device_type="cpu", timeout_s=300) as pool:
+        monkeypatch.chdir(first)
+        assert pool.run(working_directory, None) == [str(first)]
+        monkeypatch.chdir(second)
+        assert pool.run(working_directory, str(moved)) == [str(moved)]
+        assert pool.run(working_directory, None) == [str(second)]
+
+
 def test_a_job_past_its_deadline_raises_and_leaves_no_rank():
     with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
         ranks = [r[0] for r in pool.run(state_found, None)]
@@ -78,6 +93,27 @@ def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
             assert pids() == first
     assert not any(_alive(p) for p in first)
     assert pids() != first
+
+
+@pytest.mark.fresh_ranks
+def test_fresh_ranks_spawns_per_job_inside_shared_ranks_and_keeps_the_pool():
+    """What a job that needs a new process uses (``run``'s rounds, the ``fresh_ranks`` marker of
+    tests/conftest.py): its own ranks, dead when it returns; the scope's pool stays for after."""
+
+    def pids() -> list[int]:
+        return [
+            r[0]
+            for r in run_ranks(state_found, None, world_size=1, device_type="cpu", timeout_s=300)
+        ]
+
+    with shared_ranks():
+        pooled = pids()
+        with fresh_ranks():
+            own = pids()
+        assert own != pooled and not any(_alive(p) for p in own)
+        assert all(_alive(p) for p in pooled)
+        assert pids() == pooled
+    assert not any(_alive(p) for p in pooled)
 
 
 def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_its_block():
