@@ -89,6 +89,14 @@ def _restore_logging(saved: dict[str, tuple[list[logging.Handler], int, bool, bo
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
 
 
+def interruptible() -> None:
+    """A subprocess's ``preexec_fn`` for tests that send it SIGINT: SIGINT back to its default,
+    whatever the test run inherited. A shell without job control starts background commands
+    (``pytest ... &``) with SIGINT ignored, children inherit that, and a process started that
+    way rightly ignores Ctrl-C (the signal tests then timed out in such runs, and only there)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def in_process(*args: str, cwd: Path | str, **env: str) -> Done:
     """Run ``gbdoctor ARGS`` in this process from ``cwd`` with ``env`` added to the environment;
     its exit status and what it wrote to stdout and stderr."""

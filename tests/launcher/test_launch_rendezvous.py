@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import interruptible
 from launch_jobs import deepspeed_env, free_port, gbdoctor_cmd, launch_env, run_two_ranks
 from repo_paths import FIXTURES
 
@@ -100,6 +101,7 @@ def test_a_rank_waiting_at_rendezvous_ends_on_a_signal(tmp_path: Path, signum: i
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=interruptible,  # a rank started as a shell starts it, SIGINT not ignored
     )
     try:
         deadline = time.monotonic() + 240

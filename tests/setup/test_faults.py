@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import interruptible
 from corpus.harness import (
     FACTORIES,
     check_one_error_line,
@@ -55,7 +56,7 @@ class Job:
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
-            preexec_fn=_interruptible,
+            preexec_fn=interruptible,
         )
         self.pids: set[int] = set()
         self.shm: set[str] = set()
@@ -128,14 +129,6 @@ class Job:
         assert len(self.pids) >= 3, "the sampler never saw the ranks"
         left = {f for f in self.shm if os.path.exists(f)}
         assert not left, f"/dev/shm files left behind: {left}"
-
-
-def _interruptible() -> None:
-    """SIGINT back to its default in the job, whatever the test run inherited: a shell without
-    job control starts background commands (``pytest ... &``) with SIGINT ignored, children
-    inherit that, and a process started that way rightly ignores Ctrl-C (the signal tests then
-    timed out in such runs, and only there)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _alive(pid: int) -> bool:
@@ -247,7 +240,7 @@ def test_a_keyboard_interrupt_raised_by_user_code_is_a_user_code_failure(tmp_pat
         text=True,
         timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-        preexec_fn=_interruptible
+        preexec_fn=interruptible
         if sigint == "default"
         else lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
