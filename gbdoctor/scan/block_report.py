@@ -168,6 +168,13 @@ def break_order(b: Break) -> tuple[Any, ...]:
     return (b.module, loc.file if loc else "", loc.line if loc else 0, b.gb_type, b.cause)
 
 
+def layer_order(fqn: str) -> tuple[int, str]:
+    """Sort key of block FQNs: by the layer index they end with (``layers.10`` after
+    ``layers.9``), other names last."""
+    tail = fqn.rsplit(".", 1)[-1]
+    return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
+
+
 def event_order(e: Event) -> tuple[Any, ...]:
     loc = e.location
     return (e.kind, e.module, loc.file if loc else "", loc.line if loc else 0, e.gb_type)

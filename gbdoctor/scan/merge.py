@@ -6,8 +6,8 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from gbdoctor.capture import torch_version
-from gbdoctor.records import BlockReport, Event, ScanReport, Spec
-from gbdoctor.scan.block_report import event_order
+from gbdoctor.records import BlockReport, Event, RankDivergence, ScanReport, Spec
+from gbdoctor.scan.block_report import event_order, layer_order
 from gbdoctor.scan.divergence import rank_divergences
 from gbdoctor.scan.job import RankScan, ScanJob
 from gbdoctor.setup import launched
@@ -46,18 +46,17 @@ def merged_report(
     for r, (blocks, _, _) in enumerate(ranks):
         groups.setdefault(tuple(b.fqn for b in blocks), []).append(r)
     merged: list[BlockReport] = []
-    divergence: list[Any] = []
+    divergence: list[RankDivergence] = []
     for members in groups.values():
         group = [ranks[r] for r in members]
         merged += _merge_group(group, members)
         found = rank_divergences([blocks for blocks, _, _ in group], info)
         divergence += [_global_ranks(d, members) for d in found]
     if len(groups) > 1:
-        merged.sort(key=lambda b: _layer_order(b.fqn))
+        merged.sort(key=lambda b: layer_order(b.fqn))
     notes = spec_notes + notes0
-    # Notes other ranks add (a rank's own stages) follow rank 0's, once each.
-    for _, _, rank_notes in ranks[1:]:
-        if len(groups) > 1:
+    if len(groups) > 1:  # notes other ranks add (a rank's own stages) follow rank 0's, once each
+        for _, _, rank_notes in ranks[1:]:
             notes += tuple(n for n in rank_notes if n not in notes)
     if len(ranks) > 1:
         whose = (
@@ -105,7 +104,7 @@ def _merge_group(group: list[RankScan], members: list[int]) -> list[BlockReport]
     return merged
 
 
-def _global_ranks(found: Any, members: list[int]) -> Any:
+def _global_ranks(found: RankDivergence, members: list[int]) -> RankDivergence:
     """A divergence found within a group of ranks, with the group's ranks as global ranks."""
     if members == list(range(len(members))):
         return found
@@ -114,11 +113,6 @@ def _global_ranks(found: Any, members: list[int]) -> Any:
         ranks=tuple(members[r] for r in found.ranks),
         without=tuple(members[r] for r in found.without),
     )
-
-
-def _layer_order(fqn: str) -> tuple[int, str]:
-    tail = fqn.rsplit(".", 1)[-1]
-    return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
 
 
 def _fingerprint(block: BlockReport) -> tuple[Any, ...]:

@@ -36,7 +36,7 @@ from gbdoctor.causes import NO_FRAMEWORK_HOOKS, FrameworkHooks
 from gbdoctor.errors import DEBUG_ENV, SetupError
 from gbdoctor.frameworks.registry import hooks_of, zero_stage_of
 from gbdoctor.records import BlockReport, EventKind, Recompile, SetupInfo, Spec
-from gbdoctor.scan.block_report import block_report
+from gbdoctor.scan.block_report import block_report, layer_order
 from gbdoctor.scan.dedupe import (
     Proof,
     group_blocks,
@@ -119,7 +119,7 @@ def _scan_set_up(
     from gbdoctor.models import vocab_size
 
     own_pipeline = setup.own_pipeline
-    if own_pipeline:  # the framework's schedule needs every PP rank in step (see FrameworkBase)
+    if own_pipeline:  # its schedule needs every PP rank in step (interface.OwnPipeline)
         job = replace(job, probe_recompiles=False)
 
     vocab = vocab_size(setup.model)
@@ -309,7 +309,7 @@ def _capture_kinds(
                     dedupe_detail=proof.detail if proof else "",
                 )
             )
-    reports.sort(key=lambda r: _layer_order(r.fqn))
+    reports.sort(key=lambda r: layer_order(r.fqn))
     return tuple(reports)
 
 
@@ -373,11 +373,6 @@ def _unprovable_reason(report: BlockReport) -> str:
     if any(e.kind == EventKind.FRAME_SKIPPED for e in report.events):
         return "Dynamo abandoned a frame of it, and skipped code has no guards to check"
     return "this layer was not called by the model's forward"
-
-
-def _layer_order(fqn: str) -> tuple[int, str]:
-    tail = fqn.rsplit(".", 1)[-1]
-    return (int(tail), fqn) if tail.isdigit() else (1 << 30, fqn)
 
 
 def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:

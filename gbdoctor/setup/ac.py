@@ -97,9 +97,9 @@ def needs_rng_stand_in(module: nn.Module) -> bool:
 
 def rng_stand_in_notes(model: nn.Module) -> tuple[str, ...]:
     """The scan's note when any checkpointed region of ``model`` runs under ``rng_stand_in``: a
-    stand-in is stated, as CP's CPU ring attention is. Counted as decided when wrapping (AC
-    comes before FSDP2, whose sharded parameters are DTensors too but are plain tensors again
-    inside the forward, so they never needed it)."""
+    stand-in is stated, as CP's CPU ring attention is. Counted as :func:`wrap` decided (under TP
+    only), not by looking at the parameters now: FSDP2, applied after AC, makes every parameter a
+    DTensor."""
     regions = [m for m in model.modules() if m in _RNG_STAND_INS]
     if not regions:
         return ()

@@ -78,6 +78,14 @@ class PipelineLayout:
     def stages_of_rank(self, pp_rank: int) -> tuple[PipelineStage, ...]:
         return tuple(s for s in self.stages if s.pp_rank == pp_rank)
 
+    def rank_stages(self) -> tuple[str, ...]:
+        """Per PP rank, which stages it holds (``rank 0: stages 0 and 2``), for notes."""
+        return tuple(
+            f"rank {r}: stage{'s' if self.stages_per_rank > 1 else ''} "
+            + " and ".join(str(s.index) for s in self.stages_of_rank(r))
+            for r in range(self.degree)
+        )
+
 
 def schedule_class(name: str) -> type:
     """torch's schedule class for a torchtitan schedule name; SpecError for an unknown one."""
@@ -232,11 +240,7 @@ def pipeline_layout(p: ParallelSpec, num_layers: int, local_batch_size: int) -> 
 
 def pipeline_notes(layout: PipelineLayout) -> tuple[str, ...]:
     """What a scan of a pipeline-parallel spec reproduces, and what it does not."""
-    ranks = ", ".join(
-        f"rank {r}: stage{'s' if layout.stages_per_rank > 1 else ''} "
-        + " and ".join(str(s.index) for s in layout.stages_of_rank(r))
-        for r in range(layout.degree)
-    )
+    ranks = ", ".join(layout.rank_stages())
     notes = [
         f"pipeline: PP {layout.degree}, schedule {layout.schedule}, {len(layout.stages)} stages "
         f"({ranks}), {layout.microbatches} microbatch(es) of {layout.microbatch_size}; every "

@@ -46,9 +46,8 @@ def report_stage(stage: str) -> None:
 def _die_with_parent(parent_pid: int) -> None:
     """Make this rank die when the gbdoctor process that spawned it dies, however it dies
     (kill -9 included): PR_SET_PDEATHSIG on Linux, a watcher thread elsewhere."""
-    real_exit = (
-        os._exit
-    )  # the user-code guard replaces os._exit later; the watcher must not see that
+    # The user-code guard replaces os._exit later; the watcher must not see that.
+    real_exit = os._exit
     if sys.platform.startswith("linux"):
         try:
             libc = ctypes.CDLL(None, use_errno=True)

@@ -103,15 +103,19 @@ def pipeline(
         parallelize_fn=parallelize,
         loss_fn=loss_fn,
     )
-    stages = getattr(schedule, "_stages", None) or [schedule._stage]
     return Pipelined(
         schedule=schedule if takes_microbatches(schedule) else MicrobatchStep(schedule),
         parts=list(parts),
-        stage_indices=tuple(s.stage_index for s in stages),
+        stage_indices=tuple(s.stage_index for s in schedule_stages(schedule)),
         has_first=has_first,
         has_last=has_last,
         layout=layout_of(config, parallel_dims),
     )
+
+
+def schedule_stages(schedule: Any) -> list[Any]:
+    """The stages a torch schedule runs on this rank (multi-stage schedules keep a list)."""
+    return getattr(schedule, "_stages", None) or [schedule._stage]
 
 
 def takes_microbatches(schedule: Any) -> bool:
@@ -149,7 +153,7 @@ class MicrobatchStep:
         return_outputs: bool = True,
     ) -> None:
         schedule = self.schedule
-        for stage in getattr(schedule, "_stages", None) or [schedule._stage]:
+        for stage in schedule_stages(schedule):
             stage.has_backward = schedule._has_backward
             stage.clear_runtime_states()
         schedule._step_microbatches(
@@ -162,9 +166,9 @@ class PartsView(nn.Module):
     (its blocks by global FQN, its FSDP state, where a frame's module is): the parts' top-level
     modules under their own names (``layers`` merged, keys global as torchtitan keeps them),
     then the parts themselves as ``_part0``, ... (their FSDP roots; ``named_modules`` names each
-    module once, by its first name). It has no forward: the schedule runs the parts. A rank without the
-    embedding gets a parameterless one on meta, so the vocabulary and the residual width (what
-    finds MoE layers) read as on the first stage."""
+    module once, by its first name). It has no forward: the schedule runs the parts. A rank
+    without the embedding gets a parameterless one on meta, so the vocabulary and the residual
+    width (what finds MoE layers) read as on the first stage."""
 
     def __init__(self, parts: list[nn.Module], embedding: nn.Embedding) -> None:
         super().__init__()
@@ -248,11 +252,7 @@ def pipeline_step(state: Any, tokens: torch.Tensor, labels: torch.Tensor) -> tor
 def pipeline_note(pipelined: Pipelined, version: str | None) -> str:
     """What ran of torchtitan's pipeline code, and what the scan captures of it."""
     layout = pipelined.layout
-    ranks = "; ".join(
-        f"rank {r}: stage{'s' if layout.stages_per_rank > 1 else ''} "
-        + " and ".join(str(s.index) for s in layout.stages_of_rank(r))
-        for r in range(layout.degree)
-    )
+    ranks = "; ".join(layout.rank_stages())
     return (
         f"pipeline: torchtitan {version}'s own pipelining_fn split the model into "
         f"{len(layout.stages)} stages ({ranks}) and parallelized each part; the warm-up is its "

@@ -98,7 +98,7 @@ class TitanSetup:
 
     @property
     def own_pipeline(self) -> bool:
-        """Whether the framework's own pipeline code set this rank up (see ``FrameworkBase``)."""
+        """Whether the framework's own pipeline code set this rank up (``interface.OwnPipeline``)."""
         return self.pipelined is not None
 
     @property
