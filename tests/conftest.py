@@ -12,6 +12,7 @@ from repo_paths import EXTRA_INSTALL, FIXTURES, REPO, extra_installed
 if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
     sys.path.insert(0, str(REPO))
 
+from tools.slow_tier import heaviest_files_first, read_file_seconds  # noqa: E402
 from tools.slow_tier import read_list as measured_slow_tests  # noqa: E402
 
 # The scan's recompile probe (about two eager steps and two block replays per block kind) runs
@@ -69,6 +70,29 @@ def _fresh_ranks_when_marked(request):
         yield
 
 
+WORKER_GIB = 4
+"""Memory one pytest-xdist worker can hold at once: the worker (about 1.4 GiB with torch, Dynamo
+and a model) plus the session's ranks of its pool (0.4-1.1 GiB each, two to four of them),
+measured with ``ps`` during a run of the whole suite on 2 workers."""
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per usable core, but no more than the available memory holds at
+    :data:`WORKER_GIB` each (each worker spawns its own ranks: 32 cores and 16 GiB must not
+    start 32 of them)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+        available_kib = int(
+            next(line for line in meminfo.splitlines() if line.startswith("MemAvailable")).split()[
+                1
+            ]
+        )
+    except (OSError, StopIteration, ValueError):  # not Linux: the cores decide
+        return cores or 1
+    return max(1, min(cores or 1, available_kib // (WORKER_GIB * 1024 * 1024)))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` the tests listed in ``tests/slow_tests.txt`` (before ``-m`` selects), so
@@ -76,6 +100,11 @@ def pytest_collection_modifyitems(config, items):
 
     Skip tests marked ``extra("NAME")`` when that extra is not installed, naming the install
     command; ``python -m pytest -m extra`` runs exactly them (stage 2 of ``.ci/run``)."""
+    if hasattr(config, "workerinput"):
+        # A pytest-xdist worker's collection: the controller hands out whole files in this order
+        # (``--dist loadfile --no-loadscope-reorder``, pyproject), so the longest go first.
+        order = heaviest_files_first([item.nodeid for item in items], read_file_seconds())
+        items[:] = [items[i] for i in order]
     slow = measured_slow_tests()  # tests/slow_tests.txt, written by tools/slow_tier.py
     for item in items:
         if item.nodeid in slow:

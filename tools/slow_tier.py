@@ -15,6 +15,11 @@ A log of the fast tier only adds to the list (the tests already listed stay: the
 paid by the first test that uses it, so run the fast tier again after a change to the list: the
 next user of that fixture may cross the threshold in turn. A listed id that no test has any
 more is dropped with a message (a renamed or deleted test).
+
+With ``--replace`` (a log of the whole suite) it also writes ``tests/file_seconds.txt``: each test
+file's measured seconds. Under pytest-xdist (the README's ``-n auto``) ``tests/conftest.py`` hands
+the workers whole files heaviest first from it, so that no long file starts last and runs alone
+while the other workers are idle (longest-first scheduling).
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 LIST = REPO / "tests" / "slow_tests.txt"
+FILE_SECONDS = REPO / "tests" / "file_seconds.txt"
+FILE_SECONDS_HEADER = """\
+# Each test file's seconds (setup + call + teardown of its tests) in a measured run of the whole
+# suite; tests/conftest.py schedules files heaviest first under pytest-xdist. Written by
+# `python -m tools.slow_tier LOG --replace` (docs/testing.md); edit by rerunning it, not by hand.
+"""
 HEADER = """\
 # Tests the inner loop (`python -m pytest -m "not slow"`) leaves out because a measured run
 # found them slower than the threshold; tests/conftest.py marks them `slow`. Written by
@@ -43,6 +54,38 @@ def seconds_per_test(log: str) -> dict[str, float]:
         if match:
             seconds[match.group(3)] += float(match.group(1))
     return dict(seconds)
+
+
+def seconds_per_file(seconds: dict[str, float]) -> dict[str, float]:
+    """The per-test seconds summed per test file (the part of the id before ``::``)."""
+    per_file: dict[str, float] = defaultdict(float)
+    for node, s in seconds.items():
+        per_file[node.partition("::")[0]] += s
+    return dict(per_file)
+
+
+def read_file_seconds(path: Path = FILE_SECONDS) -> dict[str, float]:
+    """``tests/file_seconds.txt`` as {file: seconds}; empty when there is none."""
+    if not path.exists():
+        return {}
+    per_file = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, _, name = line.strip().partition(" ")
+            per_file[name] = float(seconds)
+    return per_file
+
+
+def heaviest_files_first(nodeids: list[str], per_file: dict[str, float]) -> list[int]:
+    """The indices of ``nodeids`` ordered by their file's seconds in ``per_file``, heaviest first,
+    the order within a file kept: longest-first scheduling of whole files, so that no long file
+    starts last and runs alone while the other workers are idle. A file ``per_file`` does not
+    know (new since it was measured) counts as the median file."""
+    if not per_file:
+        return list(range(len(nodeids)))
+    unknown = sorted(per_file.values())[len(per_file) // 2]
+    weight = [per_file.get(node.partition("::")[0], unknown) for node in nodeids]
+    return sorted(range(len(nodeids)), key=lambda i: (-weight[i], i))
 
 
 def read_list(path: Path = LIST) -> set[str]:
@@ -85,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     LIST.write_text(HEADER + "".join(f"{node}\n" for node in sorted(slow)))
     added = len(slow - kept)
     print(f"{LIST.relative_to(REPO)}: {len(slow)} tests ({added} added, {len(gone)} dropped)")
+    if args.replace:  # only a whole-suite log measures every file
+        per_file = sorted(seconds_per_file(seconds).items(), key=lambda item: (-item[1], item[0]))
+        rows = "".join(f"{s:.1f} {name}\n" for name, s in per_file)
+        FILE_SECONDS.write_text(FILE_SECONDS_HEADER + rows)
+        print(f"{FILE_SECONDS.relative_to(REPO)}: {len(per_file)} files")
     return 0
 
 
