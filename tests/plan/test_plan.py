@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -22,14 +23,49 @@ def _repo_cwd(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def print_plan(tmp_path_factory):
+def print_plan(tmp_path_factory, print_plan_calls):
     path = tmp_path_factory.mktemp("plan") / "print.toml"
     path.write_text(
         f'[model]\nname = "custom"\nflavor = "print"\nfactory = "{FIXTURES / "models" / "planted.py"}:build"\n'
         '[training]\nlocal_batch_size = 2\nseq_len = 16\n[activation_checkpoint]\nmode = "full"\n'
     )
     spec = load_spec(path)
-    return spec, propose_plan(spec)
+    with _counting() as (captures, decisions):
+        plan = propose_plan(spec)
+    print_plan_calls.extend([len(captures), len(decisions)])
+    return spec, plan
+
+
+@pytest.fixture(scope="module")
+def print_plan_calls():
+    """How many captures (``scan``) and decisions (``decide``) ``print_plan``'s plan, made from
+    scratch, took: [captures, decisions]. Counted as it was made, so the test that compares a
+    plan made from the command's own scan with it needs no second plan from scratch."""
+    return []
+
+
+@contextlib.contextmanager
+def _counting():
+    """Count the planner's captures (the strategy of each ``scan``) and decisions (the spec key
+    of each ``scan.environment.decide``) inside."""
+    from gbdoctor import scan as scan_package
+    from gbdoctor.scan import environment
+
+    captures, decisions = [], []
+    real_scan, real_decide = scan_package.scan, environment.decide
+
+    def counting_scan(spec, **options):
+        captures.append(options.get("strategy"))
+        return real_scan(spec, **options)
+
+    def counting_decide(spec, **options):
+        decisions.append(spec.key)
+        return real_decide(spec, **options)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(scan_package, "scan", counting_scan)
+        patch.setattr(environment, "decide", counting_decide)
+        yield captures, decisions
 
 
 def test_plan_isolates_a_break_in_block_glue_and_proves_the_rest(print_plan):
@@ -265,48 +301,36 @@ def test_emitted_python_compiles_an_expert_store_forward_between_its_hooks():
     torch._dynamo.reset()
 
 
-def test_a_plan_takes_the_commands_own_scan_and_decision(print_plan, monkeypatch):
+def test_a_plan_takes_the_commands_own_scan_and_decision(print_plan, print_plan_calls):
     """``price`` scans, then plans: the planner keeps the command's decision (no second
     ``decide``: no meta model built again, no memory estimate) and takes its scan where it asks
     for that same capture (the baseline strategy, no recompile probe). Oracle: the plan made
-    from scratch, same in every field, with one capture more and one decision more."""
+    from scratch (``print_plan``'s, its captures and decisions counted as it was made), same in
+    every field, with one capture more and one decision more."""
     from gbdoctor import scan as scan_package
     from gbdoctor.frameworks.torchtitan_v02.plan import BASELINE_STRATEGY
     from gbdoctor.plan import PriorScan
-    from gbdoctor.scan import environment, scan_decision
+    from gbdoctor.scan import scan_decision
 
-    spec, _ = print_plan
-    captures, decisions = [], []
-    real_scan, real_decide = scan_package.scan, environment.decide
-
-    def counting_scan(spec, **options):
-        captures.append(options.get("strategy"))
-        return real_scan(spec, **options)
-
-    def counting_decide(spec, **options):
-        decisions.append(spec.key)
-        return real_decide(spec, **options)
-
-    monkeypatch.setattr(scan_package, "scan", counting_scan)
-    monkeypatch.setattr(environment, "decide", counting_decide)
-    fresh = propose_plan(spec)
-    fresh_captures, fresh_decisions = len(captures), len(decisions)
+    spec, fresh = print_plan
+    fresh_captures, fresh_decisions = print_plan_calls
     assert fresh_decisions == 1 and fresh_captures >= 3  # baseline, a round, strict
 
-    captures.clear()
-    decisions.clear()
-    decision = scan_decision(spec)
-    report = real_scan(spec, strategy=BASELINE_STRATEGY, recompiles=False, decision=decision)
-    prior = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=False)
-    reused = propose_plan(spec, decision=decision, prior=prior)
-    assert reused == fresh
-    assert len(decisions) == 1  # the command's own, above
-    assert len(captures) == fresh_captures - 1
-    # A scan made otherwise (the recompile probe on) is not the planner's capture: scanned again.
-    captures.clear()
-    other = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=True)
-    assert propose_plan(spec, decision=decision, prior=other) == fresh
-    assert len(captures) == fresh_captures
+    real_scan = scan_package.scan
+    with _counting() as (captures, decisions):
+        decision = scan_decision(spec)
+        report = real_scan(spec, strategy=BASELINE_STRATEGY, recompiles=False, decision=decision)
+        prior = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=False)
+        reused = propose_plan(spec, decision=decision, prior=prior)
+        assert reused == fresh
+        assert len(decisions) == 1  # the command's own, above
+        assert len(captures) == fresh_captures - 1
+        # A scan made otherwise (the recompile probe on) is not the planner's capture: scanned
+        # again.
+        captures.clear()
+        other = PriorScan(report=report, spec=spec, strategy=BASELINE_STRATEGY, recompiles=True)
+        assert propose_plan(spec, decision=decision, prior=other) == fresh
+        assert len(captures) == fresh_captures
 
 
 def _scripted_scans(fail: Callable[[bool, int], bool]):
