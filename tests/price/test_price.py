@@ -131,6 +131,7 @@ def trained():
 def priced(tmp_path_factory, trained):
     from typer.testing import CliRunner
 
+    from gbdoctor import plan as plan_module
     from gbdoctor.cli import app
     from gbdoctor.price import driver as price_module
     from gbdoctor.run import rounds as rounds_module
@@ -150,8 +151,19 @@ def priced(tmp_path_factory, trained):
         trained.append((spec, framework, strategies, settings, options, measured))
         return measured
 
+    # The plan price makes and prices against, saved as `gbdoctor plan -o` would: `run --price`
+    # below reuses it (`run SPEC --plan plan.json --price priced.json`, docs/price.md) instead of
+    # making the same plan again.
+    plans = []
+    real_propose_plan = plan_module.propose_plan
+
+    def propose_plan(spec, **options):
+        plans.append(real_propose_plan(spec, **options))
+        return plans[-1]
+
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(price_module, "train_rounds", train_rounds)
+        patch.setattr(plan_module, "propose_plan", propose_plan)
         # price's own pool, not the session's (tests/conftest.py): its first job is then a
         # fresh rank's, a witness of test_price_jobs_on_shared_ranks_measure_what_fresh_ranks_measure
         # (a module fixture: the fresh_ranks marker's function fixture comes too late for it).
@@ -180,8 +192,10 @@ def priced(tmp_path_factory, trained):
                 ],
             )
     assert result.exit_code == 0, result.output
-    assert len(trained) == 1
-    return load_scan_json(out), json.loads(out.read_text()), (spec, out)
+    assert len(trained) == 1 and len(plans) == 1
+    plan_json = tmp / "plan.json"
+    plan_json.write_text(plan_module.dump_plan(plans[0]))
+    return load_scan_json(out), json.loads(out.read_text()), (spec, out, plan_json)
 
 
 @pytest.mark.fresh_ranks  # its witness job is spawned alone
@@ -553,23 +567,26 @@ def test_price_in_cpu_time_is_refused_off_cpu(monkeypatch):
 
 @pytest.mark.slow
 def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
-    """``run --price`` on the spec that was priced, at its shapes and backend: the JSON carries
-    the check, its numbers recomputed here from the run's own per-round medians, and the table
-    line says whether the two agree."""
+    """``run --price`` on the spec that was priced, at its shapes and backend, with the plan the
+    prices were measured against (``--plan``, as docs/price.md runs it): the JSON carries the
+    check, its numbers recomputed here from the run's own per-round medians, and the table line
+    says whether the two agree."""
     from typer.testing import CliRunner
 
     from gbdoctor.cli import app
 
-    report, _, (spec, price_json) = priced
+    report, _, (spec, price_json, plan_json) = priced
     as_set_up = report.setup.strategy
     out = tmp_path / "run.json"
-    args = ["run", str(spec), "--backend", "aot_eager", "--rounds", "2", "--steps", "1"]
+    args = ["run", str(spec), "--plan", str(plan_json), "--backend", "aot_eager"]
+    args += ["--rounds", "2", "--steps", "1"]
     args += ["--warmup", "1", "--modes", "plan", "--batch-size", "2"]
     args += ["--seq-len", "32", "--price", str(price_json), "-f", "json", "-o", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code in (0, 1), result.output
     run = json.loads(out.read_text())
     assert run["schema_version"] == RUN_SCHEMA_VERSION
+    assert run["plan_source"] == str(plan_json)  # the plan the prices were measured against
     modes = {m["mode"]: m for m in run["modes"]}
     gains = [  # the prices are in CPU time: so is the side the check measures
         (b - p) * 1e3
