@@ -163,9 +163,49 @@ def _context() -> multiprocessing.context.ForkServerContext:
     return ctx
 
 
+def scan_key(spec: object, options: dict, framework: object) -> str:
+    """What makes two scans the same scan: the loaded spec (its file's content, overrides and
+    path), every option ``scan`` is given (strategy, decision, recompile probe, shapes, ...)
+    but its progress callback, the framework, the working directory and the environment (the
+    recompile probe's default, the memory pin, Dynamo's and torch's settings; pytest's
+    per-test variable left out)."""
+    import hashlib
+    import pickle
+
+    env = sorted((k, v) for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST")
+    name = getattr(framework, "name", None)
+    what = (spec, sorted(options.items()), name, os.getcwd(), env)
+    return hashlib.sha256(pickle.dumps(what)).hexdigest()
+
+
+def _share_scans(folder: str) -> None:
+    """In this child, ``gbdoctor.scan.scan`` answers a scan that another child of the session
+    already made with the same :func:`scan_key` from its saved report (a pickle of the frozen
+    record: the very object, not a JSON reading), and saves every report it makes. For commands
+    that show one scan in several formats (the docs' excerpts): the scan runs once, and each
+    command still parses its own argv, loads its spec, renders and prints."""
+    import pickle
+
+    import gbdoctor.scan as scan_package
+
+    real_scan = scan_package.scan
+
+    def scan(spec, *, progress=None, framework=None, **options):
+        saved = Path(folder) / f"{scan_key(spec, options, framework)}.pickle"
+        if saved.exists():
+            return pickle.loads(saved.read_bytes())
+        report = real_scan(spec, progress=progress, framework=framework, **options)
+        partial = saved.with_suffix(f".{os.getpid()}")
+        partial.write_bytes(pickle.dumps(report))
+        partial.replace(saved)  # whole or absent, for a child running beside this one
+        return report
+
+    scan_package.scan = scan
+
+
 def _child_main(
     args: tuple[str, ...], cwd: str, env: dict[str, str], out: object, err: object,
-    fsize: int | None,
+    fsize: int | None, scans: str | None,
 ) -> None:  # fmt: skip
     # Pipes, as a subprocess's captured streams are: a file-size limit does not apply to them.
     for fd, pipe in ((1, out), (2, err)):
@@ -180,6 +220,8 @@ def _child_main(
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+    if scans is not None:
+        _share_scans(scans)
     from gbdoctor.cli import main
 
     main(list(args))  # ends this process with the command's exit status
@@ -191,18 +233,28 @@ def _drain(fd: int, into: list[bytes]) -> None:
 
 
 class Child:
-    """One ``gbdoctor ARGS`` in a forked process; :meth:`wait` gives its :class:`Done`."""
+    """One ``gbdoctor ARGS`` in a forked process; :meth:`wait` gives its :class:`Done`.
+    ``shared_scans``: a folder where the children given it share their scans
+    (:func:`_share_scans`)."""
 
     def __init__(
         self, *args: str, cwd: Path | str, env: dict[str, str] | None = None,
-        file_size_limit: int | None = None,
+        file_size_limit: int | None = None, shared_scans: Path | None = None,
     ) -> None:  # fmt: skip
         ctx = _context()
         self.args = args
         (out_r, out_w), (err_r, err_w) = ctx.Pipe(duplex=False), ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=_child_main,
-            args=(args, str(cwd), {**os.environ, **(env or {})}, out_w, err_w, file_size_limit),
+            args=(
+                args,
+                str(cwd),
+                {**os.environ, **(env or {})},
+                out_w,
+                err_w,
+                file_size_limit,
+                None if shared_scans is None else str(shared_scans),
+            ),  # fmt: skip
         )
         self._process.start()
         out_w.close()

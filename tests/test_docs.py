@@ -297,13 +297,21 @@ def test_output_excerpts_are_marked() -> None:
     assert _output_blocks(), "the README's real-output excerpt lost its output-of marker"
 
 
+@pytest.fixture(scope="session")
+def excerpt_scans(tmp_path_factory) -> Path:
+    """Where the excerpts' commands share their scans: the README and docs/report.md show the
+    same scan as markdown and as a table; it runs once (``cli_runs.Child``'s ``shared_scans``:
+    the same spec, options and environment), and each command renders and prints its own."""
+    return tmp_path_factory.mktemp("excerpt-scans")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("block", _output_params())
-def test_output_excerpt_is_real_output(block: Block) -> None:
+def test_output_excerpt_is_real_output(block: Block, excerpt_scans: Path) -> None:
     args = shlex.split(block.output_of)
     assert args[0] == "gbdoctor", block.output_of
     # A process of its own, forked from a server that imported the CLI once (tests/cli_runs.py).
-    done = Child(*args[1:], cwd=REPO).wait(timeout=900)
+    done = Child(*args[1:], cwd=REPO, shared_scans=excerpt_scans).wait(timeout=900)
     assert done.returncode == 0, done.stderr
     missing = first_missing_line(block.lines, done.stdout)
     assert missing is None, (

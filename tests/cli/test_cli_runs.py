@@ -83,3 +83,37 @@ def test_a_command_run_in_process_leaves_this_process_as_it_was(tmp_path: Path) 
     assert (tmp_path / "inspect.json").read_text().startswith("{")
     after = _state()
     assert {k: v for k, v in after.items() if before[k] != v} == {}
+
+
+def test_shared_scans_answer_only_the_same_scan(tmp_path: Path, monkeypatch) -> None:
+    """``Child(shared_scans=...)`` (the docs' excerpts): a scan with the same spec, options,
+    working directory and environment is answered from the first one's report, the very
+    record; any of them different is scanned anew."""
+    from cli_runs import _share_scans
+
+    import gbdoctor.scan as scan_package
+    from gbdoctor.spec import load_spec
+
+    made = []
+
+    def fake_scan(spec, *, progress=None, framework=None, **options):
+        made.append((spec.training.seq_len, options))
+        return {"scan": len(made)}
+
+    monkeypatch.setattr(scan_package, "scan", fake_scan)
+    monkeypatch.chdir(REPO)
+    _share_scans(str(tmp_path))  # replaces scan_package.scan; monkeypatch restores the real one
+    spec = load_spec(REPO / "fixtures" / "custom_tiny.toml")
+    first = scan_package.scan(spec, strategy=None, progress=print, recompiles=None)
+    again = load_spec(REPO / "fixtures" / "custom_tiny.toml")
+    assert scan_package.scan(again, strategy=None, progress=None, recompiles=None) == first
+    assert len(made) == 1 and len(list(tmp_path.glob("*.pickle"))) == 1
+    longer = load_spec(REPO / "fixtures" / "custom_tiny.toml", ["training.seq_len=32"])
+    assert scan_package.scan(longer, strategy=None, recompiles=None) == {"scan": 2}
+    assert scan_package.scan(spec, strategy="eager", recompiles=None) == {"scan": 3}
+    assert scan_package.scan(spec, strategy=None, recompiles=True) == {"scan": 4}
+    monkeypatch.setenv("GBDOCTOR_RECOMPILE_PROBE", "1")
+    assert scan_package.scan(spec, strategy=None, recompiles=None) == {"scan": 5}
+    monkeypatch.chdir(tmp_path)
+    assert scan_package.scan(spec, strategy=None, recompiles=None) == {"scan": 6}
+    assert len(made) == 6
