@@ -66,7 +66,11 @@ def test_each_break_names_its_frame_and_the_eager_time_follows_the_work():
         Location(file="models/priced.py", line=_source_line("torch._dynamo.graph_break()"))
     )
     assert len(costly) == 1 and len(cheap) == 1 and costly != cheap
-    eager = eager_us_of(step, "cpu", set(frames.frames))
+    # Each frame's least time of three profiled steps: a wall-clock time, and on a loaded
+    # machine one step's cheap region can take a preemption (51.7 ms against 5 x 11.1 ms once,
+    # at load 11); the least of three is the work's own time.
+    runs = [eager_us_of(step, "cpu", set(frames.frames)) for _ in range(3)]
+    eager = {frame: min(run.get(frame, 0.0) for run in runs) for frame in frames.frames}
     assert eager[costly[0]] > 5 * eager.get(cheap[0], 0.0)
     _the_backward_of_eager_work_is_charged_to_its_break(module, step, frames, costly[0], cheap[0])
     torch._dynamo.reset()
