@@ -28,6 +28,22 @@ def _repo_cwd(monkeypatch):
     monkeypatch.delenv(memory_estimate.AVAILABLE_ENV, raising=False)
 
 
+@pytest.fixture(scope="module")
+def pp1_scan():
+    """The PP = 1 reference scan: the same config without PP, at the PP scans' microbatch
+    (2 rows), scanned once for the module (it depends on nothing a test changes)."""
+    from gbdoctor.scan import scan
+    from gbdoctor.spec import load_spec
+
+    return scan(
+        load_spec(
+            FIXTURES / "llama3_debug_pp2.toml",
+            ["parallelism.pipeline_parallel_degree=1", "gbdoctor.batch_size=2"],
+        ),
+        recompiles=False,
+    )
+
+
 def test_maverick_scan_reports_each_stage_and_the_gate_keys_them(tmp_path):
     titan_pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
     out = tmp_path / "scan.json"
@@ -77,7 +93,7 @@ def test_scans_of_the_previous_schema_still_read_without_stages():
     assert report == load_scan_json(FIXTURES / "scans" / "llama4_before.json")
 
 
-def test_real_pp2_scan_matches_the_pp1_scan_per_kind():
+def test_real_pp2_scan_matches_the_pp1_scan_per_kind(pp1_scan):
     """fixtures/llama3_debug_pp2.toml on 2 real gloo ranks (Interleaved1F1B: 4 stages,
     microbatches of 2) against the same config without PP: the same kinds with the same breaks,
     the stages torchtitan assigns, and AC wrapped where each rank's own counter puts it."""
@@ -86,13 +102,7 @@ def test_real_pp2_scan_matches_the_pp1_scan_per_kind():
     from gbdoctor.spec import load_spec
 
     pp2 = scan(load_spec(FIXTURES / "llama3_debug_pp2.toml"), recompiles=False)
-    pp1 = scan(
-        load_spec(
-            FIXTURES / "llama3_debug_pp2.toml",
-            ["parallelism.pipeline_parallel_degree=1", "gbdoctor.batch_size=2"],
-        ),
-        recompiles=False,
-    )
+    pp1 = pp1_scan  # the module's one PP = 1 scan (the schedule tests compare with it too)
     assert not pp2.setup.simulated and pp2.setup.world_size == 2
     assert (pp2.setup.pp_degree, pp2.setup.pp_stages, pp2.setup.pp_microbatches) == (2, 4, 4)
     assert pp1.setup.pp_degree == 1 and all(b.stage is None for b in pp1.blocks)
@@ -221,20 +231,6 @@ def replace_step(r, step):
         step=step,
         measured=False,
         hint=f"pipeline schedule step {step} (second microbatch shape)",
-    )
-
-
-@pytest.fixture(scope="module")
-def pp1_scan():
-    from gbdoctor.scan import scan
-    from gbdoctor.spec import load_spec
-
-    return scan(
-        load_spec(
-            FIXTURES / "llama3_debug_pp2.toml",
-            ["parallelism.pipeline_parallel_degree=1", "gbdoctor.batch_size=2"],
-        ),
-        recompiles=False,
     )
 
 
