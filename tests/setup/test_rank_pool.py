@@ -32,6 +32,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.fixture(scope="module")
+def two_ranks():
+    """One 2-rank pool for the tests at the end of this file, which need ranks to run their jobs
+    on, not new ones (the tests above check that each job on a pool finds a fresh state, and
+    that a failed job leaves new ranks to the next): a test whose job kills the ranks leaves new
+    ones to the next test. Each spawn costs two torch imports; these tests ran four, now two
+    (the order below: the two that keep their ranks first). Closed at the end, its ranks dead."""
+    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
+        yield pool
+        last = pool.pids()  # the ranks of the last test; the tests check those they kill
+    assert not any(_alive(p) for p in last)
+
+
 def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks():
     with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
         left = pool.run(leave_state, None)
@@ -68,15 +81,6 @@ def test_a_job_runs_in_the_parents_working_directory_of_now(tmp_path, monkeypatc
         monkeypatch.chdir(second)
         assert pool.run(working_directory, str(moved)) == [str(moved)]
         assert pool.run(working_directory, None) == [str(second)]
-
-
-def test_a_job_past_its_deadline_raises_and_leaves_no_rank():
-    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
-        ranks = [r[0] for r in pool.run(state_found, None)]
-        with pytest.raises(DeadlineError, match=r"rank\(s\) \[0, 1\] did not finish within 3 s"):
-            pool.run(hang, None, timeout_s=3)
-        assert pool.pids() == []
-        assert not any(_alive(p) for p in ranks)
 
 
 @pytest.mark.fresh_ranks
@@ -116,45 +120,55 @@ def test_fresh_ranks_spawns_per_job_inside_shared_ranks_and_keeps_the_pool():
     assert not any(_alive(p) for p in pooled)
 
 
-def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_its_block():
-    """The cross-rank wait a rank-divergent capture could fall into: bounded by the job's
-    deadline, and the error names where each unfinished rank was (``report_stage``)."""
-    import time
-
-    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
-        ranks = [r[0] for r in pool.run(state_found, None)]
-        start = time.monotonic()
-        with pytest.raises(DeadlineError) as raised:
-            pool.run(wait_in_a_collective_rank1_never_joins, None, timeout_s=5)
-        assert time.monotonic() - start < 5 + 15  # the deadline, plus killing the ranks
-        message = str(raised.value)
-        assert "rank(s) [0, 1] did not finish within 5 s" in message
-        assert (
-            "rank 0 at capturing layers.1" in message and "rank 1 at capturing layers.0" in message
-        )
-        assert not any(_alive(p) for p in ranks)
+def test_rank_0_reports_its_stages_to_the_parent_while_the_job_runs(two_ranks):
+    said: list[tuple[str, int, int]] = []
+    pool = two_ranks
+    answers = pool.run(report_stages, None, progress=lambda *message: said.append(message))
+    # Progress messages are not answers: each rank's answer is its rank.
+    assert answers == [0, 1]
+    assert said == [("stage 1 on rank 0", 0, 2), ("stage 2 on rank 0", 1, 2)]
+    # Without a receiver the messages are dropped, and the next job still answers.
+    assert pool.run(report_stages, None) == [0, 1]
 
 
-def test_ranks_that_run_blocks_a_different_number_of_times_under_rank_local_fsdp_do_not_wait():
+def test_ranks_that_run_blocks_a_different_number_of_times_under_rank_local_fsdp_do_not_wait(
+    two_ranks,
+):
     """The scan's capture phase (``capture.rank_local_fsdp`` + ``rank_local_collectives``): FSDP's
     collectives are served on the rank and gbdoctor's own all-reduces stay there, so uneven work
     finishes well within the bound (it waited forever before: rank 0 in an all-gather, rank 1 in
     a reduce-scatter), and real collectives pair up again after it."""
-    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
-        pool.run(state_found, None)  # the ranks' start, outside the bound below
-        (losses0, same0), (losses1, same1) = pool.run(
-            uneven_block_runs_under_rank_local_fsdp, None, timeout_s=60
-        )
+    two_ranks.run(state_found, None)  # the ranks' start, outside the bound below
+    (losses0, same0), (losses1, same1) = two_ranks.run(
+        uneven_block_runs_under_rank_local_fsdp, None, timeout_s=60
+    )
     assert len(losses0) == 3 and len(losses1) == 1
     assert same0 and same1  # the real gathered weights, not this rank's shard repeated
 
 
-def test_rank_0_reports_its_stages_to_the_parent_while_the_job_runs():
-    said: list[tuple[str, int, int]] = []
-    with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
-        answers = pool.run(report_stages, None, progress=lambda *message: said.append(message))
-        # Progress messages are not answers: each rank's answer is its rank.
-        assert answers == [0, 1]
-        assert said == [("stage 1 on rank 0", 0, 2), ("stage 2 on rank 0", 1, 2)]
-        # Without a receiver the messages are dropped, and the next job still answers.
-        assert pool.run(report_stages, None) == [0, 1]
+def test_a_job_past_its_deadline_raises_and_leaves_no_rank(two_ranks):
+    pool = two_ranks
+    ranks = [r[0] for r in pool.run(state_found, None)]
+    with pytest.raises(DeadlineError, match=r"rank\(s\) \[0, 1\] did not finish within 3 s"):
+        pool.run(hang, None, timeout_s=3)
+    assert pool.pids() == []
+    assert not any(_alive(p) for p in ranks)
+
+
+def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_its_block(
+    two_ranks,
+):
+    """The cross-rank wait a rank-divergent capture could fall into: bounded by the job's
+    deadline, and the error names where each unfinished rank was (``report_stage``)."""
+    import time
+
+    pool = two_ranks
+    ranks = [r[0] for r in pool.run(state_found, None)]
+    start = time.monotonic()
+    with pytest.raises(DeadlineError) as raised:
+        pool.run(wait_in_a_collective_rank1_never_joins, None, timeout_s=5)
+    assert time.monotonic() - start < 5 + 15  # the deadline, plus killing the ranks
+    message = str(raised.value)
+    assert "rank(s) [0, 1] did not finish within 5 s" in message
+    assert "rank 0 at capturing layers.1" in message and "rank 1 at capturing layers.0" in message
+    assert not any(_alive(p) for p in ranks)
