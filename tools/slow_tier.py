@@ -36,7 +36,8 @@ FILE_SECONDS = REPO / "tests" / "file_seconds.txt"
 FILE_SECONDS_HEADER = """\
 # Each test file's seconds (setup + call + teardown of its tests) in a measured run of the whole
 # suite; tests/conftest.py schedules files heaviest first under pytest-xdist. Written by
-# `python -m tools.slow_tier LOG --replace` (docs/testing.md); edit by rerunning it, not by hand.
+# `python -m tools.slow_tier LOG --replace` or `--files-only` (docs/testing.md); edit by
+# rerunning it, not by hand.
 """
 HEADER = """\
 # Tests the inner loop (`python -m pytest -m "not slow"`) leaves out because a measured run
@@ -114,10 +115,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("log", type=Path, help="output of pytest -q --durations=0")
     parser.add_argument("--threshold", type=float, default=2.0, help="seconds (default 2)")
     parser.add_argument("--replace", action="store_true", help="start from an empty list")
+    parser.add_argument(
+        "--files-only",
+        action="store_true",
+        help="write only tests/file_seconds.txt (a whole-suite log; the slow list unchanged)",
+    )
     args = parser.parse_args(argv)
     seconds = seconds_per_test(args.log.read_text())
     if not seconds:
         parser.error(f"{args.log}: no durations in it; run pytest with --durations=0")
+    if args.files_only:
+        _write_file_seconds(seconds)
+        return 0
     kept = set() if args.replace else read_list()
     slow = kept | {node for node, s in seconds.items() if s > args.threshold}
     existing = collected_ids()
@@ -129,11 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     added = len(slow - kept)
     print(f"{LIST.relative_to(REPO)}: {len(slow)} tests ({added} added, {len(gone)} dropped)")
     if args.replace:  # only a whole-suite log measures every file
-        per_file = sorted(seconds_per_file(seconds).items(), key=lambda item: (-item[1], item[0]))
-        rows = "".join(f"{s:.1f} {name}\n" for name, s in per_file)
-        FILE_SECONDS.write_text(FILE_SECONDS_HEADER + rows)
-        print(f"{FILE_SECONDS.relative_to(REPO)}: {len(per_file)} files")
+        _write_file_seconds(seconds)
     return 0
+
+
+def _write_file_seconds(seconds: dict[str, float]) -> None:
+    per_file = sorted(seconds_per_file(seconds).items(), key=lambda item: (-item[1], item[0]))
+    rows = "".join(f"{s:.1f} {name}\n" for name, s in per_file)
+    FILE_SECONDS.write_text(FILE_SECONDS_HEADER + rows)
+    print(f"{FILE_SECONDS.relative_to(REPO)}: {len(per_file)} files")
 
 
 if __name__ == "__main__":
