@@ -82,12 +82,9 @@ def pytest_xdist_auto_num_workers(config):
     start 32 of them)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     try:
-        meminfo = Path("/proc/meminfo").read_text()
-        available_kib = int(
-            next(line for line in meminfo.splitlines() if line.startswith("MemAvailable")).split()[
-                1
-            ]
-        )
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        available = next(line for line in meminfo if line.startswith("MemAvailable:"))
+        available_kib = int(available.split()[1])
     except (OSError, StopIteration, ValueError):  # not Linux: the cores decide
         return cores or 1
     return max(1, min(cores or 1, available_kib // (WORKER_GIB * 1024 * 1024)))
