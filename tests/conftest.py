@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from procs import running
 from repo_paths import EXTRA_INSTALL, FIXTURES, REPO, extra_installed
 
 if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of the install
@@ -46,17 +47,8 @@ def shared_rank_processes():
         yield
         # The pools' ranks at the session's end: closing them must leave none running.
         ranks = [pid for pool in (dist._shared_pools or {}).values() for pid in pool.pids()]
-    left = [pid for pid in ranks if _running(pid)]
+    left = [pid for pid in ranks if running(pid)]
     assert not left, f"the session's rank processes outlived their pools: {left}"
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a process that has not ended (a zombie counts as ended)."""
-    try:
-        stat = Path("/proc", str(pid), "stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 @pytest.fixture(autouse=True)

@@ -16,10 +16,11 @@ paid by the first test that uses it, so run the fast tier again after a change t
 next user of that fixture may cross the threshold in turn. A listed id that no test has any
 more is dropped with a message (a renamed or deleted test).
 
-With ``--replace`` (a log of the whole suite) it also writes ``tests/file_seconds.txt``: each test
-file's measured seconds. Under pytest-xdist (the README's ``-n auto``) ``tests/conftest.py`` hands
-the workers whole files heaviest first from it, so that no long file starts last and runs alone
-while the other workers are idle (longest-first scheduling).
+With ``--replace`` or ``--files-only`` (a log of the whole suite) it writes
+``tests/file_seconds.txt``: each test file's measured seconds. Under pytest-xdist (the README's
+``-n auto``) ``tests/conftest.py`` hands the workers whole files heaviest first from it, so that
+no long file starts last and runs alone while the other workers are idle (longest-first
+scheduling). ``--files-only`` leaves the slow list as it is.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from corpus.harness import (
     shm_mapped,
 )
 from corpus.probe import listening
+from procs import running
 from repo_paths import REPO
 
 from gbdoctor.setup.dist import run_ranks
@@ -118,7 +119,7 @@ class Job:
         deadline = time.monotonic() + within_s
         alive = self.pids
         while time.monotonic() < deadline:
-            alive = {p for p in self.pids if _alive(p)}
+            alive = {p for p in self.pids if running(p)}
             if not alive:
                 break
             time.sleep(0.2)
@@ -129,14 +130,6 @@ class Job:
         assert len(self.pids) >= 3, "the sampler never saw the ranks"
         left = {f for f in self.shm if os.path.exists(f)}
         assert not left, f"/dev/shm files left behind: {left}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.slow
@@ -170,7 +163,7 @@ def test_kill_9_of_the_main_process_takes_the_ranks_down(tmp_path) -> None:
     job.proc.kill()
     job.finish(within_s=10)
     job.assert_clean(within_s=10)
-    assert not any(_alive(pid) for pid in ranks.values())
+    assert not any(running(pid) for pid in ranks.values())
 
 
 @pytest.mark.slow

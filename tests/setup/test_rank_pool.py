@@ -17,6 +17,7 @@ from corpus.pool_jobs import (
     wait_in_a_collective_rank1_never_joins,
     working_directory,
 )
+from procs import running
 
 from gbdoctor.errors import DeadlineError, SpecError
 from gbdoctor.setup.dist import RankPool, fresh_ranks, run_ranks, shared_ranks
@@ -24,12 +25,11 @@ from gbdoctor.setup.dist import RankPool, fresh_ranks, run_ranks, shared_ranks
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"
-    except FileNotFoundError:
-        return False
+def _pids_of_a_job() -> list[int]:
+    """The pids of the ranks a 1-rank ``run_ranks`` job ran on."""
+    return [
+        r[0] for r in run_ranks(state_found, None, world_size=1, device_type="cpu", timeout_s=300)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def two_ranks():
     with RankPool(world_size=2, device_type="cpu", timeout_s=300) as pool:
         yield pool
         last = pool.pids()  # the ranks of the last test; the tests check those they kill
-    assert not any(_alive(p) for p in last)
+    assert not any(running(p) for p in last)
 
 
 def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks():
@@ -61,12 +61,12 @@ def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks(
         with pytest.raises(SpecError, match="rank 1: rank 1 refuses") as raised:
             pool.run(fail_on_rank1, None)
         assert raised.value.hint == "a hint"
-        assert pool.pids() == [] and not any(_alive(p) for p in first)
+        assert pool.pids() == [] and not any(running(p) for p in first)
         again = pool.run(state_found, None)
         assert not set(first) & {f[0] for f in again}
         assert [f[1:] for f in again] == [(False, True, 0, 0)] * 2
         last = pool.pids()
-    assert not any(_alive(p) for p in last)
+    assert not any(running(p) for p in last)
 
 
 def test_a_job_runs_in_the_parents_working_directory_of_now(tmp_path, monkeypatch):
@@ -85,18 +85,12 @@ def test_a_job_runs_in_the_parents_working_directory_of_now(tmp_path, monkeypatc
 
 @pytest.mark.fresh_ranks
 def test_run_ranks_inside_shared_ranks_reuses_one_pool_and_closes_it():
-    def pids() -> list[int]:
-        return [
-            r[0]
-            for r in run_ranks(state_found, None, world_size=1, device_type="cpu", timeout_s=300)
-        ]
-
     with shared_ranks():
-        first = pids()
+        first = _pids_of_a_job()
         with shared_ranks():  # nested: the outer scope's ranks
-            assert pids() == first
-    assert not any(_alive(p) for p in first)
-    assert pids() != first
+            assert _pids_of_a_job() == first
+    assert not any(running(p) for p in first)
+    assert _pids_of_a_job() != first
 
 
 @pytest.mark.fresh_ranks
@@ -104,20 +98,14 @@ def test_fresh_ranks_spawns_per_job_inside_shared_ranks_and_keeps_the_pool():
     """What a job that needs a new process uses (``run``'s rounds, the ``fresh_ranks`` marker of
     tests/conftest.py): its own ranks, dead when it returns; the scope's pool stays for after."""
 
-    def pids() -> list[int]:
-        return [
-            r[0]
-            for r in run_ranks(state_found, None, world_size=1, device_type="cpu", timeout_s=300)
-        ]
-
     with shared_ranks():
-        pooled = pids()
+        pooled = _pids_of_a_job()
         with fresh_ranks():
-            own = pids()
-        assert own != pooled and not any(_alive(p) for p in own)
-        assert all(_alive(p) for p in pooled)
-        assert pids() == pooled
-    assert not any(_alive(p) for p in pooled)
+            own = _pids_of_a_job()
+        assert own != pooled and not any(running(p) for p in own)
+        assert all(running(p) for p in pooled)
+        assert _pids_of_a_job() == pooled
+    assert not any(running(p) for p in pooled)
 
 
 def test_rank_0_reports_its_stages_to_the_parent_while_the_job_runs(two_ranks):
@@ -152,7 +140,7 @@ def test_a_job_past_its_deadline_raises_and_leaves_no_rank(two_ranks):
     with pytest.raises(DeadlineError, match=r"rank\(s\) \[0, 1\] did not finish within 3 s"):
         pool.run(hang, None, timeout_s=3)
     assert pool.pids() == []
-    assert not any(_alive(p) for p in ranks)
+    assert not any(running(p) for p in ranks)
 
 
 def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_its_block(
@@ -171,4 +159,4 @@ def test_a_rank_waiting_on_a_peer_in_a_collective_ends_at_the_deadline_naming_it
     message = str(raised.value)
     assert "rank(s) [0, 1] did not finish within 5 s" in message
     assert "rank 0 at capturing layers.1" in message and "rank 1 at capturing layers.0" in message
-    assert not any(_alive(p) for p in ranks)
+    assert not any(running(p) for p in ranks)
