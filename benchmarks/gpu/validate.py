@@ -15,6 +15,15 @@ bundled debug specs; >= 2 GPUs: also the 2-rank EP spec):
    mode) with no inductor skip and no re-recording on a moved static input; with none predicted
    ready the mode is unavailable and nothing is compared.
 
+The Accelerate spec (``benchmarks/specs/accelerate_llama.toml``, Hugging Face Accelerate's FSDP2
+path) goes first, through the same steps with its own run modes; it needs the accelerate extra
+(prepare.sh fetches it) and is left out, saying so, without it. Then the shape streams
+(``--shapes``, docs/shapes.md): per stream, ``timeline --shapes S --predict`` (Dynamo's
+decisions, eager) against ``timeline --shapes S`` training every step with inductor on CUDA:
+the same compiles, recompiles, limit hits and eager steps per step, and the same graphs with the
+same dynamic dims and distinct shapes. The packed stream runs FlexAttention, whose backward
+inductor compiles on CUDA only.
+
 Writes ``OUT/<gpu>-torch<version>.json`` (every number, the GPU name) plus each command's own
 JSON, and prints a summary. Exit 0: every step passed and every prediction held; 1: a
 prediction disagreed with inductor; 2: no CUDA device; 3: a step failed (loudly: its command and
@@ -24,6 +33,7 @@ the tail of its output), never skipped.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import subprocess
@@ -32,7 +42,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+ACCELERATE_SPECS = ("benchmarks/specs/accelerate_llama.toml",)
 ONE_GPU_SPECS = (
+    *ACCELERATE_SPECS,
     "fixtures/llama3_debug.toml",
     "fixtures/llama4_debug.toml",
     "fixtures/deepseek_v3_debug.toml",
@@ -42,6 +54,13 @@ TWO_GPU_SPECS = ("fixtures/llama4_debug_ep2.toml",)
 # one rank): a model with two breaks of very different eager cost, and Hugging Face's DBRX.
 PRICE_SPECS = ("benchmarks/specs/priced.toml", "benchmarks/specs/hf_dbrx.toml")
 RUN_MODES = "eager,titan-v0.2.0,titan-v0.2.2,plan,cudagraphs"
+ACCELERATE_RUN_MODES = "eager,accelerate,plan"  # its run modes have no cudagraphs
+SHAPE_STREAMS = (
+    # 12 distinct lengths under automatic dynamic shapes: one recompile, then a dynamic graph.
+    ("fixtures/shapes/varlen_tiny.toml", "varlen:steps=30,min=8,max=56,multiple=4"),
+    # Packed rows, a document-masked BlockMask per batch: FlexAttention forward and backward.
+    ("fixtures/shapes/packed_flex.toml", "packed:steps=12,seq=64,mean=16"),
+)
 
 
 class StepFailed(Exception):
@@ -82,6 +101,12 @@ def check_specs(specs: list[str]) -> None:
         load_spec(REPO / spec, ["gbdoctor.device=cuda"])
 
 
+def run_modes(spec: str, args: argparse.Namespace) -> str:
+    if args.modes:
+        return args.modes
+    return ACCELERATE_RUN_MODES if spec in ACCELERATE_SPECS else RUN_MODES
+
+
 def commands(spec: str, out: Path, args: argparse.Namespace, nproc: int) -> dict[str, list[str]]:
     stem = Path(spec).stem
     gb = [sys.executable, "-m", "gbdoctor"]
@@ -92,7 +117,7 @@ def commands(spec: str, out: Path, args: argparse.Namespace, nproc: int) -> dict
             *gb, "plan", spec, *device, "--emit-config", "json", "-o", str(out / f"plan-{stem}.json"),
         ],
         "run": [
-            *gb, "run", spec, *device, "--modes", args.modes, "--backend", "inductor",
+            *gb, "run", spec, *device, "--modes", run_modes(spec, args), "--backend", "inductor",
             "--plan", str(out / f"plan-{stem}.json"), "--steps", str(args.steps),
             "--warmup", "2", "--rounds", str(args.rounds), "--nproc", str(nproc),
             "--format", "json", "-o", str(out / f"run-{stem}.json"),
@@ -231,6 +256,75 @@ def counterfactual(spec: str, kinds: list[str], args: argparse.Namespace, nproc:
     }
 
 
+def timeline_events(report: dict) -> tuple[list, list]:
+    """What a predicted timeline must share with the trained one: per step, each compile (frame,
+    attempt, failed guard kind, limit hit) and the frames that ran eagerly; per graph, its frame,
+    the dims it compiled as symbols and how many distinct shapes it met (CUDA-graph recordings
+    under reduce-overhead)."""
+    steps = [
+        (
+            [(c["frame"], c["attempt"], c["guard_kind"], c["limit_hit"]) for c in s["compiles"]],
+            sorted(s["eager_frames"]),
+        )
+        for s in report["steps"]
+    ]
+    graphs = [(g["frame"], g["dynamic"], len(g["shape_steps"])) for g in report["graphs"]]
+    return steps, graphs
+
+
+def shape_stream_check(spec: str, stream: str, out: Path) -> dict:
+    """``timeline --shapes`` trained on CUDA with inductor against its ``--predict``."""
+    stem = Path(spec).stem
+    reports = {}
+    seconds = {}
+    for name, extra in (("predicted", ["--predict"]), ("trained", [])):
+        target = out / f"timeline-{stem}-{name}.json"
+        cmd = [
+            sys.executable, "-m", "gbdoctor", "timeline", spec, "--set", "gbdoctor.device=cuda",
+            "--backend", "inductor", "--shapes", stream, *extra, "--format", "json",
+            "-o", str(target),
+        ]  # fmt: skip
+        seconds[name] = round(step(f"{stem} timeline {name}", cmd))
+        reports[name] = json.loads(target.read_text())
+    predicted, trained = (timeline_events(reports[n]) for n in ("predicted", "trained"))
+    strip = "".join(
+        "L" if any(c["limit_hit"] for c in s["compiles"])
+        else "R" if any(c["attempt"] for c in s["compiles"])
+        else "C" if s["compiles"] else "E" if s["eager_frames"] else "."
+        for s in reports["trained"]["steps"]
+    )  # fmt: skip
+    differing = [i for i, (p, t) in enumerate(zip(predicted[0], trained[0])) if p != t]
+    return {
+        "stream": stream,
+        "trained_strip": strip,
+        "trained_graphs": [
+            {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in trained[1]
+        ],
+        "steps_differing": differing,
+        "graphs_agree": predicted[1] == trained[1],
+        "agrees": predicted == trained,
+        "trained_step_s": [round(s["time_s"], 4) for s in reports["trained"]["steps"]],
+        "seconds": seconds,
+    }
+
+
+def check_streams(streams: list, out: Path, result: dict, target: Path) -> int:
+    """Each shape stream's check into ``result``; 1 when a prediction disagreed."""
+    status = 0
+    for spec, stream in streams:
+        result["shapes"][spec] = check = shape_stream_check(spec, stream, out)
+        say(
+            f"[shapes] {Path(spec).stem} {stream}: trained on CUDA (inductor) "
+            f"{check['trained_strip']}; graphs {check['trained_graphs']}; prediction "
+            f"{'agrees' if check['agrees'] else 'DISAGREES at steps ' + str(check['steps_differing'])}"
+            f"{'' if check['graphs_agree'] else ' (graphs differ)'}"
+        )
+        if not check["agrees"]:
+            status = 1
+        target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    return status
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-").lower()
 
@@ -243,7 +337,17 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "gpu")
     parser.add_argument("--steps", type=int, default=10, help="measured steps per mode and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--modes", default=RUN_MODES, help=f"run's modes (default {RUN_MODES})")
+    parser.add_argument(
+        "--modes",
+        default=None,
+        help=f"run's modes (default {RUN_MODES}; Accelerate: {ACCELERATE_RUN_MODES})",
+    )
+    parser.add_argument(
+        "--shapes",
+        default=None,
+        help="comma-separated stems of the shape-stream specs to check (default: every one; "
+        "'none': none)",
+    )
     parser.add_argument(
         "--specs",
         default=None,
@@ -275,13 +379,23 @@ def main() -> int:
     priced = [
         s for s in PRICE_SPECS if args.price and (args.price is True or Path(s).stem in args.price)
     ]
-    check_specs(specs + priced)
+    streams = [
+        (s, stream)
+        for s, stream in SHAPE_STREAMS
+        if args.shapes is None or Path(s).stem in args.shapes.split(",")
+    ]
+    if ACCELERATE_SPECS[0] in specs and importlib.util.find_spec("accelerate") is None:
+        say("[specs] accelerate is not installed (prepare.sh's extra): its spec is left out")
+        specs.remove(ACCELERATE_SPECS[0])
+    check_specs(specs + priced + [s for s, _ in streams])
     say(f"[specs] {len(specs)} loaded: {', '.join(Path(s).stem for s in specs)}")
     for spec in specs:
         for name, cmd in commands(spec, args.out, args, 2 if spec in TWO_GPU_SPECS else 1).items():
             say(f"[plan] {name}: {' '.join(cmd[2:])}")
     for spec in priced:
         say(f"[plan] price: {' '.join(price_command(spec, args)[1:])}")
+    for spec, stream in streams:
+        say(f"[plan] timeline {spec} --shapes {stream}, trained (inductor) and --predict")
 
     import torch  # the first CUDA call is below
 
@@ -297,14 +411,18 @@ def main() -> int:
         return 3
     run_specs = [s for s in specs if gpus >= 2 or s not in TWO_GPU_SPECS]
     args.out.mkdir(parents=True, exist_ok=True)
-    result: dict = {"environment": env, "specs": {}, "price": {}}
+    result: dict = {"environment": env, "specs": {}, "price": {}, "shapes": {}}
     target = args.out / f"{_slug(name)}-torch{env['torch'].split('+')[0]}.json"
     status = 0
+    # Never measured on a GPU before 2026-11-28, so first: the Accelerate spec, the shape streams.
+    first_titan_spec = next((s for s in run_specs if s not in ACCELERATE_SPECS), None)
     try:
         for spec in priced:
             result["price"][spec] = price_step(spec, args)
             target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
         for spec in run_specs:
+            if spec == first_titan_spec:
+                status |= check_streams(streams, args.out, result, target)
             nproc = 2 if spec in TWO_GPU_SPECS else 1
             cmds = commands(spec, args.out, args, nproc)
             entry: dict = {"seconds": {}}
@@ -359,6 +477,8 @@ def main() -> int:
             tps = ", ".join(f"{m} {v['tokens_per_s'] or 0:.0f}" for m, v in entry["modes"].items())
             say(f"[result] {stem}: {entry['breaks']} breaks; tokens/s {tps}")
             target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        if first_titan_spec is None:
+            status |= check_streams(streams, args.out, result, target)
     except StepFailed as exc:
         result["failed"] = str(exc)
         target.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")

@@ -37,6 +37,12 @@ pip=("$venv/bin/python" -m pip install --quiet --no-index --find-links "$wheelho
 "${pip[@]}" "setuptools>=68" || fail "setuptools>=68 is neither installed nor in $wheelhouse (run prepare.sh)"
 "${pip[@]}" --no-build-isolation -e . \
     || fail "offline install of gbdoctor (a dependency missing from $wheelhouse? run prepare.sh)"
+# The extras prepare.sh fetched (GBDOCTOR_GPU_EXTRAS, default accelerate): a missing one only
+# skips its steps (validate.py says which), the core steps still run.
+for extra in ${GBDOCTOR_GPU_EXTRAS-accelerate}; do
+    "${pip[@]}" --no-build-isolation -e ".[$extra]" \
+        || echo "validate: [install] extra $extra NOT installed (its wheels missing from $wheelhouse?)"
+done
 torch_after=$("$venv/bin/python" -c 'import torch; print(torch.__version__)')
 [ "$torch_before" = "$torch_after" ] || fail "installing gbdoctor changed torch $torch_before -> $torch_after"
 echo "validate: [install] gbdoctor from the tree, torch $torch_after kept, no index used"

@@ -22,7 +22,7 @@ from gbdoctor.records import (
 )
 from gbdoctor.records.io import check_schema_version, load_record, parse_json_object
 from gbdoctor.run.modes import BASELINES
-from gbdoctor.run.stats import divergence, mode_from_rounds, ratio_with_spread, strategy_flags
+from gbdoctor.run.stats import divergence, mode_from_rounds, ratio_with_spread
 from gbdoctor.run.worker import RankRun
 from gbdoctor.setup.compile import Strategy
 
@@ -124,7 +124,6 @@ def _mode_results(
                 else ModeStatus.FAILED,
                 error=error,
                 error_kind=kind,
-                dynamo_config=strategy_flags(strategy),
             )
         else:
             results[mode] = mode_from_rounds(mode, strategy, runs, tokens_per_step, warmup)

@@ -37,10 +37,6 @@ from gbdoctor.run.worker import RankRun
 from gbdoctor.setup.compile import Strategy
 
 
-def strategy_flags(strategy: Strategy) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, repr(v)) for k, v in strategy.flags))
-
-
 def mode_from_rounds(
     mode: str, strategy: Strategy, rounds: list[list[RankRun]], tokens_per_step: int, warmup: int
 ) -> ModeResult:
@@ -97,7 +93,7 @@ def mode_from_rounds(
         cudagraph_skips=tuple(rank0.cudagraph_skips),
         cudagraph_rerecords=tuple(rank0.cudagraph_rerecords),
         losses=tuple(rank0.losses),
-        dynamo_config=strategy_flags(strategy),
+        dynamo_config=rank0.dynamo_config,
     )
 
 

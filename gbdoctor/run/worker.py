@@ -83,6 +83,9 @@ class RankRun:
     """``profile_breaks``: frame id -> eager microseconds in the profiled step."""
     step_cpu_times: list[float] = field(default_factory=list)
     """CPU seconds this rank's process (every thread) spent in each measured step."""
+    dynamo_config: tuple[tuple[str, str], ...] = ()
+    """The Dynamo settings the setup ran this mode under (``setup.dynamo_flags``, values as
+    ``repr``): the framework's own (Accelerate's, torchtitan's) and the strategy's."""
 
 
 class ModeFailure(SetupError):
@@ -230,6 +233,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         phase_times=phase_times,
         cudagraph_skips=list(cudagraph_log.reasons) if cudagraph_log is not None else [],
         cudagraph_rerecords=list(cudagraph_log.rerecords) if cudagraph_log is not None else [],
+        dynamo_config=tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags)),
         layout=layout,
         break_frames=dict(break_frames.frames) if break_frames is not None else {},
         eager_us_by_frame=eager_us,
