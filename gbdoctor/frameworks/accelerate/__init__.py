@@ -104,23 +104,29 @@ class Accelerate(FrameworkBase):
         from gbdoctor.frameworks.accelerate.spec import model_of
         from gbdoctor.setup.mesh import Meshes
 
-        if meta or device_type != "cpu":
+        if meta:
             raise SpecError(
-                "an Accelerate run is scanned on CPU gloo ranks only",
-                hint="drop --simulate and set [gbdoctor] device = 'cpu'",
+                "an Accelerate setup is not simulated: it is set up on real ranks",
+                hint="drop --simulate",
             )
+        # One device per rank, as `accelerate launch` gives each process (LOCAL_RANK's GPU).
+        device = (
+            torch.device(device_type, torch.cuda.current_device())
+            if device_type == "cuda"
+            else torch.device(device_type)
+        )
         # FSDP2 shards over every rank of the default group (accelerate's mesh without a
         # parallelism_config): no device mesh of gbdoctor's own.
         meshes = Meshes(
             rank=dist.get_rank(),
             world_size=dist.get_world_size(),
-            device=torch.device("cpu"),
+            device=device,
             dp=None,
             ep=None,
             edp=None,
         )
         kind, ref = model_of(spec)
-        return build_model(kind, ref, spec.training.seed), meshes
+        return build_model(kind, ref, spec.training.seed).to(device), meshes
 
     def set_up_model(
         self, model: Any, spec: Any, meshes: Any, strategy: Any, options: SetUpOptions

@@ -109,7 +109,7 @@ def fsdp_plugin(settings: AccelerateSettings) -> Any:
     )
 
 
-def accelerator_stand_in(settings: AccelerateSettings) -> Any:
+def accelerator_stand_in(settings: AccelerateSettings, device: torch.device) -> Any:
     """What ``fsdp2_apply_ac`` and ``fsdp2_prepare_model`` read of an ``Accelerator`` (see the
     module docstring: ``Accelerator()`` does not select FSDP on CPU)."""
     import torch.distributed as dist
@@ -120,7 +120,7 @@ def accelerator_stand_in(settings: AccelerateSettings) -> Any:
         torch_device_mesh=None,  # accelerate's own default without a parallelism_config
         parallelism_config=None,
         is_main_process=dist.get_rank() == 0,
-        device=torch.device("cpu"),
+        device=device,
     )
 
 
@@ -181,7 +181,8 @@ def prepare(
             None if settings.use_reentrant is None else {"use_reentrant": settings.use_reentrant}
         )
         cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    accelerator = accelerator_stand_in(settings)
+    # The device the model was built on: accelerate's own is the process's (LOCAL_RANK's GPU).
+    accelerator = accelerator_stand_in(settings, next(model.parameters()).device)
     accelerator.state.fsdp_plugin.set_auto_wrap_policy(model)
     if settings.activation_checkpointing:
         model = fsdp2_apply_ac(accelerator, model)
