@@ -301,6 +301,15 @@ def shape_stream_check(spec: str, stream: str, out: Path) -> dict:
             {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in trained[1]
         ],
         "steps_differing": differing,
+        # The events themselves: the device machine returns a few files only, and the summary
+        # is the one that must say what differed.
+        "differences": [
+            {"step": i, "predicted": predicted[0][i], "trained": trained[0][i]}
+            for i in differing[:6]
+        ],
+        "predicted_graphs": [
+            {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in predicted[1]
+        ],
         "graphs_agree": predicted[1] == trained[1],
         "agrees": predicted == trained,
         "trained_step_s": [round(s["time_s"], 4) for s in reports["trained"]["steps"]],

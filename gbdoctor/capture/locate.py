@@ -157,19 +157,42 @@ def is_library_file(path: str) -> bool:
     )
 
 
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_MODEL_AND_SETUP_DIRS = tuple(os.path.join(_OWN_DIR, d) + os.sep for d in ("models", "setup"))
+"""gbdoctor's package; in it, the bundled models and the training setup's code (EP dispatch, TP
+styles), which stand where a user's model and training setup would."""
+
+
+def _without_harness_callers(frames: tuple[Location, ...]) -> tuple[Location, ...]:
+    """``frames`` less the outermost ones in gbdoctor's own harness (scan, run, timeline): the
+    caller of the compiled region, the user's training step in a real run, never where a break
+    is."""
+    for i, frame in enumerate(frames):
+        full = os.path.abspath(frame.file)
+        if not full.startswith(_OWN_DIR) or full.startswith(_MODEL_AND_SETUP_DIRS):
+            return frames[i:]
+    return frames
+
+
 def innermost_user_location(
     frames: tuple[Location, ...], root: str | None = None, component: str = ""
 ) -> Location | None:
     """Where a human would look: the innermost frame of user code (not PyTorch, an installed
-    package or the standard library); else the innermost frame outside torch; else the
-    innermost. Paths portable. For a library component (``zero``) the innermost frame of that
-    library: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
+    package or the standard library); else, for a library component (``fsdp``), that library's
+    innermost frame; else the innermost frame outside torch; else the innermost. Paths
+    portable. For ``zero`` and ``deepspeed`` that library's innermost frame even below user
+    code: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
+    frames = _without_harness_callers(frames)
     chosen = None
     if component in (Component.ZERO, Component.DEEPSPEED):
         chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
     user = _innermost_user_index(frames)
     if chosen is None and user is not None:
         chosen = frames[user]
+    if chosen is None and component:
+        # No model code on the stack: a hook the setup put on the module (FSDP2's pre-forward
+        # inside an activation-checkpoint region Accelerate compiled whole) is the place.
+        chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
     chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None
     )
@@ -181,6 +204,7 @@ def library_via(
 ) -> Location | None:
     """The library frame (outside torch) the innermost user frame called into, where the break
     was raised (``copy.py:153`` under ``copy.deepcopy``); None when there is none."""
+    frames = _without_harness_callers(frames)
     user = _innermost_user_index(frames)
     if user is None or component in (Component.ZERO, Component.DEEPSPEED):
         return None

@@ -117,7 +117,8 @@ def run_modes(
             if m in chosen:
                 strategies[m] = plan_strategy(plan, spec, identity=identity)
         cudagraph_layers = tuple(fqn for k in plan.kinds if k.cudagraph_ready for fqn in k.layers)
-        plan_source = plan_path or "made by this run (gbdoctor plan, verified by re-scanning)"
+        # The file's name and digest, as a scan names the plan it applied: never its local path.
+        plan_source = identity or "made by this run (gbdoctor plan, verified by re-scanning)"
         plan_verified, plan_kinds = plan.verified, _plan_lines(plan)
     elif "cudagraphs" in chosen:
         strategies["cudagraphs"] = _NOT_MADE

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import statistics
+from hashlib import sha256
 
 import pytest
 import torch
@@ -306,7 +307,9 @@ def test_run_price_prints_the_check_from_a_real_priced_scan(priced, tmp_path):
     assert result.exit_code in (0, 1), result.output
     run = json.loads(out.read_text())
     assert run["schema_version"] == RUN_SCHEMA_VERSION
-    assert run["plan_source"] == str(plan_json)  # the plan the prices were measured against
+    # The plan the prices were measured against, by name and digest (never a local path).
+    digest = sha256(plan_json.read_bytes()).hexdigest()[:16]
+    assert run["plan_source"] == f"{plan_json.name} sha256:{digest}"
     modes = {m["mode"]: m for m in run["modes"]}
     gains = [  # the prices are in CPU time: so is the side the check measures
         (b - p) * 1e3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from hashlib import sha256
 
 import pandas as pd
 import pytest
@@ -272,7 +273,7 @@ def test_plan_mode_runs_the_plan_file_and_marks_an_unverified_plan(tmp_path):
     assert report.best_baseline is None and mode.speedup_vs_best_baseline is None
     # An unverified plan still runs, and says so.
     assert (
-        report.plan_source == str(path)
+        report.plan_source == f"plan.json sha256:{sha256(path.read_bytes()).hexdigest()[:16]}"
         and report.plan_verified is False
         and mode.plan_verified is False
     )

@@ -73,6 +73,13 @@ def test_scan_matches_accelerates_own_setup_compiled_per_block(model, config):
         theirs = expected[block.fqn]
         logged = {(t, w, 0 if w == "fsdp" else n) for t, w, n in theirs.statements}
         assert _scanned(block) == logged, f"{block.fqn}: scan {_scanned(block)}, log {logged}"
+        # Located in the model or in FSDP2's hook, never in the scan's own call of the block
+        # (the innermost non-library frame when the hook runs inside the compiled AC region).
+        for brk in block.breaks:
+            assert brk.location is not None, brk
+            assert not brk.location.file.startswith("gbdoctor/"), brk.location
+            if brk.component == "fsdp":
+                assert "distributed/fsdp/" in brk.location.file, brk.location
         # Regions: compiled to no graph at all exactly when the oracle's block compiled none.
         assert (block.graph_count == 0) == (theirs.graphs == 0), (block.graph_count, theirs.graphs)
 
