@@ -25,7 +25,12 @@ from gbdoctor.frameworks.common.schema import (
     IGNORED_SECTIONS,
     VALID_KEYS,
 )
-from gbdoctor.frameworks.common.sections import read_sections, spec_notes
+from gbdoctor.frameworks.common.sections import (
+    FROM_FRAMEWORK_SECTION,
+    missing_model,
+    read_sections,
+    spec_notes,
+)
 from gbdoctor.frameworks.common.specfile import SpecContext, did_you_mean, type_word
 from gbdoctor.frameworks.registry import all_frameworks
 from gbdoctor.records import Spec
@@ -112,6 +117,8 @@ def load_spec(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Sp
             spec = framework.check_spec(spec, data, strategy_set, spec_dir, ctx)
         else:
             framework.check_foreign_spec(spec, data, ctx)
+    if spec.model is FROM_FRAMEWORK_SECTION:
+        missing_model(ctx)
     return spec
 
 

@@ -447,6 +447,10 @@ def test_pathlike_and_str_paths(tmp_path):
 def test_missing_model(tmp_path):
     assert "missing [model]" in spec_error(write(tmp_path, "[training]\nsteps = 1\n")).message
     assert "name is required" in spec_error(write(tmp_path, '[model]\nflavor = "x"\n')).message
+    # A framework's own section stands in for [model] only when the framework reads the model
+    # from it (Accelerate's does; DeepSpeed's [deepspeed] does not).
+    zero = '[gbdoctor]\nframework = "deepspeed"\n[deepspeed]\nzero_stage = 1\n'
+    assert "missing [model]" in spec_error(write(tmp_path, zero)).message
 
 
 def test_flavor_defaults_to_debugmodel(tmp_path):

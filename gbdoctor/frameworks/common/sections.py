@@ -13,7 +13,7 @@ import math
 import os
 import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from gbdoctor.frameworks.common.context_parallel import check_cp
 from gbdoctor.frameworks.common.schema import (
@@ -55,7 +55,11 @@ def read_sections(
         values["training"]["seed"] = seed
 
     spec_dir = os.path.dirname(os.path.abspath(shown))
-    model = check_model(values["model"], data, spec_dir, ctx)
+    model = (
+        FROM_FRAMEWORK_SECTION
+        if "model" not in data and _framework_section_present(data, ctx)
+        else check_model(values["model"], data, spec_dir, ctx)
+    )
     n_experts = _num_experts(model)
     spec = Spec(
         path=shown,
@@ -123,7 +127,26 @@ def typed_section(table: Mapping[str, Any], section: str, ctx: SpecContext) -> d
     return out
 
 
+FROM_FRAMEWORK_SECTION = ModelSpec(name=CUSTOM_FAMILY, flavor="", factory=None)
+"""A spec without ``[model]`` whose framework's own section is there (``[accelerate] model``):
+the framework's ``check_spec`` must replace it (``spec.load_spec`` refuses it otherwise)."""
+
+
+def _framework_section_present(data: Mapping[str, Any], ctx: SpecContext) -> bool:
+    name = data.get("gbdoctor", {}).get("framework")
+    if name not in framework_names():
+        return False  # check_tool says what is wrong with it
+    return any(section in data for section in framework_named(name).spec_sections)
+
+
 # --------------------------------------------------------------------------- checks
+
+
+def missing_model(ctx: SpecContext) -> NoReturn:
+    ctx.fail(
+        "missing [model] section",
+        'add [model] with name = "llama3" (or llama4, deepseek_v3, custom) and flavor = "debugmodel"',
+    )
 
 
 def check_model(
@@ -132,11 +155,7 @@ def check_model(
     from gbdoctor.models import FAMILIES, family_flavors
 
     if "model" not in data:
-        ctx.fail(
-            "missing [model] section",
-            'add [model] with name = "llama3" (or llama4, '
-            'deepseek_v3, custom) and flavor = "debugmodel"',
-        )
+        missing_model(ctx)
     name = values.get("name")
     families = tuple(FAMILIES) + (() if CUSTOM_FAMILY in FAMILIES else (CUSTOM_FAMILY,))
     if name is None:

@@ -133,6 +133,11 @@ def test_a_toml_spec_with_an_accelerate_section(tmp_path):
     assert spec.gbdoctor.framework == "accelerate" and spec.gbdoctor.strategy == "accelerate"
     assert spec.activation_checkpoint.mode == "full"
     assert spec.registry_run is not None and spec.registry_run.config == f"dir:{LLAMA}"
+    # [model] is not needed: the [accelerate] section names the model.
+    bare = tmp_path / "bare.toml"
+    bare.write_text("[gbdoctor]" + spec_file.read_text().split("[gbdoctor]", 1)[1])
+    assert "[model]" not in bare.read_text()
+    assert load_spec(bare).model == spec.model
     spec_file.write_text(spec_file.read_text() + "confg = 1\n")
     with pytest.raises(SpecError, match="'confg' is not a key"):
         load_spec(spec_file)
