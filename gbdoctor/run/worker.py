@@ -26,7 +26,7 @@ from gbdoctor.errors import GbdoctorError, SetupError, exception_line
 from gbdoctor.frameworks.interface import Framework
 from gbdoctor.frameworks.registry import cause_taxonomy
 from gbdoctor.records import Location, Recompile, Spec
-from gbdoctor.setup.compile import Strategy
+from gbdoctor.setup.compile import Strategy, shown_flags
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def _run_mode_rank(job: ModeJob) -> RankRun:
         phase_times=phase_times,
         cudagraph_skips=list(cudagraph_log.reasons) if cudagraph_log is not None else [],
         cudagraph_rerecords=list(cudagraph_log.rerecords) if cudagraph_log is not None else [],
-        dynamo_config=tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags)),
+        dynamo_config=shown_flags(setup.dynamo_flags),
         layout=layout,
         break_frames=dict(break_frames.frames) if break_frames is not None else {},
         eager_us_by_frame=eager_us,

@@ -54,6 +54,7 @@ from gbdoctor.scan.warm_up import WarmUp, run_warm_up, warm_up_attempts
 from gbdoctor.setup.ac import rng_stand_in_notes
 from gbdoctor.setup.apply import Setup
 from gbdoctor.setup.collectives import rank_local_collectives
+from gbdoctor.setup.compile import shown_flags
 from gbdoctor.setup.context_parallel import attention_dispatch, context_parallel_notes
 from gbdoctor.setup.outputs import LossSource, loss_note, loss_source
 from gbdoctor.setup.pipeline import pipeline_notes
@@ -376,7 +377,7 @@ def _unprovable_reason(report: BlockReport) -> str:
 
 
 def setup_info(spec: Spec, job: ScanJob, setup: Setup) -> SetupInfo:
-    flags = tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags))
+    flags = shown_flags(setup.dynamo_flags)
     if setup.ac_enabled:
         flags = tuple(sorted(flags + (("lru_cache", "False"),)))
     return SetupInfo(

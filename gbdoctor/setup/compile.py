@@ -10,7 +10,7 @@ a break into a captured scalar).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,11 @@ class BlockRecipe:
     the hooks they carry (FSDP all-gather, EP dispatch/combine) keep running eagerly around it:
     the module is eager only as far as its hooks go, and its computation (the experts' grouped
     matmuls, most of an MoE block's FLOPs) is compiled like the rest of the block."""
+
+
+def shown_flags(flags: Iterable[tuple[str, Any]]) -> tuple[tuple[str, str], ...]:
+    """Dynamo settings as the reports' ``dynamo_config`` shows them: sorted, values as ``repr``."""
+    return tuple(sorted((k, repr(v)) for k, v in flags))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

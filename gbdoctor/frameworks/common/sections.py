@@ -57,7 +57,7 @@ def read_sections(
     spec_dir = os.path.dirname(os.path.abspath(shown))
     model = (
         FROM_FRAMEWORK_SECTION
-        if "model" not in data and _framework_section_present(data, ctx)
+        if "model" not in data and _framework_section_present(data)
         else check_model(values["model"], data, spec_dir, ctx)
     )
     n_experts = _num_experts(model)
@@ -132,7 +132,7 @@ FROM_FRAMEWORK_SECTION = ModelSpec(name=CUSTOM_FAMILY, flavor="", factory=None)
 the framework's ``check_spec`` must replace it (``spec.load_spec`` refuses it otherwise)."""
 
 
-def _framework_section_present(data: Mapping[str, Any], ctx: SpecContext) -> bool:
+def _framework_section_present(data: Mapping[str, Any]) -> bool:
     name = data.get("gbdoctor", {}).get("framework")
     if name not in framework_names():
         return False  # check_tool says what is wrong with it

@@ -171,6 +171,7 @@ class DeepSpeed(FrameworkBase):
         import torch.distributed as dist
 
         from gbdoctor.records import SetupInfo
+        from gbdoctor.setup.compile import shown_flags
 
         return SetupInfo(
             strategy=strategy.name,
@@ -181,7 +182,7 @@ class DeepSpeed(FrameworkBase):
             ac_mode="none",
             ac_option="",
             fsdp=False,
-            dynamo_config=tuple(sorted((k, repr(v)) for k, v in setup.dynamo_flags)),
+            dynamo_config=shown_flags(setup.dynamo_flags),
             batch_size=spec.capture_batch_size,
             seq_len=spec.capture_seq_len,
             framework=self.name,
