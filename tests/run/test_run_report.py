@@ -15,6 +15,7 @@ from gbdoctor.frameworks.torchtitan_v02.strategies import STRATEGIES
 from gbdoctor.records import RunContext, RunReport
 from gbdoctor.report.run_formats import render_run, tokens_bar
 from gbdoctor.run import RankRun, build_report, cpu_param_dtype, ratio_with_spread
+from gbdoctor.setup.compile import shown_flags
 from gbdoctor.spec import load_spec
 
 RECOMPILE_LOG = """Recompiling function forward in /src/model.py:86
@@ -61,7 +62,9 @@ def _settings(**fields):
     return RunSettings(**(base | fields))
 
 
-def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0):
+def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0, flags=()):
+    """One rank's measurements; ``flags``: the Dynamo settings its setup ran under (a generic
+    setup's are its strategy's)."""
     return RankRun(
         rank=0,
         warmup_times=list(warm),
@@ -77,6 +80,7 @@ def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0):
         recompile_limit_hit=False,
         phase_times=[(t * 0.3, t * 0.5, t * 0.1) for t in times],
         layout=(("layers.0", tuple(regions), tuple(regions)),),
+        dynamo_config=shown_flags(flags),
     )
 
 
@@ -88,14 +92,32 @@ def test_build_report_speedups_divergence_and_duplicates(tmp_path):
         (
             "titan-v0.2.0",
             STRATEGIES["titan-v0.2.0"],
-            [[_rank([0.5, 0.5, 0.6], [5.2, 4.9, 4.8], regions=("layers.0",))]],
+            [
+                [
+                    _rank(
+                        [0.5, 0.5, 0.6],
+                        [5.2, 4.9, 4.8],
+                        regions=("layers.0",),
+                        flags=STRATEGIES["titan-v0.2.0"].flags,
+                    )
+                ]
+            ],
             None,
             "",
         ),
         (
             "block-fullgraph",
             STRATEGIES["block"],
-            [[_rank([0.4, 0.4, 0.45], losses, regions=("layers.0",))]],
+            [
+                [
+                    _rank(
+                        [0.4, 0.4, 0.45],
+                        losses,
+                        regions=("layers.0",),
+                        flags=STRATEGIES["block"].flags,
+                    )
+                ]
+            ],
             None,
             "",
         ),
