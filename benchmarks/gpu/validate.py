@@ -272,12 +272,18 @@ def timeline_events(report: dict) -> tuple[list, list]:
     return steps, graphs
 
 
+PREDICTIONS = {"eager": ["--predict"], "same": ["--predict", "--predict-backend", "same"]}
+"""``timeline --predict`` with Dynamo's decisions alone (the default), and with the timeline's own
+backend (inductor on CUDA here), which sees the shape guards inductor adds while compiling."""
+
+
 def shape_stream_check(spec: str, stream: str, out: Path) -> dict:
-    """``timeline --shapes`` trained on CUDA with inductor against its ``--predict``."""
+    """``timeline --shapes`` trained on CUDA with inductor against each ``--predict``."""
     stem = Path(spec).stem
     reports = {}
     seconds = {}
-    for name, extra in (("predicted", ["--predict"]), ("trained", [])):
+    runs = {f"predicted-{name}": extra for name, extra in PREDICTIONS.items()} | {"trained": []}
+    for name, extra in runs.items():
         target = out / f"timeline-{stem}-{name}.json"
         cmd = [
             sys.executable, "-m", "gbdoctor", "timeline", spec, "--set", "gbdoctor.device=cuda",
@@ -286,32 +292,39 @@ def shape_stream_check(spec: str, stream: str, out: Path) -> dict:
         ]  # fmt: skip
         seconds[name] = round(step(f"{stem} timeline {name}", cmd))
         reports[name] = json.loads(target.read_text())
-    predicted, trained = (timeline_events(reports[n]) for n in ("predicted", "trained"))
+    trained = timeline_events(reports["trained"])
     strip = "".join(
         "L" if any(c["limit_hit"] for c in s["compiles"])
         else "R" if any(c["attempt"] for c in s["compiles"])
         else "C" if s["compiles"] else "E" if s["eager_frames"] else "."
         for s in reports["trained"]["steps"]
     )  # fmt: skip
-    differing = [i for i, (p, t) in enumerate(zip(predicted[0], trained[0])) if p != t]
+    predictions = {}
+    for name in PREDICTIONS:
+        predicted = timeline_events(reports[f"predicted-{name}"])
+        differing = [i for i, (p, t) in enumerate(zip(predicted[0], trained[0])) if p != t]
+        predictions[name] = {
+            "agrees": predicted == trained,
+            "graphs_agree": predicted[1] == trained[1],
+            "steps_differing": differing,
+            # The events themselves: the device machine returns a few files only, and the
+            # summary is the one that must say what differed.
+            "differences": [
+                {"step": i, "predicted": predicted[0][i], "trained": trained[0][i]}
+                for i in differing[:6]
+            ],
+            "graphs": [
+                {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in predicted[1]
+            ],
+        }
     return {
         "stream": stream,
         "trained_strip": strip,
         "trained_graphs": [
             {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in trained[1]
         ],
-        "steps_differing": differing,
-        # The events themselves: the device machine returns a few files only, and the summary
-        # is the one that must say what differed.
-        "differences": [
-            {"step": i, "predicted": predicted[0][i], "trained": trained[0][i]}
-            for i in differing[:6]
-        ],
-        "predicted_graphs": [
-            {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in predicted[1]
-        ],
-        "graphs_agree": predicted[1] == trained[1],
-        "agrees": predicted == trained,
+        "predictions": predictions,
+        "agrees": all(p["agrees"] for p in predictions.values()),
         "trained_step_s": [round(s["time_s"], 4) for s in reports["trained"]["steps"]],
         "seconds": seconds,
     }
@@ -322,11 +335,19 @@ def check_streams(streams: list, out: Path, result: dict, target: Path) -> int:
     status = 0
     for spec, stream in streams:
         result["shapes"][spec] = check = shape_stream_check(spec, stream, out)
+        verdicts = "; ".join(
+            f"--predict-backend {name} "
+            + (
+                "agrees"
+                if p["agrees"]
+                else f"DISAGREES at steps {p['steps_differing']}"
+                + ("" if p["graphs_agree"] else " (graphs differ)")
+            )
+            for name, p in check["predictions"].items()
+        )
         say(
             f"[shapes] {Path(spec).stem} {stream}: trained on CUDA (inductor) "
-            f"{check['trained_strip']}; graphs {check['trained_graphs']}; prediction "
-            f"{'agrees' if check['agrees'] else 'DISAGREES at steps ' + str(check['steps_differing'])}"
-            f"{'' if check['graphs_agree'] else ' (graphs differ)'}"
+            f"{check['trained_strip']}; graphs {check['trained_graphs']}; {verdicts}"
         )
         if not check["agrees"]:
             status = 1
