@@ -9,6 +9,7 @@ import pytest
 from repo_paths import FIXTURES, REPO
 
 from gbdoctor.errors import ExitCode, SpecError
+from gbdoctor.frameworks.registry import framework_named
 from gbdoctor.frameworks.torchtitan_v02 import TorchtitanV02
 from gbdoctor.spec import VALID_KEYS, load_spec, parse_override
 
@@ -444,11 +445,14 @@ def test_pathlike_and_str_paths(tmp_path):
     assert load_spec(str(path)).path == str(path)
 
 
-def test_missing_model(tmp_path):
+def test_missing_model(tmp_path, monkeypatch):
     assert "missing [model]" in spec_error(write(tmp_path, "[training]\nsteps = 1\n")).message
     assert "name is required" in spec_error(write(tmp_path, '[model]\nflavor = "x"\n')).message
-    # A framework's own section stands in for [model] only when the framework reads the model
-    # from it (Accelerate's does; DeepSpeed's [deepspeed] does not).
+    # A framework's own section stands in for [model] only when the framework's check replaces
+    # the model from it (Accelerate's does). DeepSpeed's [deepspeed] does not; its check is
+    # stubbed to pass the spec through, as it does with the package installed.
+    deepspeed = framework_named("deepspeed")
+    monkeypatch.setattr(type(deepspeed), "check_spec", lambda self, spec, *args: spec)
     zero = '[gbdoctor]\nframework = "deepspeed"\n[deepspeed]\nzero_stage = 1\n'
     assert "missing [model]" in spec_error(write(tmp_path, zero)).message
 
