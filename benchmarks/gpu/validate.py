@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 ACCELERATE_SPECS = ("benchmarks/specs/accelerate_llama.toml",)
@@ -256,20 +257,12 @@ def counterfactual(spec: str, kinds: list[str], args: argparse.Namespace, nproc:
     }
 
 
-def timeline_events(report: dict) -> tuple[list, list]:
-    """What a predicted timeline must share with the trained one: per step, each compile (frame,
-    attempt, failed guard kind, limit hit) and the frames that ran eagerly; per graph, its frame,
-    the dims it compiled as symbols and how many distinct shapes it met (CUDA-graph recordings
-    under reduce-overhead)."""
-    steps = [
-        (
-            [(c["frame"], c["attempt"], c["guard_kind"], c["limit_hit"]) for c in s["compiles"]],
-            sorted(s["eager_frames"]),
-        )
-        for s in report["steps"]
-    ]
-    graphs = [(g["frame"], g["dynamic"], len(g["shape_steps"])) for g in report["graphs"]]
-    return steps, graphs
+def timeline_record(path: Path) -> Any:
+    """A ``timeline --format json`` result as gbdoctor's own record."""
+    from gbdoctor.records.io import load_record
+    from gbdoctor.records.timeline import TimelineReport
+
+    return load_record(TimelineReport, json.loads(path.read_text()), str(path))
 
 
 PREDICTIONS = {"eager": ["--predict"], "same": ["--predict", "--predict-backend", "same"]}
@@ -291,41 +284,36 @@ def shape_stream_check(spec: str, stream: str, out: Path) -> dict:
             "-o", str(target),
         ]  # fmt: skip
         seconds[name] = round(step(f"{stem} timeline {name}", cmd))
-        reports[name] = json.loads(target.read_text())
-    trained = timeline_events(reports["trained"])
-    strip = "".join(
-        "L" if any(c["limit_hit"] for c in s["compiles"])
-        else "R" if any(c["attempt"] for c in s["compiles"])
-        else "C" if s["compiles"] else "E" if s["eager_frames"] else "."
-        for s in reports["trained"]["steps"]
-    )  # fmt: skip
+        reports[name] = timeline_record(target)
+    # What a prediction promises (the comparison tests/timeline/test_shapes.py makes on CPU).
+    from gbdoctor.report.timeline import step_mark
+    from gbdoctor.timeline.predict import events
+
+    trained = events(reports["trained"])
     predictions = {}
     for name in PREDICTIONS:
-        predicted = timeline_events(reports[f"predicted-{name}"])
-        differing = [i for i, (p, t) in enumerate(zip(predicted[0], trained[0])) if p != t]
+        predicted = events(reports[f"predicted-{name}"])
+        pairs = zip(predicted["steps"], trained["steps"])
+        differing = [i for i, (p, t) in enumerate(pairs) if p != t]
         predictions[name] = {
             "agrees": predicted == trained,
-            "graphs_agree": predicted[1] == trained[1],
+            "graphs_agree": predicted["graphs"] == trained["graphs"],
             "steps_differing": differing,
             # The events themselves: the device machine returns a few files only, and the
             # summary is the one that must say what differed.
             "differences": [
-                {"step": i, "predicted": predicted[0][i], "trained": trained[0][i]}
+                {"step": i, "predicted": predicted["steps"][i], "trained": trained["steps"][i]}
                 for i in differing[:6]
             ],
-            "graphs": [
-                {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in predicted[1]
-            ],
+            "graphs": predicted["graphs"],
         }
     return {
         "stream": stream,
-        "trained_strip": strip,
-        "trained_graphs": [
-            {"frame": f, "dynamic": d, "distinct_shapes": n} for f, d, n in trained[1]
-        ],
+        "trained_strip": "".join(step_mark(s) for s in reports["trained"].steps),
+        "trained_graphs": trained["graphs"],
         "predictions": predictions,
         "agrees": all(p["agrees"] for p in predictions.values()),
-        "trained_step_s": [round(s["time_s"], 4) for s in reports["trained"]["steps"]],
+        "trained_step_s": [round(s.time_s, 4) for s in reports["trained"].steps],
         "seconds": seconds,
     }
 
