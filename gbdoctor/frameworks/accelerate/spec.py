@@ -162,7 +162,10 @@ def spec_for_run(
 
 def _capture_settings(overrides: Sequence[str]) -> dict[str, float]:
     return capture_settings(
-        overrides, "an Accelerate run", "the setup itself is the Accelerate config's"
+        overrides,
+        "an Accelerate run",
+        "the setup itself is the Accelerate config's; to set up on GPUs, write a TOML spec with "
+        '[gbdoctor] device = "cuda" and an [accelerate] section (docs/accelerate.md)',
     )
 
 
