@@ -183,16 +183,20 @@ def innermost_user_location(
     portable. For ``zero`` and ``deepspeed`` that library's innermost frame even below user
     code: the hook itself rather than a decorator it is wrapped in (DeepSpeed's nvtx)."""
     frames = _without_harness_callers(frames)
-    chosen = None
-    if component in (Component.ZERO, Component.DEEPSPEED):
-        chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
+    hook = (
+        next((f for f in reversed(frames) if library_component(f.file) == component), None)
+        if component
+        else None
+    )
     user = _innermost_user_index(frames)
-    if chosen is None and user is not None:
+    if hook is not None and component in (Component.ZERO, Component.DEEPSPEED):
+        chosen: Location | None = hook
+    elif user is not None:
         chosen = frames[user]
-    if chosen is None and component:
+    else:
         # No model code on the stack: a hook the setup put on the module (FSDP2's pre-forward
         # inside an activation-checkpoint region Accelerate compiled whole) is the place.
-        chosen = next((f for f in reversed(frames) if library_component(f.file) == component), None)
+        chosen = hook
     chosen = chosen or next(
         (f for f in reversed(frames) if not is_torch_file(f.file)), frames[-1] if frames else None
     )

@@ -63,8 +63,7 @@ def _settings(**fields):
 
 
 def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0, flags=()):
-    """One rank's measurements; ``flags``: the Dynamo settings its setup ran under (a generic
-    setup's are its strategy's)."""
+    """One rank's measurements; ``flags``: the Dynamo settings its setup ran under."""
     return RankRun(
         rank=0,
         warmup_times=list(warm),
@@ -84,42 +83,26 @@ def _rank(times, losses, *, regions=(), warm=(2.0,), graphs=0, flags=()):
     )
 
 
+def _trained(mode, strategy, times, losses, **rank):
+    """``mode`` trained one round on one rank, under its strategy's Dynamo settings (a generic
+    setup's are its strategy's)."""
+    return (mode, strategy, [[_rank(times, losses, flags=strategy.flags, **rank)]], None, "")
+
+
 def test_build_report_speedups_divergence_and_duplicates(tmp_path):
     spec = _spec(tmp_path, "planted.py", "clean")
     losses = [5.0, 4.9, 4.8]
     raw = [
-        ("eager", STRATEGIES["none"], [[_rank([1.0, 1.2, 0.8], losses)]], None, ""),
-        (
+        _trained("eager", STRATEGIES["none"], [1.0, 1.2, 0.8], losses),
+        _trained(
             "titan-v0.2.0",
             STRATEGIES["titan-v0.2.0"],
-            [
-                [
-                    _rank(
-                        [0.5, 0.5, 0.6],
-                        [5.2, 4.9, 4.8],
-                        regions=("layers.0",),
-                        flags=STRATEGIES["titan-v0.2.0"].flags,
-                    )
-                ]
-            ],
-            None,
-            "",
+            [0.5, 0.5, 0.6],
+            [5.2, 4.9, 4.8],
+            regions=("layers.0",),
         ),
-        (
-            "block-fullgraph",
-            STRATEGIES["block"],
-            [
-                [
-                    _rank(
-                        [0.4, 0.4, 0.45],
-                        losses,
-                        regions=("layers.0",),
-                        flags=STRATEGIES["block"].flags,
-                    )
-                ]
-            ],
-            None,
-            "",
+        _trained(
+            "block-fullgraph", STRATEGIES["block"], [0.4, 0.4, 0.45], losses, regions=("layers.0",)
         ),
         (
             "titan-v0.2.2",
