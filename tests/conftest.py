@@ -16,6 +16,24 @@ if str(REPO) not in sys.path:  # tools/ is a package of the repository, not of t
 from tools.slow_tier import heaviest_files_first, read_file_seconds  # noqa: E402
 from tools.slow_tier import read_list as measured_slow_tests  # noqa: E402
 
+
+def _threads_per_worker() -> None:
+    """Under pytest-xdist, each worker and the ranks it spawns get the worker's share of the
+    cores (``OMP_NUM_THREADS``, which ``setup.rank_main.rank_threads`` honours): with torch's
+    default of every core per process, the workers' and ranks' idle OpenMP threads spin
+    against the busy ones. A value the caller set wins; a serial run keeps torch's default."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, (cores or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:  # imported before this file: the variable came too late for it
+        sys.modules["torch"].set_num_threads(threads)
+
+
+_threads_per_worker()
+
 # The scan's recompile probe (about two eager steps and two block replays per block kind) runs
 # only in the tests that check recompiles: they ask for it (``scan(..., recompiles=True)``,
 # ``--recompile-probe``). Every other scan records that it ran without it. Spawned ranks and

@@ -43,6 +43,17 @@ def report_stage(stage: str) -> None:
             _stage_store.set(STAGE_KEY.format(rank=os.environ.get("RANK", "0")), stage)
 
 
+def rank_threads(world_size: int) -> int:
+    """Intra-op threads for one rank: the cores this process may run on, shared among the ranks,
+    at most ``OMP_NUM_THREADS`` when the caller set it (a test runner's worker or a shared
+    machine caps its ranks with it, a count per process as torchrun reads it). More threads than
+    cores make the ranks crawl: idle OpenMP threads spin against the busy ones."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = max(1, (cores or 1) // world_size)
+    explicit = os.environ.get("OMP_NUM_THREADS", "")
+    return min(share, int(explicit)) if explicit.isdigit() and int(explicit) > 0 else share
+
+
 def _die_with_parent(parent_pid: int) -> None:
     """Make this rank die when the gbdoctor process that spawned it dies, however it dies
     (kill -9 included): PR_SET_PDEATHSIG on Linux, a watcher thread elsewhere."""
@@ -133,7 +144,8 @@ def rank_main(
         # this machine, and a GLOO_SOCKET_IFNAME left in the environment for the user's own
         # multi-node jobs would make them listen on an external address.
         os.environ["GLOO_SOCKET_IFNAME"] = loopback
-    # Ranks share the machine's cores; oversubscribing threads makes gloo ranks crawl.
+    threads = rank_threads(world_size)
+    # Read by the rank's own children (inductor's compile workers, g++) as well.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from gbdoctor.usercode import exits_guarded
 
@@ -141,7 +153,7 @@ def rank_main(
         import torch
         import torch.distributed as dist
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+        torch.set_num_threads(threads)
         if device_type == "cuda":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         backend = "nccl" if device_type == "cuda" else "gloo"

@@ -125,3 +125,10 @@ def working_directory(payload: str | None) -> str:
     if payload is not None:
         os.chdir(payload)
     return os.getcwd()
+
+
+def threads_used(payload: object) -> int:
+    """The rank's intra-op thread count (``setup.rank_main.rank_threads``)."""
+    import torch
+
+    return torch.get_num_threads()

@@ -4,6 +4,7 @@ every rank and the next job gets new ones; all children are dead after close."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -13,6 +14,7 @@ from corpus.pool_jobs import (
     leave_state,
     report_stages,
     state_found,
+    threads_used,
     uneven_block_runs_under_rank_local_fsdp,
     wait_in_a_collective_rank1_never_joins,
     working_directory,
@@ -21,6 +23,7 @@ from procs import running
 
 from gbdoctor.errors import DeadlineError, SpecError
 from gbdoctor.setup.dist import RankPool, fresh_ranks, run_ranks, shared_ranks
+from gbdoctor.setup.rank_main import rank_threads
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -43,6 +46,33 @@ def two_ranks():
         yield pool
         last = pool.pids()  # the ranks of the last test; the tests check those they kill
     assert not any(running(p) for p in last)
+
+
+def test_rank_threads_share_the_cores_and_omp_num_threads_caps_them(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert [rank_threads(w) for w in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    for omp, expected in (("2", 2), ("16", 4), ("0", 4), ("two", 4)):
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        assert rank_threads(2) == expected, omp
+
+
+def test_a_spawned_rank_runs_on_the_threads_the_environment_allows(monkeypatch):
+    """What a spawned rank really sets: its share of the usable cores, or the caller's
+    ``OMP_NUM_THREADS`` when lower (pytest-xdist workers set 1: tests/conftest.py)."""
+    cores = len(os.sched_getaffinity(0))
+
+    def threads(omp: str | None) -> int:
+        if omp is None:
+            monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        else:
+            monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        with fresh_ranks():
+            (used,) = run_ranks(threads_used, None, world_size=1, device_type="cpu", timeout_s=300)
+        return used
+
+    assert threads(None) == cores
+    assert threads("1") == 1
 
 
 def test_jobs_share_the_ranks_from_a_fresh_state_and_a_failure_brings_new_ranks():
