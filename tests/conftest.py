@@ -17,6 +17,12 @@ from tools.slow_tier import heaviest_files_first, read_file_seconds  # noqa: E40
 from tools.slow_tier import read_list as measured_slow_tests  # noqa: E402
 
 
+def _usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS has one)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1
+
+
 def _threads_per_worker() -> None:
     """Under pytest-xdist, each worker and the ranks it spawns get the worker's share of the
     cores (``OMP_NUM_THREADS``, which ``setup.rank_main.rank_threads`` honours): with torch's
@@ -25,8 +31,8 @@ def _threads_per_worker() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1 or "OMP_NUM_THREADS" in os.environ:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    threads = max(1, (cores or 1) // workers)
+    cores = _usable_cores()
+    threads = max(1, cores // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     if "torch" in sys.modules:  # imported before this file: the variable came too late for it
         sys.modules["torch"].set_num_threads(threads)
@@ -90,14 +96,14 @@ def pytest_xdist_auto_num_workers(config):
     """``-n auto``: one worker per usable core, but no more than the available memory holds at
     :data:`WORKER_GIB` each (each worker spawns its own ranks: 32 cores and 16 GiB must not
     start 32 of them)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = _usable_cores()
     try:
         meminfo = Path("/proc/meminfo").read_text().splitlines()
         available = next(line for line in meminfo if line.startswith("MemAvailable:"))
         available_kib = int(available.split()[1])
     except (OSError, StopIteration, ValueError):  # not Linux: the cores decide
-        return cores or 1
-    return max(1, min(cores or 1, available_kib // (WORKER_GIB * 1024 * 1024)))
+        return cores
+    return max(1, min(cores, available_kib // (WORKER_GIB * 1024 * 1024)))
 
 
 @pytest.hookimpl(tryfirst=True)
