@@ -144,8 +144,9 @@ def rank_main(
         # this machine, and a GLOO_SOCKET_IFNAME left in the environment for the user's own
         # multi-node jobs would make them listen on an external address.
         os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    # Decided before the default below, which would otherwise cap every rank at one thread;
+    # the default is for the rank's own children (inductor's compile workers, g++).
     threads = rank_threads(world_size)
-    # Read by the rank's own children (inductor's compile workers, g++) as well.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from gbdoctor.usercode import exits_guarded
 
